@@ -1,0 +1,87 @@
+package bucket
+
+import (
+	"context"
+	"time"
+)
+
+// Algorithm names how a bucket turns time and cost into a decision.
+type Algorithm string
+
+// The algorithms. TokenBucket is the default (the zero value means it too).
+const (
+	// TokenBucket holds up to Capacity tokens and refills RefillPerSecond
+	// tokens each second; a request of cost w takes w tokens.
+	TokenBucket Algorithm = "token_bucket"
+	// FixedWindow counts cost per aligned window of length Window and admits
+	// while the count stays within Capacity (Envoy's rate limit service).
+	FixedWindow Algorithm = "fixed_window"
+	// SlidingWindow weights the previous window's count by the part of it
+	// still inside the sliding window and adds the current window's count.
+	SlidingWindow Algorithm = "sliding_window"
+	// SlidingLog keeps one entry per admitted unit of cost and is exact.
+	SlidingLog Algorithm = "sliding_log"
+)
+
+// Limits are one policy's global limits, before a region's share scales them.
+type Limits struct {
+	// Algorithm defaults to TokenBucket when empty.
+	Algorithm Algorithm
+	// Capacity is C: the burst of a token bucket, or the cost admitted per
+	// window for the window algorithms.
+	Capacity int64
+	// RefillPerSecond is r, tokens added per second (TokenBucket only).
+	RefillPerSecond float64
+	// Window is the window length (window algorithms only).
+	Window time.Duration
+	// IdleTTL is how long a bucket lives after its last write. It must cover
+	// a full refill (Capacity/RefillPerSecond) or a window (two for
+	// SlidingWindow), so an expired bucket behaves like a full one.
+	IdleTTL time.Duration
+	// Overcommit is ε: the share passed with a request may be at most 1+ε.
+	Overcommit float64
+}
+
+// Request asks a bucket for a decision.
+type Request struct {
+	// Key names the bucket; build it with NewKey.
+	Key Key
+	// Limits are the policy's global limits.
+	Limits Limits
+	// Share is the region's share f of the policy's budget for this subject:
+	// the bucket enforces capacity f·C and refill f·r. 0 < f ≤ 1+ε.
+	Share float64
+	// Cost is the weight of the request. Zero peeks: the decision reports
+	// the bucket without consuming anything.
+	Cost int64
+}
+
+// Decision is the answer for one request. A denial is a decision, not an error.
+type Decision struct {
+	// Allowed reports whether the cost was admitted (always true for a peek
+	// of a bucket that holds at least nothing).
+	Allowed bool
+	// Limit is the capacity the bucket enforced, f·C.
+	Limit float64
+	// Remaining is what the bucket holds after the decision.
+	Remaining float64
+	// RetryAfter is how long until the denied cost would be admitted; zero
+	// when allowed.
+	RetryAfter time.Duration
+	// ResetAfter is how long until the bucket is full again (token bucket)
+	// or the window ends (window algorithms).
+	ResetAfter time.Duration
+}
+
+// Store makes decisions. Memory and Redis implement it with the same
+// semantics; Memory is the specification.
+type Store interface {
+	// Take charges req.Cost when the bucket holds it and reports the result.
+	Take(ctx context.Context, req Request) (Decision, error)
+	// TakeAll checks several buckets of one subject atomically: either every
+	// request is admitted and charged, or none is charged.
+	TakeAll(ctx context.Context, reqs []Request) ([]Decision, error)
+	// Refund gives back req.Cost tokens for an operation that did not happen,
+	// never above capacity.
+	Refund(ctx context.Context, req Request) (Decision, error)
+}
