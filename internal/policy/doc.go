@@ -1,4 +1,80 @@
 // Package policy loads and validates rate-limit policies: the project's own
 // YAML format and Envoy rate limit service configuration files, both into
-// the normalized Policy.
+// the normalized Policy, collected in an immutable Set.
+//
+// # Units and invariants
+//
+// Capacities are cost units (tokens, requests); refill rates are cost units
+// per second; windows and TTLs are time.Duration. Every Policy in a Set has
+// passed Validate: capacity in [1, 2^50], a positive finite refill (token
+// bucket) or a window in [1ms, 400 days] (window algorithms), an idle TTL
+// that covers a full refill or window (at least a minute), overcommit ε in
+// [0, 1], local_scale in (0, 1], minimum shares in [0, 1] whose listed
+// regions add up to at most 1. Policy names are [A-Za-z0-9_.-]{1,64} and
+// unique within a Set. A cost larger than capacity is rejected by the
+// regional node at check time, not here.
+//
+// # The own format
+//
+// A file whose top level has "policies:" holds a list of policies:
+//
+//	policies:
+//	  - name: exports            # required, [A-Za-z0-9_.-]{1,64}
+//	    description: free text
+//	    version: 1               # >= 1, default 1; part of every bucket key
+//	    subject: tenant          # tenant, account, api_key, ip, ...; default tenant
+//	    hash_subject: false      # default true for api_key, ip and email
+//	    algorithm: token_bucket  # token_bucket (default), fixed_window, sliding_window, sliding_log
+//	    capacity: 50             # burst (token bucket) or cost per window
+//	    rate: 1000/minute        # COUNT/UNIT: second, minute, hour, day, week, or a duration (100/90s)
+//	    refill_per_second: 16.7  # token bucket: instead of rate
+//	    window: 1m               # window algorithms: with capacity, instead of rate
+//	    idle_ttl: 10m            # default: a full refill or window rounded up, at least 1m
+//	    failure_mode: local      # open, closed or local (default local)
+//	    local_scale: 0.5         # local: the emergency bucket's fraction of the share, default 1
+//	    overcommit: 0            # ε: regions together may enforce up to 1+ε of the budget
+//	    min_share:               # guaranteed minimum share per region
+//	      default: 0.1
+//	      eu-west: 0.2
+//
+// A token bucket needs capacity and one of rate or refill_per_second. A
+// window algorithm needs capacity and window, or rate alone (rate:
+// 1000/minute means capacity 1000 per one-minute window). Unknown fields
+// are errors, so a typo never passes silently.
+//
+// # Envoy rate limit service files
+//
+// A file whose top level has "domain:" is read as the configuration of
+// github.com/envoyproxy/ratelimit, unchanged: descriptors with key and
+// optional value, nested descriptors, wildcard values ("prefix*"), a
+// key without value as the default for any value, rate_limit with unit
+// (second, minute, hour, day, week, month, year) and requests_per_unit,
+// unlimited, name and replaces, shadow_mode, share_threshold; the
+// metrics-only fields detailed_metric and value_to_metric are accepted and
+// ignored. Every descriptor with a rate_limit becomes a Policy named
+// "domain.path" (hashed when that is not a valid name; see EnvoyRule),
+// algorithm fixed_window with the unit as window, version 1 and the default
+// failure mode. A requests_per_unit of 0 is rejected: capacity must be at
+// least 1. Set.MatchDescriptors decides which rule each request descriptor
+// meets, as the reference service does.
+//
+// # Bucket keys
+//
+// Policy.KeyVersion mixes the version with the algorithm, capacity, refill
+// and window, so raising the version or changing those limits starts fresh
+// buckets under new keys; the old keys expire by their idle TTL.
+//
+// # Errors
+//
+// Every Parse and Load error wraps ErrInvalid and names the file, the
+// policy (or the Envoy domain and descriptor path) and the field, as in
+// `policies.yaml: policy "exports": capacity: must be > 0`.
+//
+// # Concurrency and zero values
+//
+// A Set is immutable once built and safe for concurrent use; so are the
+// *Policy values it hands out, which callers must not modify. A nil or zero
+// *Set is empty: Policies returns nothing, Get finds nothing and
+// MatchDescriptors matches nothing. Reloading means building a new Set and
+// swapping it in.
 package policy

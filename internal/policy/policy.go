@@ -1,6 +1,12 @@
 package policy
 
 import (
+	"encoding/binary"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"time"
+
 	"github.com/quotacoord/quota/bucket"
 )
 
@@ -17,6 +23,9 @@ const (
 	// scaled by LocalScale.
 	FailLocal FailureMode = "local"
 )
+
+// DefaultFailureMode is the failure mode of a policy that names none.
+const DefaultFailureMode = FailLocal
 
 // Policy is one validated policy in normalized form, whichever file format
 // it came from.
@@ -47,6 +56,35 @@ type Policy struct {
 	Unlimited bool
 	// Shadow decides and counts but always admits (Envoy's shadow_mode).
 	Shadow bool
+
+	// Description is free text for operators.
+	Description string
+	// Source is the file the policy was read from.
+	Source string
+	// Envoy is set for policies derived from an Envoy rate limit service
+	// configuration file; nil for the project's own format.
+	Envoy *EnvoyRule
+}
+
+// EnvoyRule says where an Envoy-derived policy came from.
+type EnvoyRule struct {
+	// Domain is the configuration file's domain.
+	Domain string
+	// Path is the descriptor path from the domain to the rule, levels
+	// joined by ".", each "key" or "key_value" as in the file.
+	Path string
+	// Keys are the descriptor keys of the path's levels, in order.
+	Keys []string
+	// Unit is the rate_limit unit in lower case ("second", "minute", ...);
+	// empty for unlimited rules.
+	Unit string
+	// RequestsPerUnit is rate_limit.requests_per_unit.
+	RequestsPerUnit uint32
+	// LimitName is rate_limit.name, the name other rules' replaces refer to.
+	LimitName string
+	// Replaces lists the limit names this rule removes when both match in
+	// one request.
+	Replaces []string
 }
 
 // MinShareFor returns region's guaranteed minimum share.
@@ -55,4 +93,168 @@ func (p *Policy) MinShareFor(region string) float64 {
 		return m
 	}
 	return p.DefaultMinShare
+}
+
+// KeyVersion returns the version used in bucket keys. It mixes Version with
+// the limits that give stored bucket state its meaning (algorithm,
+// capacity, refill, window), so raising the version or changing those
+// limits starts fresh buckets under new keys while the old keys expire by
+// their TTL. Idle TTL, overcommit and failure settings do not change it.
+func (p *Policy) KeyVersion() uint32 {
+	h := fnv.New32a()
+	var b [8]byte
+	binary.BigEndian.PutUint32(b[:4], p.Version)
+	h.Write(b[:4])
+	h.Write([]byte(p.Limits.Algorithm))
+	h.Write([]byte{0})
+	binary.BigEndian.PutUint64(b[:], uint64(p.Limits.Capacity))
+	h.Write(b[:])
+	binary.BigEndian.PutUint64(b[:], math.Float64bits(p.Limits.RefillPerSecond))
+	h.Write(b[:])
+	binary.BigEndian.PutUint64(b[:], uint64(p.Limits.Window))
+	h.Write(b[:])
+	return h.Sum32()
+}
+
+// Bounds on policy values, so that every derived quantity (full refill
+// time, TTLs, Redis arguments) stays finite and representable.
+const (
+	// MaxCapacity keeps capacities exact in a float64 and in Lua numbers.
+	MaxCapacity = int64(1) << 50
+	// MaxWindow is the longest window or idle TTL.
+	MaxWindow = 400 * 24 * time.Hour
+	// MinWindow is the shortest window.
+	MinWindow = time.Millisecond
+	// MinIdleTTL is the shortest idle TTL; defaults are never shorter.
+	MinIdleTTL = time.Minute
+)
+
+// Validate checks p's fields and reports the first problem as
+// "field: reason". Parse and Load call it for every policy; callers that
+// build policies by hand should too.
+func (p *Policy) Validate() error {
+	if err := validateName(p.Name); err != nil {
+		return fmt.Errorf("name: %w", err)
+	}
+	switch p.FailureMode {
+	case FailOpen, FailClosed, FailLocal:
+	default:
+		return fmt.Errorf("failure_mode: %q is not open, closed or local", p.FailureMode)
+	}
+	if !(p.LocalScale > 0 && p.LocalScale <= 1) {
+		return fmt.Errorf("local_scale: %v must be in (0, 1]", p.LocalScale)
+	}
+	if err := validateShare("min_share.default", p.DefaultMinShare); err != nil {
+		return err
+	}
+	sum := 0.0
+	for region, m := range p.MinShare {
+		if err := validateRegion(region); err != nil {
+			return fmt.Errorf("min_share: %w", err)
+		}
+		if err := validateShare("min_share."+region, m); err != nil {
+			return err
+		}
+		sum += m
+	}
+	if sum > 1+1e-9 {
+		return fmt.Errorf("min_share: regional minimums add up to %v, more than 1", sum)
+	}
+	if p.Unlimited {
+		return nil
+	}
+	return validateLimits(p.Limits)
+}
+
+func validateLimits(l bucket.Limits) error {
+	if l.Capacity < 1 {
+		return fmt.Errorf("capacity: must be > 0, got %d", l.Capacity)
+	}
+	if l.Capacity > MaxCapacity {
+		return fmt.Errorf("capacity: %d is more than %d", l.Capacity, MaxCapacity)
+	}
+	if !(l.Overcommit >= 0 && l.Overcommit <= 1) {
+		return fmt.Errorf("overcommit: %v must be in [0, 1]", l.Overcommit)
+	}
+	min, err := minIdleTTL(l)
+	if err != nil {
+		return err
+	}
+	if l.IdleTTL < min {
+		return fmt.Errorf("idle_ttl: %v is shorter than %v (a full refill or window, at least %v)", l.IdleTTL, min, MinIdleTTL)
+	}
+	if l.IdleTTL > MaxWindow {
+		return fmt.Errorf("idle_ttl: %v is longer than %v", l.IdleTTL, MaxWindow)
+	}
+	return nil
+}
+
+// minIdleTTL is the shortest idle TTL l allows: a full refill (token bucket)
+// or the window (two for the sliding window), rounded up to a whole second,
+// and at least MinIdleTTL. It also validates the algorithm's own fields.
+func minIdleTTL(l bucket.Limits) (time.Duration, error) {
+	var need time.Duration
+	switch l.Algorithm {
+	case bucket.TokenBucket, "":
+		r := l.RefillPerSecond
+		if math.IsNaN(r) || math.IsInf(r, 0) || r <= 0 {
+			return 0, fmt.Errorf("refill: must be > 0 tokens per second, got %v", r)
+		}
+		secs := float64(l.Capacity) / r
+		if secs > MaxWindow.Seconds() {
+			return 0, fmt.Errorf("refill: a full refill takes %.0fs, more than %v", secs, MaxWindow)
+		}
+		need = time.Duration(math.Ceil(secs)) * time.Second
+	case bucket.FixedWindow, bucket.SlidingWindow, bucket.SlidingLog:
+		if l.Window < MinWindow || l.Window > MaxWindow {
+			return 0, fmt.Errorf("window: %v must be between %v and %v", l.Window, MinWindow, MaxWindow)
+		}
+		need = l.Window
+		if l.Algorithm == bucket.SlidingWindow {
+			need = 2 * l.Window
+		}
+		need = (need + time.Second - 1).Truncate(time.Second)
+	default:
+		return 0, fmt.Errorf("algorithm: %q is not token_bucket, fixed_window, sliding_window or sliding_log", l.Algorithm)
+	}
+	if need < MinIdleTTL {
+		need = MinIdleTTL
+	}
+	return need, nil
+}
+
+func validateShare(field string, v float64) error {
+	if !(v >= 0 && v <= 1) {
+		return fmt.Errorf("%s: %v must be in [0, 1]", field, v)
+	}
+	return nil
+}
+
+// validateName checks a policy name: [A-Za-z0-9_.-]{1,64}.
+func validateName(name string) error {
+	if len(name) == 0 || len(name) > bucket.MaxPolicyNameLen {
+		return fmt.Errorf("%q must be 1 to %d bytes", name, bucket.MaxPolicyNameLen)
+	}
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; !isSubjectByte(c) && c != '.' {
+			return fmt.Errorf("%q has %q at %d, want only [A-Za-z0-9_.-]", name, c, i)
+		}
+	}
+	return nil
+}
+
+func validateRegion(region string) error {
+	if len(region) == 0 || len(region) > 64 {
+		return fmt.Errorf("region %q must be 1 to 64 bytes", region)
+	}
+	for i := 0; i < len(region); i++ {
+		if !isSubjectByte(region[i]) {
+			return fmt.Errorf("region %q has %q at %d, want only [A-Za-z0-9_-]", region, region[i], i)
+		}
+	}
+	return nil
+}
+
+func isSubjectByte(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-'
 }

@@ -1,0 +1,212 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/quotacoord/quota/bucket"
+)
+
+// ErrBadDescriptor reports descriptors MatchDescriptors will not look at:
+// too many, too deep, empty keys or oversize strings.
+var ErrBadDescriptor = errors.New("policy: invalid descriptor")
+
+// Bounds on one Envoy request, checked by MatchDescriptors.
+const (
+	// MaxDescriptors is the most descriptors in one request.
+	MaxDescriptors = 64
+	// MaxEntries is the most entries in one descriptor.
+	MaxEntries = MaxDescriptorDepth
+	// MaxEntryBytes is the longest key or value of an entry.
+	MaxEntryBytes = 1024
+	// MaxDomainBytes is the longest domain.
+	MaxDomainBytes = 256
+)
+
+// Entry is one key/value pair of an Envoy rate limit descriptor.
+type Entry struct{ Key, Value string }
+
+// DescriptorMatch is what one request descriptor matched.
+type DescriptorMatch struct {
+	// Policy is the matched rule; nil when no rule matched (Envoy answers
+	// OK with no limit).
+	Policy *Policy
+	// Subject is a valid bucket subject derived from the descriptor's
+	// entries: their values joined by "_" when every value is
+	// [A-Za-z0-9-]+ and short, else a hash of every key and value. Each
+	// distinct set of values gets its own bucket, as in Envoy; values
+	// matched by a share_threshold wildcard count as the wildcard itself.
+	// Empty when Policy is nil or Unlimited.
+	Subject string
+	// Unlimited: the rule admits everything without a bucket.
+	Unlimited bool
+	// Shadow: decide and count, but always answer OK.
+	Shadow bool
+	// Replaced: another matched rule's replaces names this rule's
+	// rate_limit name, so this descriptor is not limited (answer OK).
+	Replaced bool
+}
+
+// MatchDescriptors finds the rule for each descriptor of one Envoy
+// request in domain, following the reference service
+// (github.com/envoyproxy/ratelimit): at each level the exact "key_value"
+// child wins, then the first wildcard child in file order whose prefix the
+// "key_value" text starts with, then the key-only default child; a rule
+// applies only when the descriptor's last entry lands on it, and a level
+// without children ends the walk. An unknown domain matches nothing.
+// The result has one entry per descriptor, in order. Bad input (see the
+// Max constants) is an error wrapping ErrBadDescriptor.
+func (s *Set) MatchDescriptors(domain string, descriptors [][]Entry) ([]DescriptorMatch, error) {
+	if domain == "" || len(domain) > MaxDomainBytes {
+		return nil, fmt.Errorf("%w: domain must be 1 to %d bytes", ErrBadDescriptor, MaxDomainBytes)
+	}
+	if len(descriptors) == 0 || len(descriptors) > MaxDescriptors {
+		return nil, fmt.Errorf("%w: %d descriptors, want 1 to %d", ErrBadDescriptor, len(descriptors), MaxDescriptors)
+	}
+	for i, d := range descriptors {
+		if len(d) == 0 || len(d) > MaxEntries {
+			return nil, fmt.Errorf("%w: descriptor %d has %d entries, want 1 to %d", ErrBadDescriptor, i, len(d), MaxEntries)
+		}
+		for j, e := range d {
+			if e.Key == "" || len(e.Key) > MaxEntryBytes || len(e.Value) > MaxEntryBytes {
+				return nil, fmt.Errorf("%w: descriptor %d entry %d: key must be 1 to %d bytes and value at most %d", ErrBadDescriptor, i, j, MaxEntryBytes, MaxEntryBytes)
+			}
+		}
+	}
+	out := make([]DescriptorMatch, len(descriptors))
+	var dom *envoyDomain
+	if s != nil {
+		dom = s.domains[domain]
+	}
+	if dom == nil {
+		return out, nil
+	}
+	var replacing map[string]bool
+	for i, d := range descriptors {
+		p, shared := dom.lookup(d)
+		if p == nil {
+			continue
+		}
+		out[i].Policy = p
+		out[i].Shadow = p.Shadow
+		out[i].Unlimited = p.Unlimited
+		if !p.Unlimited {
+			out[i].Subject = envoySubject(p, d, shared)
+		}
+		for _, r := range p.Envoy.Replaces {
+			if replacing == nil {
+				replacing = map[string]bool{}
+			}
+			replacing[r] = true
+		}
+	}
+	for i := range out {
+		if p := out[i].Policy; p != nil && p.Envoy.LimitName != "" && replacing[p.Envoy.LimitName] {
+			out[i].Replaced = true
+		}
+	}
+	return out, nil
+}
+
+// lookup walks the tree for one descriptor. shared[i] holds the wildcard
+// value that replaces entry i's value in the subject (share_threshold).
+func (d *envoyDomain) lookup(entries []Entry) (p *Policy, shared map[int]string) {
+	node := &d.root
+	for i, e := range entries {
+		kv := e.Key + "_" + e.Value
+		next := node.children[kv]
+		if next == nil {
+			for _, w := range node.wildcards {
+				if strings.HasPrefix(kv, w[:len(w)-1]) {
+					next = node.children[w]
+					if next.shareThreshold {
+						if shared == nil {
+							shared = map[int]string{}
+						}
+						shared[i] = next.pattern
+					}
+					break
+				}
+			}
+		}
+		if next == nil {
+			next = node.children[e.Key]
+		}
+		if next == nil {
+			return nil, nil
+		}
+		if i == len(entries)-1 {
+			return next.policy, shared
+		}
+		if len(next.children) == 0 {
+			return nil, nil
+		}
+		node = next
+	}
+	return nil, nil
+}
+
+// envoySubject derives the bucket subject of one matched descriptor.
+func envoySubject(p *Policy, entries []Entry, shared map[int]string) string {
+	readable := len(entries) == len(p.Envoy.Keys)
+	n := 0
+	for i, e := range entries {
+		v := e.Value
+		if w, ok := shared[i]; ok {
+			v = w
+		}
+		if !readable {
+			break
+		}
+		if e.Key != p.Envoy.Keys[i] || !readableValue(v) {
+			readable = false
+		}
+		n += len(v) + 1
+	}
+	if readable && n-1 <= bucket.MaxSubjectLen && !strings.HasPrefix(entries[0].Value, "h-") {
+		var b strings.Builder
+		b.Grow(n)
+		for i, e := range entries {
+			if i > 0 {
+				b.WriteByte('_')
+			}
+			if w, ok := shared[i]; ok {
+				b.WriteString(w)
+			} else {
+				b.WriteString(e.Value)
+			}
+		}
+		return b.String()
+	}
+	var b strings.Builder
+	for i, e := range entries {
+		v := e.Value
+		if w, ok := shared[i]; ok {
+			v = w + "\x00shared"
+		}
+		b.WriteString(strconv.Itoa(len(e.Key)))
+		b.WriteByte(':')
+		b.WriteString(e.Key)
+		b.WriteString(strconv.Itoa(len(v)))
+		b.WriteByte(':')
+		b.WriteString(v)
+	}
+	return bucket.HashSubject(p.Name, b.String())
+}
+
+// readableValue reports whether v is [A-Za-z0-9-]+: such values joined by
+// "_" cannot be confused with another list of values.
+func readableValue(v string) bool {
+	if v == "" {
+		return false
+	}
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
