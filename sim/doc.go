@@ -1,0 +1,53 @@
+// Package sim is a deterministic discrete-event simulator of the quota
+// system: it tells an operator, before they choose a rebalance interval,
+// report interval, algorithm, overcommit ε or publish protocol, how far the
+// regions together can overshoot a policy's global budget and how much
+// legitimate traffic they deny.
+//
+// # Model
+//
+// Time is virtual: a loop over ticks (Scenario.Tick, default 100 ms) and a
+// heap of control-plane events (reports, report arrivals, rebalances, epoch
+// applications, acknowledgements, failures), ordered by time and then by
+// insertion. Randomness comes from one math/rand/v2 PCG seeded by
+// Config.Seed; nothing reads the wall clock, starts a goroutine or touches
+// the network, so a Config always gives the same Result.
+//
+// Arrivals: per tick, region and group, a Poisson count with mean
+// rate·r·subjects·weight(region, t)·tick, each arrival assigned to a
+// subject uniformly or by a Zipf law (Poisson splitting keeps every
+// subject's stream Poisson). A subject's arrivals in one tick arrive
+// together at the tick's start; they are decided exactly as that many unit
+// requests one after the other: one bucket.Memory TakeAt of cost n, and on
+// denial a second of cost ⌊remaining⌋.
+//
+// The system: each region has its own bucket.Memory and enforces the share
+// of the latest allocation it applied (the policy default, or a per-subject
+// override for the most pressured subjects, at most MaxOverrides). Regions
+// report offered demand every ReportInterval (reports may be lost or late);
+// the coordinator smooths it (allocator.Smooth), calls allocator.Split each
+// RebalanceInterval and publishes with TwoStep (min(old,new), then the new
+// shares once every live region acknowledged) or Naive (new shares at once).
+// Every message takes PropagationDelay·U[0.5,1.5). A region that goes down
+// serves nothing and its traffic moves to the live regions; it returns at
+// its safe share. The coordinator counts a down region as holding its share
+// until LeaseTTL+SkewMargin after it went down.
+//
+// Baselines decide the very same stream: an ideal global bucket per
+// subject, independent full-budget buckets per region, and a static equal
+// split.
+//
+// # Figures
+//
+// overshoot(W) = max over subjects and closed windows [t−W, t] of
+// admitted/(C + r·W) − 1, floored at 0, for W = 1, 10 and 60 s;
+// under-admission = 1 − admitted/admitted by the ideal bucket; convergence
+// after each scenario shift; per-region admitted rate series; and
+// MaxShareSum, the largest Σ of shares regions enforced at one instant.
+//
+// # Concurrency and zero values
+//
+// Run is safe for concurrent use with different Configs; an engine is used
+// by one goroutine. The zero Config is invalid (it needs a Scenario); every
+// other zero field takes the default its doc states.
+package sim
