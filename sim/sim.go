@@ -80,7 +80,20 @@ func (c Config) withDefaults() (Config, error) {
 		s.Subjects = c.Subjects
 	}
 	if c.Duration > 0 {
+		// A shorter run keeps the events and shifts that fall inside it.
 		s.Duration = Duration(c.Duration)
+		s.Events = nil
+		for _, ev := range c.Scenario.Events {
+			if ev.At <= s.Duration {
+				s.Events = append(s.Events, ev)
+			}
+		}
+		s.Shifts = nil
+		for _, sh := range c.Scenario.Shifts {
+			if sh <= s.Duration {
+				s.Shifts = append(s.Shifts, sh)
+			}
+		}
 	}
 	if err := s.Validate(); err != nil {
 		return c, err
@@ -347,7 +360,7 @@ func newEngine(cfg Config) (*engine, error) {
 		pressured: map[int32]bool{},
 		baselines: map[string]*model{},
 		limits: bucket.Limits{Capacity: sc.Capacity, RefillPerSecond: sc.RefillPerSecond,
-			IdleTTL: time.Duration(float64(time.Second)*float64(sc.Capacity)/sc.RefillPerSecond) + time.Minute,
+			IdleTTL:    time.Duration(float64(time.Second)*float64(sc.Capacity)/sc.RefillPerSecond) + time.Minute,
 			Overcommit: cfg.Allocator.Overcommit},
 		intOffered: make([]int64, n),
 	}

@@ -1,19 +1,135 @@
 package sim
 
 import (
+	"math"
 	"testing"
 	"time"
+
+	"github.com/quotacoord/quota/allocator"
 )
 
-func TestSmoke(t *testing.T) {
-	sc, err := LoadScenario("steady")
+// saturating is a scenario where every subject offers rate× its budget in
+// the regions given by weights.
+func saturating(regions int, rate float64, weights []float64) *Scenario {
+	return &Scenario{Name: "closed-form", Regions: regions, Subjects: 20, Duration: Duration(3 * time.Minute),
+		Tick: Duration(100 * time.Millisecond), Capacity: 20, RefillPerSecond: 2,
+		Groups: []Group{{Name: "all", Fraction: 1, Rate: rate, Profile: Profile{Kind: ProfileWeights, Weights: weights}}}}
+}
+
+func TestOneRegionEqualsIdeal(t *testing.T) {
+	for _, p := range []Protocol{TwoStep, Naive} {
+		res, err := Run(Config{Scenario: saturating(1, 3, nil), Seed: 7, Protocol: p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ideal := res.Baselines[BaselineIdeal]
+		if res.Admitted != ideal.Admitted || res.Admitted != res.IdealAdmitted || res.Figures != ideal {
+			t.Errorf("%s: one region %+v, ideal %+v", p, res.Figures, ideal)
+		}
+		if res.Offered <= res.Admitted {
+			t.Errorf("demand did not saturate: offered %d admitted %d", res.Offered, res.Admitted)
+		}
+	}
+}
+
+func TestIndependentBucketsOvershootNMinus1(t *testing.T) {
+	for _, n := range []int{2, 3, 5} {
+		res, err := Run(Config{Scenario: saturating(n, 4*float64(n), nil), Seed: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := res.Baselines[BaselineIndependent].Overshoot60s
+		// Each region admits C + r·W: n(C + r·W)/(C + r·W) − 1 = n − 1.
+		if math.Abs(got-float64(n-1)) > 0.1*float64(n-1) {
+			t.Errorf("n=%d: independent overshoot(60s) = %v, want ≈ %d", n, got, n-1)
+		}
+		if o := res.Baselines[BaselineIdeal].Overshoot1s; o != 0 {
+			t.Errorf("n=%d: the ideal bucket overshoots %v", n, o)
+		}
+	}
+}
+
+func TestStaticEqualSplitUnderAdmits(t *testing.T) {
+	for _, n := range []int{2, 3, 4} {
+		w := make([]float64, n)
+		w[0] = 1
+		res, err := Run(Config{Scenario: saturating(n, 5, w), Seed: 5})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, want := res.Baselines[BaselineStaticEqual].UnderAdmission, float64(n-1)/float64(n)
+		if math.Abs(got-want) > 0.05 {
+			t.Errorf("n=%d: static equal split under-admission %v, want ≈ %v", n, got, want)
+		}
+		// The coordinator moves the budget to region 0 and admits far more.
+		if res.UnderAdmission > 0.2 {
+			t.Errorf("n=%d: rebalanced under-admission %v", n, res.UnderAdmission)
+		}
+	}
+}
+
+// TestTwoStepNeverOvershoots runs every built-in scenario, shortened, with
+// both protocols: two-step stays within ε, naive exceeds it on at least one.
+func TestTwoStepNeverOvershoots(t *testing.T) {
+	worstNaive, worstScenario := 0.0, ""
+	for _, name := range Builtin() {
+		sc, err := LoadScenario(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range []Protocol{TwoStep, Naive} {
+			res, err := Run(Config{Scenario: sc, Subjects: 200, Duration: 25 * time.Minute, Seed: 11, Protocol: p,
+				RebalanceInterval: time.Second, PropagationDelay: 2 * time.Second, Allocator: &allocator.Params{MaxStep: 1}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			worst := max(res.Overshoot1s, res.Overshoot10s, res.Overshoot60s)
+			if p == TwoStep && (worst > 0 || res.MaxShareSum > 1+1e-9) {
+				t.Errorf("%s two-step: overshoot %v, max Σ shares %v", name, worst, res.MaxShareSum)
+			}
+			if p == Naive && worst > worstNaive {
+				worstNaive, worstScenario = worst, name
+			}
+		}
+	}
+	if worstNaive == 0 {
+		t.Error("naive publish never overshot")
+	}
+	t.Logf("naive publish overshoots by up to %.4f (%s)", worstNaive, worstScenario)
+}
+
+func TestDeterministic(t *testing.T) {
+	sc, err := LoadScenario("hot-tenant")
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := Run(Config{Scenario: sc, Duration: 2 * time.Minute, Subjects: 1000, Seed: 1})
+	cfg := Config{Scenario: sc, Subjects: 200, Duration: 2 * time.Minute, Seed: 42, LostReports: .1, LateReports: .1}
+	a, err := Run(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	res.Series = nil
-	t.Logf("%+v", res)
+	b, err := Run(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Admitted != b.Admitted || a.Offered != b.Offered || a.Epochs != b.Epochs || a.Figures != b.Figures {
+		t.Errorf("two runs differ: %+v vs %+v", a.Figures, b.Figures)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	sc, _ := LoadScenario("steady")
+	for _, c := range []Config{
+		{},
+		{Scenario: sc, Protocol: "gossip"},
+		{Scenario: sc, LostReports: 2},
+		{Scenario: sc, Regions: 99},
+		{Scenario: sc, MinShare: .5},
+		{Scenario: sc, Allocator: &allocator.Params{Overcommit: -1}},
+		{Scenario: sc, RebalanceInterval: -time.Second},
+	} {
+		if _, err := Run(c); err == nil {
+			t.Errorf("Run(%+v) accepted a bad config", c)
+		}
+	}
 }
