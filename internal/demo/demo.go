@@ -1,0 +1,435 @@
+package demo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/quotacoord/quota/internal/regional"
+	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
+)
+
+// Config configures Run. Zero fields take the defaults listed.
+type Config struct {
+	// Story is what the driver plays; default PartnerStory(Duration, 100).
+	Story *Story
+	// Duration is the default story's length; default 90s.
+	Duration time.Duration
+	// Serve keeps the deployment up after the story until ctx is done.
+	Serve bool
+	// Out receives the live view and the summary; default os.Stdout.
+	Out io.Writer
+	// Terminal redraws the live view in place; default IsTerminal(Out).
+	Terminal *bool
+	// Embedded forces the in-process store even when redis-server exists.
+	Embedded bool
+	// RebalanceInterval is the coordinator's; default 1s. ReportInterval
+	// is the regions' demand report interval; default 500ms. LeaseTTL is
+	// the regions' lease; default 3s.
+	RebalanceInterval, ReportInterval, LeaseTTL time.Duration
+	// StopOnPhase names, per phase index, regions whose node is stopped
+	// when the phase starts (a real failover). Default for the default
+	// story: us-east's node stops when it fails over.
+	StopOnPhase map[int][]string
+}
+
+// Summary is what a run measured.
+type Summary struct {
+	Store   string // "redis-server" or "embedded"
+	Figures Figures
+	// PhaseAdmitted and PhaseOffered are the global rates per phase, over
+	// the second half of each phase (after the shares had time to move).
+	PhaseAdmitted, PhaseOffered []float64
+	// PhaseShares are the shares reported at the end of each phase.
+	PhaseShares [][]float64
+	Errors      int64
+	Shed        int64
+	Dropped     int64
+}
+
+// Run starts the deployment, plays the story with a live view, prints the
+// summary, and stops everything it started (also when ctx is cancelled,
+// e.g. on Ctrl-C). It returns the summary of the story (nil when the
+// deployment could not start).
+func Run(ctx context.Context, cfg Config) (*Summary, error) {
+	if cfg.Out == nil {
+		cfg.Out = os.Stdout
+	}
+	if cfg.Duration == 0 {
+		cfg.Duration = 90 * time.Second
+	}
+	if cfg.Duration < 3*time.Second || cfg.Duration > MaxLength {
+		return nil, fmt.Errorf("demo: duration %v, want 3s to %v", cfg.Duration, MaxLength)
+	}
+	if cfg.RebalanceInterval == 0 {
+		cfg.RebalanceInterval = time.Second
+	}
+	if cfg.ReportInterval == 0 {
+		cfg.ReportInterval = 500 * time.Millisecond
+	}
+	if cfg.LeaseTTL == 0 {
+		cfg.LeaseTTL = 3 * time.Second
+	}
+	story := cfg.Story
+	if story == nil {
+		s := PartnerStory(cfg.Duration, 100)
+		story = &s
+		if cfg.StopOnPhase == nil {
+			cfg.StopOnPhase = map[int][]string{2: {"us-east"}}
+		}
+	}
+	if err := story.Validate(); err != nil {
+		return nil, err
+	}
+	terminal := IsTerminal(cfg.Out)
+	if cfg.Terminal != nil {
+		terminal = *cfg.Terminal
+	}
+	say := func(format string, a ...any) { fmt.Fprintf(cfg.Out, format+"\n", a...) }
+
+	dir, err := os.MkdirTemp("", "quota-demo-")
+	if err != nil {
+		return nil, fmt.Errorf("demo: temp dir: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	logf, err := os.Create(filepath.Join(dir, "deployment.log"))
+	if err != nil {
+		return nil, fmt.Errorf("demo: log file: %w", err)
+	}
+	defer logf.Close()
+	log := &lockedWriter{w: logf}
+
+	// Stores: one redis-server per region when possible.
+	store := "embedded"
+	var redises []*Redis
+	defer func() {
+		for _, r := range redises {
+			r.Stop()
+		}
+	}()
+	if !cfg.Embedded {
+		root, _ := os.Getwd()
+		if bin := RedisServer(root, func(s string) { say("store: %s", s) }); bin != "" {
+			store = "redis-server"
+			for _, region := range story.Regions {
+				rd := filepath.Join(dir, "redis-"+region)
+				if err := os.Mkdir(rd, 0o755); err != nil {
+					return nil, fmt.Errorf("demo: %w", err)
+				}
+				r, err := StartRedis(ctx, bin, rd)
+				if err != nil {
+					return nil, err
+				}
+				redises = append(redises, r)
+			}
+		}
+	}
+	if store == "redis-server" {
+		var b strings.Builder
+		for i, r := range redises {
+			fmt.Fprintf(&b, " %s=%s(pid %d)", story.Regions[i], r.Addr, r.PID())
+		}
+		say("store: a real redis-server per region:%s", b.String())
+	} else {
+		say("store: the embedded in-process store (redis-server not available)")
+	}
+
+	coord, err := StartCoordinator(ctx, CoordinatorConfig{Dir: filepath.Join(dir, "etcd"),
+		RebalanceInterval: cfg.RebalanceInterval, ReportInterval: cfg.ReportInterval, RegionLeaseTTL: cfg.LeaseTTL, Log: log})
+	if err != nil {
+		return nil, err
+	}
+	defer coord.Stop()
+	say("coordinator: embedded etcd on %s, metrics on http://%s/metrics", coord.EtcdAddr, coord.HTTPAddr)
+	if err := coord.PutPolicy(ctx, "demo.yaml", PolicyDoc(story)); err != nil {
+		return nil, err
+	}
+
+	nodes, err := startNodes(ctx, story, redises, coord.EtcdAddr, cfg, log)
+	defer nodes.stopAll()
+	if err != nil {
+		return nil, err
+	}
+	for i, r := range story.Regions {
+		say("region %-9s gRPC %s  HTTP http://%s", r, nodes.grpc[i], nodes.http[i])
+	}
+	checker, err := dialRegions(nodes.grpc)
+	if err != nil {
+		return nil, err
+	}
+	defer checker.Close()
+	say("logs: %s (removed at exit)", logf.Name())
+	say("story: %v, budget %.0f requests/s (burst %d) for subject %s under policy %s", story.Length(), story.RefillPerSecond, story.Capacity, story.Subject, story.Policy)
+
+	rec := NewRecorder(len(story.Regions), story.Length())
+	phaseEnds := make([]time.Duration, len(story.Phases))
+	var acc time.Duration
+	for i, p := range story.Phases {
+		acc += p.For
+		phaseEnds[i] = acc
+	}
+	sum := &Summary{Store: store, PhaseShares: make([][]float64, len(story.Phases))}
+	start := time.Now()
+	drv := &Driver{Story: *story, Checker: checker, Recorder: rec,
+		OnPhase: func(i int, p Phase) {
+			if i > 0 {
+				sum.PhaseShares[i-1] = rec.Rates(0, 1).Share
+			}
+			for _, r := range cfg.StopOnPhase[i] {
+				if nodes.stop(r) {
+					fmt.Fprintf(log, "demo: stopped region %s's node at %v\n", r, time.Since(start))
+				}
+			}
+		}}
+	view := &View{Out: cfg.Out, Terminal: terminal, Story: story}
+	viewDone := make(chan struct{})
+	viewCtx, viewCancel := context.WithCancel(ctx)
+	go func() {
+		defer close(viewDone)
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-viewCtx.Done():
+				return
+			case <-t.C:
+				now := time.Since(start)
+				view.Show(now, rec.Rates(now-time.Second, now))
+			}
+		}
+	}()
+	runErr := drv.Run(ctx)
+	viewCancel()
+	<-viewDone
+	sum.PhaseShares[len(story.Phases)-1] = rec.Rates(0, 1).Share
+
+	events, dropped := rec.Events()
+	sum.Figures = Measure(events, story.Capacity, story.RefillPerSecond, OvershootWindows)
+	sum.Dropped = dropped
+	w := rec.Rates(0, story.Length())
+	for i := range w.Errors {
+		sum.Errors += w.Errors[i]
+		sum.Shed += w.Shed[i]
+	}
+	var from time.Duration
+	for _, end := range phaseEnds {
+		mid := from + (end-from)/2
+		pw := rec.Rates(mid, end)
+		var a, o float64
+		for j := range pw.Admitted {
+			a += pw.Admitted[j]
+			o += pw.Offered[j]
+		}
+		sum.PhaseAdmitted = append(sum.PhaseAdmitted, a)
+		sum.PhaseOffered = append(sum.PhaseOffered, o)
+		from = end
+	}
+	printSummary(cfg.Out, story, sum)
+	if runErr != nil {
+		return sum, runErr
+	}
+	if cfg.Serve {
+		say("serving until Ctrl-C:")
+		for i, r := range story.Regions {
+			if nodes.running(r) {
+				say("  %s: Admission and Envoy RLS gRPC on %s, metrics http://%s/metrics", r, nodes.grpc[i], nodes.http[i])
+			}
+		}
+		say("  coordinator: etcd %s, metrics http://%s/metrics", coord.EtcdAddr, coord.HTTPAddr)
+		say("  try: go run ./cmd/quotacheck -addr %s -subject %s -policy %s", nodes.grpc[1], story.Subject, story.Policy)
+		<-ctx.Done()
+	}
+	return sum, nil
+}
+
+func printSummary(out io.Writer, s *Story, sum *Summary) {
+	fmt.Fprintf(out, "\nsummary (%s store; budget %.0f/s, burst %d)\n", sum.Store, s.RefillPerSecond, s.Capacity)
+	fmt.Fprintf(out, "%-32s %12s %12s   shares at phase end (%s)\n", "phase (second half)", "offered/s", "admitted/s", strings.Join(s.Regions, " "))
+	for i, p := range s.Phases {
+		var sh []string
+		for _, v := range sum.PhaseShares[i] {
+			sh = append(sh, strconv.FormatFloat(v, 'f', 3, 64))
+		}
+		fmt.Fprintf(out, "%-32s %12.1f %12.1f   %s\n", p.Name, sum.PhaseOffered[i], sum.PhaseAdmitted[i], strings.Join(sh, " "))
+	}
+	f := sum.Figures
+	ws := make([]time.Duration, 0, len(f.Overshoot))
+	for w := range f.Overshoot {
+		ws = append(ws, w)
+	}
+	sort.Slice(ws, func(i, j int) bool { return ws[i] < ws[j] })
+	var ov []string
+	for _, w := range ws {
+		ov = append(ov, fmt.Sprintf("%v=%.3f", w, f.Overshoot[w]))
+	}
+	fmt.Fprintf(out, "overshoot (as package sim defines it): %s\n", strings.Join(ov, " "))
+	fmt.Fprintf(out, "under-admission: %.3f (admitted %d of %d offered; an ideal global bucket admits %d)\n", f.UnderAdmission, f.Admitted, f.Offered, f.Ideal)
+	fmt.Fprintf(out, "errors %d, shed by the driver %d\n", sum.Errors, sum.Shed)
+}
+
+// PolicyDoc is the policy document (own YAML format) for s: one policy,
+// capacity C, refill r, token bucket, local failure mode, no minimum share
+// beyond 5% per region.
+func PolicyDoc(s *Story) []byte {
+	return []byte(fmt.Sprintf(`policies:
+  - name: %s
+    version: 1
+    subject: tenant
+    capacity: %d
+    refill_per_second: %g
+    failure_mode: local
+    min_share:
+      default: 0.05
+`, s.Policy, s.Capacity, s.RefillPerSecond))
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// nodes are the regional nodes, run in this process by regional.Main.
+type nodes struct {
+	mu      sync.Mutex
+	names   []string
+	grpc    []string
+	http    []string
+	cancels []context.CancelFunc
+	done    []chan error
+}
+
+func startNodes(ctx context.Context, s *Story, redises []*Redis, etcdAddr string, cfg Config, log io.Writer) (*nodes, error) {
+	n := &nodes{names: s.Regions}
+	for i, region := range s.Regions {
+		gp, err := FreePort()
+		if err != nil {
+			return n, err
+		}
+		hp, err := FreePort()
+		if err != nil {
+			return n, err
+		}
+		g, h := "127.0.0.1:"+strconv.Itoa(gp), "127.0.0.1:"+strconv.Itoa(hp)
+		args := []string{"-region", region, "-grpc-addr", g, "-http-addr", h, "-etcd", "http://" + etcdAddr,
+			"-report-interval", cfg.ReportInterval.String()}
+		if len(redises) > i {
+			args = append(args, "-redis", redises[i].Addr)
+		}
+		nctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- regional.Main(nctx, args, nil, log) }()
+		n.grpc, n.http = append(n.grpc, g), append(n.http, h)
+		n.cancels, n.done = append(n.cancels, cancel), append(n.done, done)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for i, h := range n.http {
+		for {
+			select {
+			case err := <-n.done[i]:
+				n.done[i] <- err
+				return n, fmt.Errorf("demo: region %s's node exited at start: %v", s.Regions[i], err)
+			default:
+			}
+			resp, err := http.Get("http://" + h + "/readyz")
+			if err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					break
+				}
+			}
+			if time.Now().After(deadline) || ctx.Err() != nil {
+				return n, fmt.Errorf("demo: region %s's node not ready on http://%s/readyz: %v", s.Regions[i], h, errors.Join(err, ctx.Err()))
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return n, nil
+}
+
+// stop stops region's node and waits for it; false if it was not running.
+func (n *nodes) stop(region string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for i, r := range n.names {
+		if r == region && i < len(n.cancels) && n.cancels[i] != nil {
+			n.cancels[i]()
+			<-n.done[i]
+			n.cancels[i] = nil
+			return true
+		}
+	}
+	return false
+}
+
+func (n *nodes) running(region string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for i, r := range n.names {
+		if r == region {
+			return i < len(n.cancels) && n.cancels[i] != nil
+		}
+	}
+	return false
+}
+
+func (n *nodes) stopAll() {
+	for _, r := range n.names {
+		n.stop(r)
+	}
+}
+
+// grpcChecker sends checks over the regions' real gRPC Admission API.
+type grpcChecker struct {
+	conns   []*grpc.ClientConn
+	clients []quotav1.AdmissionClient
+}
+
+func dialRegions(addrs []string) (*grpcChecker, error) {
+	c := &grpcChecker{}
+	for _, a := range addrs {
+		conn, err := grpc.NewClient(a, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			c.Close()
+			return nil, fmt.Errorf("demo: dial %s: %w", a, err)
+		}
+		c.conns = append(c.conns, conn)
+		c.clients = append(c.clients, quotav1.NewAdmissionClient(conn))
+	}
+	return c, nil
+}
+
+func (c *grpcChecker) Check(ctx context.Context, region int, policy, subject string, cost int64) (bool, float64, error) {
+	resp, err := c.clients[region].Check(ctx, &quotav1.CheckRequest{Subject: subject, Policies: []string{policy}, Cost: cost})
+	if err != nil {
+		return false, 0, err
+	}
+	share := 0.0
+	if len(resp.Policies) > 0 {
+		share = resp.Policies[0].Share
+	}
+	return resp.Allowed, share, nil
+}
+
+func (c *grpcChecker) Close() {
+	for _, conn := range c.conns {
+		_ = conn.Close()
+	}
+}
