@@ -1,0 +1,364 @@
+package client
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
+)
+
+// ErrInvalidRequest reports a request the client refuses to send.
+var ErrInvalidRequest = errors.New("client: invalid request")
+
+// ErrInvalidConfig reports bad options given to New.
+var ErrInvalidConfig = errors.New("client: invalid config")
+
+// Unreachable says what Check does when the node cannot answer.
+type Unreachable string
+
+const (
+	// UnreachableError returns the error (the default).
+	UnreachableError Unreachable = "error"
+	// UnreachableOpen admits and marks the decision Degraded "client_open".
+	UnreachableOpen Unreachable = "open"
+	// UnreachableClosed denies and marks the decision Degraded
+	// "client_closed", with RetryAfter set by WithUnreachableRetryAfter.
+	UnreachableClosed Unreachable = "closed"
+)
+
+// Degraded values set by the client itself.
+const (
+	DegradedClientOpen   = "client_open"
+	DegradedClientClosed = "client_closed"
+)
+
+// Limits on requests, as the admission API defines them.
+const (
+	MaxPolicies       = 16
+	MaxBatch          = 256
+	MaxIdempotencyKey = 128
+)
+
+// Defaults for New.
+const (
+	DefaultTimeout               = 250 * time.Millisecond
+	DefaultUnreachableRetryAfter = time.Second
+)
+
+// Request is one admission check.
+type Request struct {
+	// Subject is the identity limited: [A-Za-z0-9_-]{1,96}, or any string
+	// up to 1024 bytes when HashSubject is set.
+	Subject string
+	// HashSubject asks the node to hash Subject (raw API keys, IPs).
+	HashSubject bool
+	// Policies are checked all or nothing: 1 to 16 names.
+	Policies []string
+	// Cost is the request's weight; 0 means 1.
+	Cost int64
+	// IdempotencyKey makes a retry return the first decision without
+	// charging again. At most 128 bytes.
+	IdempotencyKey string
+	// Peek reports the buckets without charging them.
+	Peek bool
+}
+
+// Decision is the answer to one Request.
+type Decision struct {
+	// Allowed is true when every policy admitted the cost.
+	Allowed bool
+	// DecidedBy is the policy whose bucket decided.
+	DecidedBy string
+	// Limit and Remaining describe the deciding bucket in this region.
+	Limit, Remaining int64
+	// RetryAfter is how long until a denied cost would be admitted.
+	RetryAfter time.Duration
+	// ResetAfter is how long until the deciding bucket is full again.
+	ResetAfter time.Duration
+	// Degraded is empty for a normal decision; the node's failure mode
+	// ("open", "closed", "local") when Redis could not decide; or
+	// "client_open" / "client_closed" when this client decided because the
+	// node could not answer.
+	Degraded string
+	// Replayed is true when the node repeated an earlier decision for the
+	// same idempotency key.
+	Replayed bool
+	// Policies has one entry per requested policy, in request order (empty
+	// when the client decided).
+	Policies []PolicyDecision
+	// Cause is the error behind a client-made decision.
+	Cause error
+}
+
+// PolicyDecision is one policy's part of a Decision.
+type PolicyDecision struct {
+	Policy           string
+	Allowed          bool
+	Limit, Remaining int64
+	RetryAfter       time.Duration
+	ResetAfter       time.Duration
+	// Share is the fraction of the global budget this region enforced.
+	Share float64
+}
+
+// Option configures New.
+type Option func(*options)
+
+type options struct {
+	tls         *tls.Config
+	timeout     time.Duration
+	unreachable Unreachable
+	retryAfter  time.Duration
+	dialOpts    []grpc.DialOption
+	conn        grpc.ClientConnInterface
+}
+
+// WithTLS connects with TLS. Without it the connection is plaintext, for
+// loopback and meshes that encrypt for you.
+func WithTLS(cfg *tls.Config) Option { return func(o *options) { o.tls = cfg } }
+
+// WithTimeout bounds every call (default DefaultTimeout). A context
+// deadline that comes earlier wins.
+func WithTimeout(d time.Duration) Option { return func(o *options) { o.timeout = d } }
+
+// WithUnreachable chooses what Check does when the node cannot answer.
+func WithUnreachable(u Unreachable) Option { return func(o *options) { o.unreachable = u } }
+
+// WithUnreachableRetryAfter sets RetryAfter of UnreachableClosed decisions
+// (default DefaultUnreachableRetryAfter).
+func WithUnreachableRetryAfter(d time.Duration) Option {
+	return func(o *options) { o.retryAfter = d }
+}
+
+// WithDialOptions adds gRPC dial options (interceptors, keepalive, ...).
+func WithDialOptions(opts ...grpc.DialOption) Option {
+	return func(o *options) { o.dialOpts = append(o.dialOpts, opts...) }
+}
+
+// WithConn uses an existing connection instead of dialing; Close then
+// leaves it open. The address given to New is ignored.
+func WithConn(cc grpc.ClientConnInterface) Option { return func(o *options) { o.conn = cc } }
+
+// Client checks admission against one regional node (or a load balancer in
+// front of several).
+type Client struct {
+	api  quotav1.AdmissionClient
+	conn *grpc.ClientConn // nil with WithConn
+	opts options
+}
+
+// New returns a client of the node at addr (host:port, or any gRPC target
+// such as dns:///quota.internal:8081). It does not wait for the connection:
+// the first check does.
+func New(addr string, opts ...Option) (*Client, error) {
+	o := options{timeout: DefaultTimeout, unreachable: UnreachableError, retryAfter: DefaultUnreachableRetryAfter}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	switch o.unreachable {
+	case UnreachableError, UnreachableOpen, UnreachableClosed:
+	default:
+		return nil, fmt.Errorf("%w: unreachable mode %q is not error, open or closed", ErrInvalidConfig, o.unreachable)
+	}
+	if o.timeout <= 0 {
+		return nil, fmt.Errorf("%w: timeout %v must be > 0", ErrInvalidConfig, o.timeout)
+	}
+	if o.retryAfter < 0 {
+		return nil, fmt.Errorf("%w: unreachable retry-after %v must not be negative", ErrInvalidConfig, o.retryAfter)
+	}
+	c := &Client{opts: o}
+	if o.conn != nil {
+		c.api = quotav1.NewAdmissionClient(o.conn)
+		return c, nil
+	}
+	if addr == "" {
+		return nil, fmt.Errorf("%w: empty address", ErrInvalidConfig)
+	}
+	creds := insecure.NewCredentials()
+	if o.tls != nil {
+		creds = credentials.NewTLS(o.tls)
+	}
+	dial := append([]grpc.DialOption{grpc.WithTransportCredentials(creds)}, o.dialOpts...)
+	conn, err := grpc.NewClient(addr, dial...)
+	if err != nil {
+		return nil, fmt.Errorf("client: connect to %s: %w", addr, err)
+	}
+	c.conn = conn
+	c.api = quotav1.NewAdmissionClient(conn)
+	return c, nil
+}
+
+// Close closes the connection New opened.
+func (c *Client) Close() error {
+	if c.conn == nil {
+		return nil
+	}
+	return c.conn.Close()
+}
+
+// Allow checks cost for subject under one policy.
+func (c *Client) Allow(ctx context.Context, subject, policy string, cost int64) (Decision, error) {
+	return c.Check(ctx, Request{Subject: subject, Policies: []string{policy}, Cost: cost})
+}
+
+// Check decides one request. A denial is a Decision with Allowed false. An
+// error means no decision: bad input, the caller's context ended, or the
+// node could not answer under UnreachableError.
+func (c *Client) Check(ctx context.Context, req Request) (Decision, error) {
+	if err := req.validate(); err != nil {
+		return Decision{}, err
+	}
+	callCtx, cancel := context.WithTimeout(ctx, c.opts.timeout)
+	defer cancel()
+	resp, err := c.api.Check(callCtx, req.proto())
+	if err != nil {
+		return c.failed(ctx, err, "check")
+	}
+	return fromProto(resp), nil
+}
+
+// CheckBatch decides independent requests in one round trip; the
+// decisions are in request order. When the node cannot answer, the
+// unreachable choice applies to every request.
+func (c *Client) CheckBatch(ctx context.Context, reqs []Request) ([]Decision, error) {
+	if len(reqs) == 0 || len(reqs) > MaxBatch {
+		return nil, fmt.Errorf("%w: batch of %d, want 1 to %d", ErrInvalidRequest, len(reqs), MaxBatch)
+	}
+	in := &quotav1.CheckBatchRequest{Checks: make([]*quotav1.CheckRequest, len(reqs))}
+	for i := range reqs {
+		if err := reqs[i].validate(); err != nil {
+			return nil, fmt.Errorf("check %d: %w", i, err)
+		}
+		in.Checks[i] = reqs[i].proto()
+	}
+	callCtx, cancel := context.WithTimeout(ctx, c.opts.timeout)
+	defer cancel()
+	resp, err := c.api.CheckBatch(callCtx, in)
+	if err != nil {
+		d, err := c.failed(ctx, err, "check batch")
+		if err != nil {
+			return nil, err
+		}
+		out := make([]Decision, len(reqs))
+		for i := range out {
+			out[i] = d
+		}
+		return out, nil
+	}
+	if len(resp.GetResponses()) != len(reqs) {
+		return nil, fmt.Errorf("client: check batch: %d responses for %d checks", len(resp.GetResponses()), len(reqs))
+	}
+	out := make([]Decision, len(reqs))
+	for i, r := range resp.GetResponses() {
+		out[i] = fromProto(r)
+	}
+	return out, nil
+}
+
+// failed turns a call error into the unreachable decision or an error.
+// ctx is the caller's context, not the one with the client's timeout.
+func (c *Client) failed(ctx context.Context, callErr error, what string) (Decision, error) {
+	err := fmt.Errorf("client: %s: %w", what, callErr)
+	if ctx.Err() != nil || !nodeFailure(callErr) || c.opts.unreachable == UnreachableError {
+		return Decision{}, err
+	}
+	if c.opts.unreachable == UnreachableOpen {
+		return Decision{Allowed: true, Degraded: DegradedClientOpen, Cause: err}, nil
+	}
+	return Decision{Allowed: false, Degraded: DegradedClientClosed, RetryAfter: c.opts.retryAfter, Cause: err}, nil
+}
+
+// nodeFailure reports whether a gRPC error means the node could not
+// answer (unreachable, overloaded, the client's timeout, an internal
+// failure), as opposed to a request the node refused. The caller checks
+// first that its own context is still live, so a deadline here is the
+// client's timeout.
+func nodeFailure(err error) bool {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Internal, codes.Unknown, codes.Aborted, codes.ResourceExhausted:
+		return true
+	}
+	return false
+}
+
+func (r *Request) validate() error {
+	if r.Subject == "" {
+		return fmt.Errorf("%w: empty subject", ErrInvalidRequest)
+	}
+	if len(r.Policies) == 0 || len(r.Policies) > MaxPolicies {
+		return fmt.Errorf("%w: %d policies, want 1 to %d", ErrInvalidRequest, len(r.Policies), MaxPolicies)
+	}
+	for i, p := range r.Policies {
+		if p == "" {
+			return fmt.Errorf("%w: policy %d is empty", ErrInvalidRequest, i)
+		}
+	}
+	if r.Cost < 0 {
+		return fmt.Errorf("%w: cost %d is negative", ErrInvalidRequest, r.Cost)
+	}
+	if len(r.IdempotencyKey) > MaxIdempotencyKey {
+		return fmt.Errorf("%w: idempotency key of %d bytes, at most %d", ErrInvalidRequest, len(r.IdempotencyKey), MaxIdempotencyKey)
+	}
+	return nil
+}
+
+func (r *Request) proto() *quotav1.CheckRequest {
+	return &quotav1.CheckRequest{
+		Subject:        r.Subject,
+		HashSubject:    r.HashSubject,
+		Policies:       r.Policies,
+		Cost:           r.Cost,
+		IdempotencyKey: r.IdempotencyKey,
+		Peek:           r.Peek,
+	}
+}
+
+func fromProto(r *quotav1.CheckResponse) Decision {
+	d := Decision{
+		Allowed:    r.GetAllowed(),
+		DecidedBy:  r.GetDecidedBy(),
+		Limit:      r.GetLimit(),
+		Remaining:  r.GetRemaining(),
+		RetryAfter: duration(r.GetRetryAfter()),
+		ResetAfter: duration(r.GetResetAfter()),
+		Degraded:   r.GetDegraded(),
+		Replayed:   r.GetReplayed(),
+	}
+	if ps := r.GetPolicies(); len(ps) > 0 {
+		d.Policies = make([]PolicyDecision, len(ps))
+		for i, p := range ps {
+			d.Policies[i] = PolicyDecision{
+				Policy:     p.GetPolicy(),
+				Allowed:    p.GetAllowed(),
+				Limit:      p.GetLimit(),
+				Remaining:  p.GetRemaining(),
+				RetryAfter: duration(p.GetRetryAfter()),
+				ResetAfter: duration(p.GetResetAfter()),
+				Share:      p.GetShare(),
+			}
+		}
+	}
+	return d
+}
+
+// duration converts a protobuf duration, treating nil, invalid and
+// negative values as zero.
+func duration(d *durationpb.Duration) time.Duration {
+	if d == nil || d.CheckValid() != nil {
+		return 0
+	}
+	if v := d.AsDuration(); v > 0 {
+		return v
+	}
+	return 0
+}
