@@ -1,0 +1,163 @@
+package regionsync
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	grpcbackoff "google.golang.org/grpc/backoff"
+
+	"github.com/quotacoord/quota/internal/clock"
+	"github.com/quotacoord/quota/internal/demand"
+	"github.com/quotacoord/quota/internal/etcdlayout"
+)
+
+// Defaults for Config fields left zero.
+const (
+	DefaultLeaseTTL       = 10 * time.Second
+	DefaultReportInterval = 5 * time.Second
+	DefaultRequestTimeout = 2 * time.Second
+	DefaultMaxPolicies    = 4096
+	DefaultMaxOverrides   = 100000
+)
+
+// Bounds on configured and published intervals.
+const (
+	MinReportInterval = 50 * time.Millisecond
+	MaxReportInterval = 10 * time.Minute
+	maxRegionLen      = 64
+)
+
+// ErrInvalidConfig reports a Config that New cannot use.
+var ErrInvalidConfig = errors.New("regionsync: invalid config")
+
+// Config configures a Syncer.
+type Config struct {
+	// Region names this region, [A-Za-z0-9_.-]{1,64}. Required.
+	Region string
+	// Addr is the node's admission address, written in the registration
+	// for operators.
+	Addr string
+	// Client talks to etcd. Required; Dial builds one. The Syncer does not
+	// close it.
+	Client *clientv3.Client
+	// Layout places the keys; the zero value uses etcdlayout.DefaultPrefix.
+	Layout etcdlayout.Layout
+	// LeaseTTL is the TTL of the region's lease, rounded up to whole
+	// seconds. Default 10 s.
+	LeaseTTL time.Duration
+	// ReportInterval is how often demand is reported when etcd's settings
+	// do not say. Default 5 s.
+	ReportInterval time.Duration
+	// RequestTimeout bounds every etcd call. Default 2 s, at most a third
+	// of LeaseTTL.
+	RequestTimeout time.Duration
+	// Recorder supplies demand reports; nil writes none.
+	Recorder *demand.Recorder
+	// MinShare returns a policy's minimum share for this region, used for
+	// policies without an allocation; nil, or ok false, means 0.
+	MinShare func(policy string) (min float64, ok bool)
+	// OnPolicies receives every policy document under policies/ (name to
+	// raw bytes, not to be modified) after the first read and after every
+	// change. It runs on the Syncer's goroutine; nil skips policies.
+	OnPolicies func(docs map[string][]byte)
+	// MaxPolicies bounds the allocations and policy documents kept.
+	// Default 4096.
+	MaxPolicies int
+	// MaxOverrides bounds the subject overrides accepted in one
+	// allocation; a larger one is enforced at the safe share. Default
+	// 100000.
+	MaxOverrides int
+	// Clock measures lease age and stamps reports and acks. Default
+	// clock.Real{}.
+	Clock clock.Clock
+	// Logger defaults to hclog.NewNullLogger().
+	Logger hclog.Logger
+}
+
+func (c Config) withDefaults() (Config, error) {
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = DefaultLeaseTTL
+	}
+	if c.ReportInterval == 0 {
+		c.ReportInterval = DefaultReportInterval
+	}
+	if c.RequestTimeout == 0 {
+		c.RequestTimeout = DefaultRequestTimeout
+	}
+	if c.MaxPolicies == 0 {
+		c.MaxPolicies = DefaultMaxPolicies
+	}
+	if c.MaxOverrides == 0 {
+		c.MaxOverrides = DefaultMaxOverrides
+	}
+	if c.Clock == nil {
+		c.Clock = clock.Real{}
+	}
+	if c.Logger == nil {
+		c.Logger = hclog.NewNullLogger()
+	}
+	if c.LeaseTTL > 0 {
+		c.LeaseTTL = ((c.LeaseTTL + time.Second - 1) / time.Second) * time.Second
+	}
+	if c.RequestTimeout > c.LeaseTTL/3 {
+		c.RequestTimeout = c.LeaseTTL / 3
+	}
+	switch {
+	case c.Client == nil:
+		return c, fmt.Errorf("%w: no etcd client", ErrInvalidConfig)
+	case !validName(c.Region):
+		return c, fmt.Errorf("%w: region %q, want [A-Za-z0-9_.-]{1,%d}", ErrInvalidConfig, c.Region, maxRegionLen)
+	case c.LeaseTTL < time.Second || c.LeaseTTL > time.Hour:
+		return c, fmt.Errorf("%w: lease TTL %v, want 1s to 1h", ErrInvalidConfig, c.LeaseTTL)
+	case c.ReportInterval < MinReportInterval || c.ReportInterval > MaxReportInterval:
+		return c, fmt.Errorf("%w: report interval %v, want %v to %v", ErrInvalidConfig, c.ReportInterval, MinReportInterval, MaxReportInterval)
+	case c.RequestTimeout <= 0:
+		return c, fmt.Errorf("%w: request timeout %v", ErrInvalidConfig, c.RequestTimeout)
+	case c.MaxPolicies < 1:
+		return c, fmt.Errorf("%w: MaxPolicies %d", ErrInvalidConfig, c.MaxPolicies)
+	case c.MaxOverrides < 0:
+		return c, fmt.Errorf("%w: MaxOverrides %d", ErrInvalidConfig, c.MaxOverrides)
+	}
+	return c, nil
+}
+
+func validName(s string) bool {
+	if len(s) == 0 || len(s) > maxRegionLen {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+// Dial returns an etcd client for endpoints that does not wait for a
+// connection (a node starts, at its safe shares, while etcd is down) and
+// reconnects within about two seconds once etcd is back.
+func Dial(endpoints []string) (*clientv3.Client, error) {
+	if len(endpoints) == 0 {
+		return nil, fmt.Errorf("%w: no etcd endpoints", ErrInvalidConfig)
+	}
+	c, err := clientv3.New(clientv3.Config{
+		Endpoints:            endpoints,
+		DialKeepAliveTime:    5 * time.Second,
+		DialKeepAliveTimeout: 2 * time.Second,
+		Logger:               zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           grpcbackoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
+			MinConnectTimeout: 2 * time.Second,
+		})},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("regionsync: etcd client for %v: %w", endpoints, err)
+	}
+	return c, nil
+}

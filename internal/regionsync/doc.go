@@ -1,0 +1,66 @@
+// Package regionsync connects one region's admission nodes to etcd: it
+// holds the region's lease, follows the published allocations and answers
+// the hot path's share lookups, acknowledges the epochs it applied, writes
+// demand reports, and hands policy documents to the server.
+//
+// # Shares
+//
+// Share(policy, subject) is the fraction f of the policy's global budget the
+// region enforces for subject, in [0, 1+ε]: the subject's override for this
+// region when the allocation has one, else the allocation's default share
+// for this region. Lookups read an immutable table through an atomic
+// pointer: no lock, no allocation.
+//
+// # The safety invariant
+//
+// Σ over regions of the shares being enforced ≤ 1 + ε. The coordinator keeps
+// it for the published shares (two-step publish, minimums reserved); this
+// package keeps it for a region cut off from etcd:
+//
+//   - Before the region holds a lease and has read the allocations under it,
+//     every share is the safe share: Allocation.Safe[region] when an
+//     allocation exists, else the policy's minimum share for the region from
+//     Config.MinShare (0 when unknown). A node configured with etcd never
+//     starts at share 1.
+//   - Every lease keepalive that succeeds moves "last good" to the instant
+//     the keepalive was sent, on Config.Clock. When the clock reads more
+//     than LeaseTTL past it, every share becomes the safe share at once,
+//     without waiting for etcd to say anything. Measuring from the send
+//     instant means the region gives up its shares no later than etcd
+//     expires the lease, so the coordinator (which waits for the expiry
+//     plus a skew margin) never hands them to another region while this one
+//     still enforces them.
+//   - A region that lost its lease goes back to the published shares only
+//     after it was granted a new lease, registered under it, and read every
+//     allocation afresh. A keepalive or a leased write answered "lease not
+//     found" counts as a loss too.
+//   - An allocation that does not parse or holds an impossible share is
+//     enforced at the safe share and its epoch is not acknowledged.
+//   - A check that read its share just before a shrink was applied may
+//     still finish at the old share; an epoch is acknowledged only after the
+//     table holding it was published, so every check that starts after the
+//     acknowledgement uses it.
+//
+// Timers (keepalive pacing, the loss check, report intervals, back-off)
+// run on real time; what they measure (lease age, report timestamps) is
+// read from Config.Clock.
+//
+// # Keys
+//
+// Everything follows internal/etcdlayout: regions/{region} (Registration),
+// demand/{region} (DemandReport) and acks/{region} (Ack) under the lease;
+// alloc/, policies/ and settings are watched (get, then watch from the
+// next revision; a compacted or failed watch starts over with a get).
+//
+// # Concurrency and goroutines
+//
+// Run starts every goroutine of a Syncer and returns only after all of them
+// ended; it may be called once. Share, Ready, Lost, Epoch and Flush are
+// safe for concurrent use, before, during and after Run. The zero Syncer is
+// not usable; build one with New.
+//
+// # Units
+//
+// Shares are fractions. LeaseTTL is rounded up to whole seconds (etcd
+// grants leases in seconds). Demand reports carry cost per second.
+package regionsync

@@ -1,0 +1,499 @@
+package regionsync
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/quotacoord/quota/internal/etcdlayout"
+)
+
+// ErrNoLease reports a leased write attempted while the region holds no
+// lease.
+var ErrNoLease = errors.New("regionsync: no lease")
+
+// ErrRunning reports a second call of Run.
+var ErrRunning = errors.New("regionsync: already running")
+
+// Syncer keeps one region in step with etcd. See the package doc.
+type Syncer struct {
+	cfg Config
+	log hclog.Logger
+
+	tab atomic.Pointer[table]
+
+	// mu guards the writer's state below and serializes table publishes.
+	mu     sync.Mutex
+	lost   bool
+	allocs map[string]*policyShares
+
+	// lease is the current lease, 0 while there is none.
+	lease atomic.Int64
+	// lastOK is when (Clock, unix nanos) the last successful keepalive or
+	// grant of the current lease was sent.
+	lastOK atomic.Int64
+
+	losses        atomic.Uint64
+	policiesReady atomic.Bool
+	// reportEvery is the interval from etcd's settings (nanos), 0 if unset.
+	reportEvery atomic.Int64
+
+	ackCh      chan struct{}
+	settingsCh chan struct{}
+	resyncCh   chan chan struct{}
+	reportMu   sync.Mutex
+	running    atomic.Bool
+
+	// afterGet, when set by a test, runs after each initial read of a
+	// followed prefix and before its watch starts.
+	afterGet func(key string)
+}
+
+// New validates cfg and returns a Syncer at the safe shares. It starts
+// nothing; call Run.
+func New(cfg Config) (*Syncer, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	s := &Syncer{
+		cfg:        cfg,
+		log:        cfg.Logger.Named("regionsync").With("region", cfg.Region),
+		lost:       true,
+		allocs:     map[string]*policyShares{},
+		ackCh:      make(chan struct{}, 1),
+		settingsCh: make(chan struct{}, 1),
+		resyncCh:   make(chan chan struct{}),
+	}
+	s.tab.Store(build(true, s.allocs))
+	return s, nil
+}
+
+// Share returns the share f the region enforces for subject under policy.
+// It is lock-free and allocation-free.
+func (s *Syncer) Share(policy, subject string) float64 {
+	t := s.tab.Load()
+	ps := t.allocs[policy]
+	if ps == nil {
+		return s.minShare(policy)
+	}
+	if !t.lost && ps.valid {
+		if v, ok := ps.override[subject]; ok {
+			return v
+		}
+		if ps.hasDef {
+			return ps.def
+		}
+	}
+	if ps.hasSafe {
+		return ps.safe
+	}
+	return s.minShare(policy)
+}
+
+func (s *Syncer) minShare(policy string) float64 {
+	if s.cfg.MinShare == nil {
+		return 0
+	}
+	if m, ok := s.cfg.MinShare(policy); ok && finite(m) && m >= 0 && m <= 1 {
+		return m
+	}
+	return 0
+}
+
+// Ready reports whether the region enforces published shares: it holds a
+// lease, read every allocation under it, and (with OnPolicies) has read
+// the policy documents.
+func (s *Syncer) Ready() bool {
+	if s.cfg.OnPolicies != nil && !s.policiesReady.Load() {
+		return false
+	}
+	return !s.tab.Load().lost
+}
+
+// Lost reports whether every share is the safe share because the region
+// has no lease, or has not yet read the allocations under its new lease.
+func (s *Syncer) Lost() bool { return s.tab.Load().lost }
+
+// Losses counts the leases lost since New (a gauge source for operators).
+func (s *Syncer) Losses() uint64 { return s.losses.Load() }
+
+// Epoch returns the epoch of policy's allocation as applied, if any.
+func (s *Syncer) Epoch(policy string) (uint64, bool) {
+	e, ok := s.tab.Load().epochs[policy]
+	return e, ok
+}
+
+// Policies returns the names of the policies with an allocation.
+func (s *Syncer) Policies() []string {
+	t := s.tab.Load()
+	out := make([]string, 0, len(t.allocs))
+	for k := range t.allocs {
+		out = append(out, k)
+	}
+	return out
+}
+
+func (s *Syncer) now() time.Time { return s.cfg.Clock.Now() }
+
+// publish stores a new table from the state; call with mu held.
+func (s *Syncer) publishLocked() {
+	s.tab.Store(build(s.lost, s.allocs))
+	select {
+	case s.ackCh <- struct{}{}:
+	default:
+	}
+}
+
+// Run connects the region and keeps it connected until ctx is done: the
+// lease and the loss check, the allocation, policy and settings watches,
+// acknowledgements and demand reports, each on a goroutine Run starts and
+// waits for. It returns nil once ctx is done, or ErrRunning when called a
+// second time. The lease is not revoked on return: what the region wrote
+// stays until it expires, so a last Flush still lands.
+func (s *Syncer) Run(ctx context.Context) error {
+	if !s.running.CompareAndSwap(false, true) {
+		return ErrRunning
+	}
+	l := s.cfg.Layout
+	var wg sync.WaitGroup
+	goRun := func(f func()) {
+		wg.Add(1)
+		go func() { defer wg.Done(); f() }()
+	}
+	goRun(func() { s.session(ctx) })
+	goRun(func() {
+		s.follow(ctx, l.AllocPrefix(), true, s.resyncCh, s.applyAllocSnapshot, s.applyAllocEvents)
+	})
+	goRun(func() {
+		s.follow(ctx, l.Settings(), false, nil, s.applySettingsSnapshot, s.applySettingsEvents)
+	})
+	if s.cfg.OnPolicies != nil {
+		p := &policyDocs{s: s, docs: map[string][]byte{}}
+		goRun(func() { s.follow(ctx, l.PoliciesPrefix(), true, nil, p.snapshot, p.events) })
+	}
+	goRun(func() { s.ackLoop(ctx) })
+	if s.cfg.Recorder != nil {
+		goRun(func() { s.reportLoop(ctx) })
+	}
+	wg.Wait()
+	return nil
+}
+
+// ---- lease ----
+
+type kaResult struct {
+	sent time.Time
+	err  error
+}
+
+// session grants leases and keeps them alive until ctx is done.
+func (s *Syncer) session(ctx context.Context) {
+	bo := newBackoff(s.cfg.LeaseTTL / 4)
+	for ctx.Err() == nil {
+		id, err := s.establish(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Warn("cannot get a lease; shares stay safe", "error", err)
+			}
+			bo.wait(ctx)
+			continue
+		}
+		bo.reset()
+		s.keepAlive(ctx, id)
+	}
+}
+
+// establish grants a lease and registers under it.
+func (s *Syncer) establish(ctx context.Context) (clientv3.LeaseID, error) {
+	sent := s.now()
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
+	defer cancel()
+	lr, err := s.cfg.Client.Grant(cctx, int64(s.cfg.LeaseTTL/time.Second))
+	if err != nil {
+		return 0, fmt.Errorf("grant lease: %w", err)
+	}
+	reg, err := json.Marshal(etcdlayout.Registration{
+		Region: s.cfg.Region, Addr: s.cfg.Addr,
+		LeaseTTLSeconds: int64(s.cfg.LeaseTTL / time.Second), StartedAt: sent,
+	})
+	if err != nil {
+		return 0, fmt.Errorf("encode registration: %w", err)
+	}
+	if _, err := s.cfg.Client.Put(cctx, s.cfg.Layout.Region(s.cfg.Region), string(reg), clientv3.WithLease(lr.ID)); err != nil {
+		return 0, fmt.Errorf("register under lease %x: %w", lr.ID, err)
+	}
+	s.lastOK.Store(sent.UnixNano())
+	s.lease.Store(int64(lr.ID))
+	s.log.Info("registered", "lease", fmt.Sprintf("%x", lr.ID), "ttl", s.cfg.LeaseTTL)
+	return lr.ID, nil
+}
+
+// keepAlive keeps lease id alive until it is lost or ctx is done. It asks
+// the allocation follower for a fresh read and leaves the safe shares only
+// when that read completes while id is still alive.
+func (s *Syncer) keepAlive(ctx context.Context, id clientv3.LeaseID) {
+	ttl := s.cfg.LeaseTTL
+	every := ttl / 3
+	check := min(ttl/20, 100*time.Millisecond)
+	tick := time.NewTicker(check)
+	defer tick.Stop()
+
+	results := make(chan kaResult, 1)
+	inflight := false
+	defer func() {
+		if inflight {
+			<-results
+		}
+	}()
+	lastTry := time.Now()
+	resyncReq := s.resyncCh
+	resyncDone := make(chan struct{})
+
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case resyncReq <- resyncDone:
+			resyncReq = nil
+		case <-resyncDone:
+			resyncDone = nil
+			if s.recover(id) {
+				s.log.Info("published shares in force")
+			}
+		case r := <-results:
+			inflight = false
+			if r.err == nil {
+				s.lastOK.Store(r.sent.UnixNano())
+				continue
+			}
+			if leaseGone(r.err) {
+				s.markLost(id, "lease expired in etcd")
+				return
+			}
+			if ctx.Err() == nil {
+				s.log.Warn("lease keepalive failed", "error", r.err)
+			}
+		case <-tick.C:
+			if s.stale() {
+				s.markLost(id, "no keepalive for longer than the lease TTL")
+				return
+			}
+			if !inflight && time.Since(lastTry) >= every {
+				inflight, lastTry = true, time.Now()
+				sent := s.now()
+				go func() {
+					cctx, cancel := context.WithTimeout(ctx, every)
+					defer cancel()
+					_, err := s.cfg.Client.KeepAliveOnce(cctx, id)
+					results <- kaResult{sent: sent, err: err}
+				}()
+			}
+		}
+	}
+}
+
+func (s *Syncer) stale() bool {
+	return s.now().Sub(time.Unix(0, s.lastOK.Load())) > s.cfg.LeaseTTL
+}
+
+func leaseGone(err error) bool {
+	return errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(rpctypes.Error(err), rpctypes.ErrLeaseNotFound)
+}
+
+// markLost drops lease id (if still current) and switches every share to
+// the safe share.
+func (s *Syncer) markLost(id clientv3.LeaseID, why string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.lease.CompareAndSwap(int64(id), 0) {
+		return
+	}
+	s.losses.Add(1)
+	s.log.Warn("lease lost; enforcing safe shares", "lease", fmt.Sprintf("%x", id), "reason", why)
+	if !s.lost {
+		s.lost = true
+		s.publishLocked()
+	}
+}
+
+// recover leaves the safe shares after a fresh read under lease id.
+func (s *Syncer) recover(id clientv3.LeaseID) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lease.Load() != int64(id) || s.stale() || !s.lost {
+		return false
+	}
+	s.lost = false
+	s.publishLocked()
+	return true
+}
+
+// ---- allocations ----
+
+func (s *Syncer) applyAllocSnapshot(kvs []*mvccpb.KeyValue) {
+	prefix := s.cfg.Layout.AllocPrefix()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	next := make(map[string]*policyShares, len(kvs))
+	for _, kv := range kvs {
+		name := etcdlayout.Name(prefix, string(kv.Key))
+		if name == "" {
+			continue
+		}
+		if len(next) >= s.cfg.MaxPolicies {
+			s.log.Error("too many allocations; ignoring the rest", "max", s.cfg.MaxPolicies)
+			break
+		}
+		next[name] = s.compileLogged(name, kv.Value, s.allocs[name])
+	}
+	s.allocs = next
+	s.publishLocked()
+}
+
+func (s *Syncer) applyAllocEvents(evs []*clientv3.Event) {
+	prefix := s.cfg.Layout.AllocPrefix()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	next := make(map[string]*policyShares, len(s.allocs)+1)
+	for k, v := range s.allocs {
+		next[k] = v
+	}
+	for _, ev := range evs {
+		name := etcdlayout.Name(prefix, string(ev.Kv.Key))
+		if name == "" {
+			continue
+		}
+		if ev.Type == clientv3.EventTypeDelete {
+			delete(next, name)
+			continue
+		}
+		if _, ok := next[name]; !ok && len(next) >= s.cfg.MaxPolicies {
+			s.log.Error("too many allocations; ignoring one", "policy", name, "max", s.cfg.MaxPolicies)
+			continue
+		}
+		next[name] = s.compileLogged(name, ev.Kv.Value, next[name])
+	}
+	s.allocs = next
+	s.publishLocked()
+}
+
+func (s *Syncer) compileLogged(name string, raw []byte, prev *policyShares) *policyShares {
+	ps, err := compile(s.cfg.Region, name, raw, s.cfg.MaxOverrides)
+	if err != nil {
+		s.log.Error("enforcing the safe share for a bad allocation", "policy", name, "error", err)
+		return invalid(prev)
+	}
+	return ps
+}
+
+// ---- settings ----
+
+func (s *Syncer) applySettingsSnapshot(kvs []*mvccpb.KeyValue) {
+	if len(kvs) == 0 {
+		s.setReportEvery(0)
+		return
+	}
+	s.applySettings(kvs[0].Value)
+}
+
+func (s *Syncer) applySettingsEvents(evs []*clientv3.Event) {
+	for _, ev := range evs {
+		if ev.Type == clientv3.EventTypeDelete {
+			s.setReportEvery(0)
+		} else {
+			s.applySettings(ev.Kv.Value)
+		}
+	}
+}
+
+func (s *Syncer) applySettings(raw []byte) {
+	var st etcdlayout.Settings
+	if err := json.Unmarshal(raw, &st); err != nil {
+		s.log.Error("ignoring unreadable settings", "error", err)
+		s.setReportEvery(0)
+		return
+	}
+	var iv time.Duration
+	if f := st.ReportIntervalSeconds; finite(f) && f > 0 {
+		iv = time.Duration(min(f, MaxReportInterval.Seconds()) * float64(time.Second))
+		iv = max(iv, MinReportInterval)
+	}
+	s.setReportEvery(iv)
+}
+
+func (s *Syncer) setReportEvery(d time.Duration) {
+	if s.reportEvery.Swap(int64(d)) != int64(d) {
+		select {
+		case s.settingsCh <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (s *Syncer) reportInterval() time.Duration {
+	if d := time.Duration(s.reportEvery.Load()); d > 0 {
+		return d
+	}
+	return s.cfg.ReportInterval
+}
+
+// ---- policies ----
+
+type policyDocs struct {
+	s    *Syncer
+	docs map[string][]byte
+}
+
+func (p *policyDocs) snapshot(kvs []*mvccpb.KeyValue) {
+	prefix := p.s.cfg.Layout.PoliciesPrefix()
+	p.docs = make(map[string][]byte, len(kvs))
+	for _, kv := range kvs {
+		if name := etcdlayout.Name(prefix, string(kv.Key)); name != "" {
+			if len(p.docs) >= p.s.cfg.MaxPolicies {
+				p.s.log.Error("too many policy documents; ignoring the rest", "max", p.s.cfg.MaxPolicies)
+				break
+			}
+			p.docs[name] = kv.Value
+		}
+	}
+	p.deliver()
+}
+
+func (p *policyDocs) events(evs []*clientv3.Event) {
+	prefix := p.s.cfg.Layout.PoliciesPrefix()
+	for _, ev := range evs {
+		name := etcdlayout.Name(prefix, string(ev.Kv.Key))
+		if name == "" {
+			continue
+		}
+		if ev.Type == clientv3.EventTypeDelete {
+			delete(p.docs, name)
+			continue
+		}
+		if _, ok := p.docs[name]; !ok && len(p.docs) >= p.s.cfg.MaxPolicies {
+			p.s.log.Error("too many policy documents; ignoring one", "doc", name, "max", p.s.cfg.MaxPolicies)
+			continue
+		}
+		p.docs[name] = ev.Kv.Value
+	}
+	p.deliver()
+}
+
+func (p *policyDocs) deliver() {
+	out := make(map[string][]byte, len(p.docs))
+	for k, v := range p.docs {
+		out[k] = v
+	}
+	p.s.cfg.OnPolicies(out)
+	p.s.policiesReady.Store(true)
+}

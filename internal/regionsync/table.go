@@ -1,0 +1,112 @@
+package regionsync
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/quotacoord/quota/internal/etcdlayout"
+)
+
+// ErrBadAllocation reports an allocation this region cannot enforce as
+// published.
+var ErrBadAllocation = errors.New("regionsync: bad allocation")
+
+// table is what the hot path reads. It is never modified once published.
+type table struct {
+	// lost: no lease, or no fresh read of the allocations under the
+	// current lease; every share is the safe share.
+	lost   bool
+	allocs map[string]*policyShares
+	// epochs is what an Ack carries: the epoch of every allocation applied
+	// as published.
+	epochs map[string]uint64
+}
+
+// policyShares is one policy's allocation as it concerns this region.
+type policyShares struct {
+	epoch uint64
+	// valid is false for an allocation that could not be enforced as
+	// published: every subject gets the safe share and epoch is the last
+	// valid one (acked when ackable).
+	valid    bool
+	ackable  bool
+	hasDef   bool
+	def      float64
+	hasSafe  bool
+	safe     float64
+	override map[string]float64
+}
+
+// compile extracts this region's shares from a published allocation of
+// policy.
+func compile(region, policy string, raw []byte, maxOverrides int) (*policyShares, error) {
+	var a etcdlayout.Allocation
+	if err := json.Unmarshal(raw, &a); err != nil {
+		return nil, fmt.Errorf("%w %s: %v", ErrBadAllocation, policy, err)
+	}
+	if a.Policy != policy {
+		return nil, fmt.Errorf("%w %s: record names policy %q", ErrBadAllocation, policy, a.Policy)
+	}
+	if !finite(a.Overcommit) || a.Overcommit < 0 {
+		return nil, fmt.Errorf("%w %s: overcommit %v", ErrBadAllocation, policy, a.Overcommit)
+	}
+	if len(a.Overrides) > maxOverrides {
+		return nil, fmt.Errorf("%w %s: %d overrides, at most %d accepted", ErrBadAllocation, policy, len(a.Overrides), maxOverrides)
+	}
+	hi := 1 + a.Overcommit
+	ps := &policyShares{epoch: a.Epoch, valid: true, ackable: true}
+	if v, ok := a.Safe[region]; ok {
+		if !finite(v) || v < 0 || v > 1 {
+			return nil, fmt.Errorf("%w %s: safe share %v for %s", ErrBadAllocation, policy, v, region)
+		}
+		ps.hasSafe, ps.safe = true, v
+	}
+	if v, ok := a.Default[region]; ok {
+		if !finite(v) || v < 0 || v > hi {
+			return nil, fmt.Errorf("%w %s: default share %v for %s", ErrBadAllocation, policy, v, region)
+		}
+		ps.hasDef, ps.def = true, v
+	}
+	for subject, byRegion := range a.Overrides {
+		v, ok := byRegion[region]
+		if !ok {
+			continue
+		}
+		if !finite(v) || v < 0 || v > hi {
+			return nil, fmt.Errorf("%w %s: share %v for subject %q in %s", ErrBadAllocation, policy, v, subject, region)
+		}
+		if ps.override == nil {
+			ps.override = make(map[string]float64)
+		}
+		ps.override[subject] = v
+	}
+	return ps, nil
+}
+
+// invalid returns the entry enforced for a bad allocation that replaced
+// prev (nil when there was none): the safe share, prev's safe share when
+// known.
+func invalid(prev *policyShares) *policyShares {
+	ps := &policyShares{}
+	if prev != nil {
+		ps.epoch, ps.ackable = prev.epoch, prev.ackable
+		ps.hasSafe, ps.safe = prev.hasSafe, prev.safe
+	}
+	return ps
+}
+
+func finite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
+
+// build makes the immutable table from the writer's state.
+func build(lost bool, allocs map[string]*policyShares) *table {
+	t := &table{lost: lost, allocs: make(map[string]*policyShares, len(allocs)), epochs: make(map[string]uint64, len(allocs))}
+	for k, v := range allocs {
+		t.allocs[k] = v
+		if v.ackable {
+			t.epochs[k] = v.epoch
+		}
+	}
+	return t
+}

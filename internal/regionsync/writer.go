@@ -1,0 +1,105 @@
+package regionsync
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/quotacoord/quota/internal/etcdlayout"
+)
+
+// ackLoop writes the applied epochs under the lease after every publish,
+// coalescing publishes that arrive while a write is in flight.
+func (s *Syncer) ackLoop(ctx context.Context) {
+	bo := newBackoff(time.Second)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.ackCh:
+		}
+		t := s.tab.Load()
+		id := clientv3.LeaseID(s.lease.Load())
+		if t.lost || id == 0 {
+			// Leaving the safe shares publishes again, which acks.
+			continue
+		}
+		err := s.putLeased(ctx, id, s.cfg.Layout.Ack(s.cfg.Region), etcdlayout.Ack{Region: s.cfg.Region, Epochs: t.epochs, At: s.now()})
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Warn("acknowledgement failed; retrying", "error", err)
+			}
+			bo.wait(ctx)
+			select {
+			case s.ackCh <- struct{}{}:
+			default:
+			}
+			continue
+		}
+		bo.reset()
+	}
+}
+
+// reportLoop writes a demand report every report interval.
+func (s *Syncer) reportLoop(ctx context.Context) {
+	t := time.NewTimer(s.reportInterval())
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.settingsCh:
+			t.Reset(s.reportInterval())
+			continue
+		case <-t.C:
+		}
+		if err := s.report(ctx); err != nil && ctx.Err() == nil {
+			s.log.Warn("demand report not written", "error", err)
+		}
+		t.Reset(s.reportInterval())
+	}
+}
+
+// Flush writes a demand report now, covering the time since the last one.
+// Call it on shutdown, while the lease still lives (before or shortly
+// after Run returns). Without a Recorder it does nothing.
+func (s *Syncer) Flush(ctx context.Context) error {
+	return s.report(ctx)
+}
+
+// report takes a snapshot and writes it under the lease; without a lease
+// the snapshot is discarded (it would be stale by the time etcd is back).
+func (s *Syncer) report(ctx context.Context) error {
+	if s.cfg.Recorder == nil {
+		return nil
+	}
+	s.reportMu.Lock()
+	defer s.reportMu.Unlock()
+	rep := s.cfg.Recorder.Report(s.cfg.Region, s.now())
+	id := clientv3.LeaseID(s.lease.Load())
+	if id == 0 {
+		return fmt.Errorf("demand report of %d policies dropped: %w", len(rep.Policies), ErrNoLease)
+	}
+	return s.putLeased(ctx, id, s.cfg.Layout.Demand(s.cfg.Region), rep)
+}
+
+// putLeased writes v as JSON at key under lease id. A "lease not found"
+// answer marks the lease lost.
+func (s *Syncer) putLeased(ctx context.Context, id clientv3.LeaseID, key string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode %s: %w", key, err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
+	defer cancel()
+	if _, err := s.cfg.Client.Put(cctx, key, string(b), clientv3.WithLease(id)); err != nil {
+		if leaseGone(err) {
+			s.markLost(id, "leased write found no lease")
+		}
+		return fmt.Errorf("write %s under lease %x: %w", key, id, err)
+	}
+	return nil
+}
