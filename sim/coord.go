@@ -172,6 +172,9 @@ func (e *engine) rebalance() error {
 		}
 	}
 	def, err := allocator.Split(p, regions)
+	if e.cfg.proposed != nil {
+		def, err = e.cfg.proposed, nil
+	}
 	if err != nil {
 		return fmt.Errorf("sim: default split at %v: %w", e.now, err)
 	}
@@ -203,6 +206,9 @@ func (e *engine) rebalance() error {
 		subs = subs[:e.cfg.MaxOverrides]
 	}
 	for _, s := range subs {
+		if e.cfg.proposed != nil {
+			break
+		}
 		d := e.sSubject[s.j]
 		for r := range regions {
 			regions[r].Demand = d[r]

@@ -63,6 +63,12 @@ type Config struct {
 	// SeriesBins is the number of points of the per-region series.
 	// Default 360.
 	SeriesBins int
+	// InitialShares is the default allocation in force at the start;
+	// nil means an equal split of 1 + ε.
+	InitialShares []float64
+	// proposed, when set, is published at every rebalance instead of a
+	// split (PredictOvershoot).
+	proposed []float64
 	// Baselines also runs the three baseline models on the same stream.
 	// Default true (set NoBaselines to skip them).
 	NoBaselines bool
@@ -374,8 +380,14 @@ func newEngine(cfg Config) (*engine, error) {
 	}
 	e.groups = compileGroups(sc, sc.Subjects)
 	first := &allocation{def: make([]float64, n), overrides: map[int32][]float64{}}
+	if cfg.InitialShares != nil && len(cfg.InitialShares) != n {
+		return nil, fmt.Errorf("sim: %d initial shares for %d regions", len(cfg.InitialShares), n)
+	}
 	for i := range first.def {
 		first.def[i] = (1 + cfg.Allocator.Overcommit) / float64(n)
+		if cfg.InitialShares != nil {
+			first.def[i] = cfg.InitialShares[i]
+		}
 		e.up[i] = true
 		e.applied[i] = first
 	}

@@ -133,3 +133,29 @@ func TestConfigErrors(t *testing.T) {
 		}
 	}
 }
+
+func TestPredictOvershoot(t *testing.T) {
+	base := Proposal{Current: []float64{.8, .1, .1}, Proposed: []float64{.1, .8, .1}, Demand: []float64{1, 1, 0},
+		Capacity: 20, RefillPerSecond: 2, RebalanceInterval: time.Second, PropagationDelay: 2 * time.Second, Duration: 3 * time.Minute, Seed: 1}
+	two, err := PredictOvershoot(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if two.Overshoot1s > 0 || two.MaxShareSum > 1+1e-9 {
+		t.Errorf("two-step prediction overshoots: %+v", two)
+	}
+	naive := base
+	naive.Protocol = Naive
+	nv, err := PredictOvershoot(naive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nv.MaxShareSum <= 1 {
+		t.Errorf("naive prediction kept Σ ≤ 1: %+v", nv)
+	}
+	bad := base
+	bad.Proposed = []float64{.9, .9, 0}
+	if _, err := PredictOvershoot(bad); err == nil {
+		t.Error("a proposal above 1 was accepted")
+	}
+}
