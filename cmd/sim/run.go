@@ -1,0 +1,123 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/quotacoord/quota/allocator"
+	"github.com/quotacoord/quota/sim"
+)
+
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
+
+// run parses args, runs the sweep and writes the report.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var scenarios listFlag
+	fs.Var(&scenarios, "scenario", "built-in scenario NAME or scenario FILE (repeatable; default all built-in: "+strings.Join(sim.Builtin(), ", ")+")")
+	intervals := fs.String("intervals", "1s,5s,15s,60s,300s", "rebalance intervals to sweep")
+	report := fs.Duration("report-interval", time.Second, "demand report interval")
+	seed := fs.Uint64("seed", 1, "random seed")
+	duration := fs.Duration("duration", 0, "simulated time per run (default: the scenario's, 1h for built-ins)")
+	out := fs.String("out", "sim-out", "directory for report.json, report.csv, report.md and SVG plots")
+	regions := fs.Int("regions", 0, "regions (default: the scenario's)")
+	subjects := fs.Int("subjects", 0, "subjects (default: the scenario's)")
+	algorithm := fs.String("algorithm", string(allocator.MaxMinFair), "allocator algorithm: static, proportional or maxmin")
+	overcommit := fs.Float64("overcommit", 0, "overcommit ε")
+	maxStep := fs.Float64("max-step", 0.25, "largest share change per round (0 = unlimited)")
+	protocols := fs.String("protocol", "two-step,naive", "publish protocols to sweep: two-step, naive")
+	delay := fs.Duration("propagation-delay", 300*time.Millisecond, "mean coordinator↔region delay")
+	lost := fs.Float64("lost-reports", 0.01, "probability a demand report is lost")
+	late := fs.Float64("late-reports", 0.01, "probability a demand report is one interval late")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if len(scenarios) == 0 {
+		scenarios = sim.Builtin()
+	}
+	var ivs []time.Duration
+	for _, s := range strings.Split(*intervals, ",") {
+		d, err := time.ParseDuration(strings.TrimSpace(s))
+		if err != nil || d <= 0 {
+			return fmt.Errorf("-intervals: %q is not a positive duration", s)
+		}
+		ivs = append(ivs, d)
+	}
+	var protos []sim.Protocol
+	for _, p := range strings.Split(*protocols, ",") {
+		protos = append(protos, sim.Protocol(strings.TrimSpace(p)))
+	}
+	params := &allocator.Params{Algorithm: allocator.Algorithm(*algorithm), Overcommit: *overcommit, MaxStep: *maxStep, DeadBand: 0.01}
+	if err := params.Validate(); err != nil {
+		return err
+	}
+	var cfgs []sim.Config
+	for _, name := range scenarios {
+		sc, err := sim.LoadScenario(name)
+		if err != nil {
+			return err
+		}
+		for _, iv := range ivs {
+			for _, p := range protos {
+				cfgs = append(cfgs, sim.Config{Scenario: sc, Regions: *regions, Subjects: *subjects, Duration: *duration, Seed: *seed,
+					Allocator: params, Protocol: p, RebalanceInterval: iv, ReportInterval: *report, PropagationDelay: *delay,
+					LostReports: *lost, LateReports: *late})
+			}
+		}
+	}
+	bar := isTerminal(stderr)
+	var results []*sim.Result
+	for i, c := range cfgs {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if bar {
+			progress(stderr, i, len(cfgs), c.Scenario.Name)
+		}
+		res, err := sim.Run(c)
+		if err != nil {
+			return err
+		}
+		results = append(results, res)
+	}
+	if bar {
+		progress(stderr, len(cfgs), len(cfgs), "done")
+		fmt.Fprintln(stderr)
+	}
+	if err := sim.WriteTable(stdout, results); err != nil {
+		return err
+	}
+	if err := sim.WriteReport(*out, results); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "report written to %s\n", *out)
+	return nil
+}
+
+func progress(w io.Writer, done, total int, what string) {
+	const width = 30
+	n := done * width / max(total, 1)
+	fmt.Fprintf(w, "\r[%s%s] %d/%d %-14s", strings.Repeat("#", n), strings.Repeat(".", width-n), done, total, what)
+}
+
+// isTerminal reports whether w is a character device (a terminal).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
