@@ -1,0 +1,333 @@
+package bucket
+
+import "math"
+
+// This file is the reference model: the same decisions as lua/*.lua, the
+// same float64 expressions in the same order. A change here needs the same
+// change there (the differential test catches a mismatch).
+
+// state is one bucket's stored value.
+type state struct {
+	a, b, c   float64    // tb: ts, tokens; fw: window start, count; sw: window start, prev, cur
+	log       []logEntry // sl only, oldest first
+	lastWrite int64      // microseconds; the latest now at which the bucket was written
+	ttl       int64      // idle TTL in microseconds
+}
+
+type logEntry struct{ ts, cost float64 } // microseconds, units
+
+type write uint8
+
+const (
+	writeNone write = iota
+	writeSet
+	writeDel
+)
+
+// outcome is one bucket's decision in script units.
+type outcome struct {
+	ok                bool
+	rem, retry, reset float64
+	w                 write
+	next              state
+}
+
+// decide mirrors ALG[...] of the scripts. st is the stored state when
+// exists; it is never modified unless the outcome writes.
+func decide(p *params, op byte, st *state, exists bool, now float64, charge bool) outcome {
+	ttl := float64(p.ttl * 1000)
+	switch p.alg {
+	case algFW:
+		return decideFW(p, op, st, exists, now, charge)
+	case algSW:
+		return decideSW(p, op, st, exists, now, charge)
+	case algSL:
+		return decideSL(p, op, st, exists, now, charge)
+	}
+	return decideTB(p, op, st, exists, now, ttl, charge)
+}
+
+func decideTB(p *params, op byte, st *state, exists bool, now, ttl float64, charge bool) outcome {
+	lim, rate, cost := p.lim, p.p, p.cost
+	tokens, ts, clamped := lim, now, false
+	if exists && now-st.a < ttl {
+		tokens, ts = st.b, st.a
+		if tokens > lim {
+			tokens = lim
+			clamped = true
+		}
+	}
+	t := now
+	if ts > t {
+		t = ts
+	}
+	if tokens >= lim {
+		ts = t
+	} else if rate > 0 {
+		added := math.Floor(float64((t - ts) * rate))
+		if tokens+added >= lim {
+			tokens = lim
+			ts = t
+		} else if added > 0 {
+			tokens += added
+			adv := ts + math.Ceil(added/rate)
+			if adv < t {
+				ts = adv
+			} else {
+				ts = t
+			}
+		}
+	}
+	o := outcome{ok: true}
+	wr := clamped
+	if op == opRefund {
+		if cost > 0 {
+			tokens += cost
+			if tokens > lim {
+				tokens = lim
+			}
+			wr = true
+		}
+	} else if cost > 0 {
+		if tokens >= cost {
+			if charge {
+				tokens -= cost
+				wr = true
+			}
+		} else {
+			o.ok = false
+		}
+	}
+	if wr && rate == 0 {
+		ts = t
+	}
+	if !o.ok {
+		switch {
+		case cost > lim:
+			if rate > 0 {
+				o.retry = math.Ceil(lim / rate)
+			} else {
+				o.retry = ttl
+			}
+		case rate > 0:
+			o.retry = math.Ceil((cost-tokens)/rate - (t - ts))
+		default:
+			o.retry = ttl - (t - ts)
+		}
+		if o.retry < 1 {
+			o.retry = 1
+		}
+	}
+	if tokens < lim {
+		if rate > 0 {
+			o.reset = math.Ceil((lim-tokens)/rate - (t - ts))
+		} else {
+			o.reset = ttl - (t - ts)
+		}
+		if o.reset < 0 {
+			o.reset = 0
+		}
+	}
+	o.rem = tokens
+	if wr {
+		o.w = writeSet
+		o.next = state{a: ts, b: tokens}
+	}
+	return o
+}
+
+func decideFW(p *params, op byte, st *state, exists bool, now float64, charge bool) outcome {
+	lim, win, cost := p.lim, p.p, p.cost
+	ws := math.Floor(now/win) * win
+	count := 0.0
+	if exists {
+		if st.a > ws {
+			ws = st.a
+		}
+		if st.a == ws {
+			count = st.b
+		}
+	}
+	o := outcome{ok: true}
+	wr := false
+	if op == opRefund {
+		if cost > 0 && count > 0 {
+			count -= cost
+			if count < 0 {
+				count = 0
+			}
+			wr = true
+		}
+	} else if cost > 0 {
+		if count+cost <= lim {
+			if charge {
+				count += cost
+				wr = true
+			}
+		} else {
+			o.ok = false
+		}
+	}
+	o.reset = ws + win - now
+	if !o.ok {
+		o.retry = o.reset
+	}
+	o.rem = math.Max(lim-count, 0)
+	if wr {
+		o.w = writeSet
+		o.next = state{a: ws, b: count}
+	}
+	return o
+}
+
+func decideSW(p *params, op byte, st *state, exists bool, now float64, charge bool) outcome {
+	lim, win, cost := p.lim, p.p, p.cost
+	ws := math.Floor(now/win) * win
+	prev, cur := 0.0, 0.0
+	if exists {
+		if st.a > ws {
+			ws = st.a
+		}
+		if st.a == ws {
+			prev, cur = st.b, st.c
+		} else if st.a == ws-win {
+			prev = st.c
+		}
+	}
+	t := now
+	if ws > t {
+		t = ws
+	}
+	e := t - ws
+	est := float64(prev*(win-e))/win + cur
+	o := outcome{ok: true}
+	wr := false
+	if op == opRefund {
+		if cost > 0 && cur > 0 {
+			cur -= cost
+			if cur < 0 {
+				cur = 0
+			}
+			wr = true
+		}
+	} else if cost > 0 {
+		if est+cost <= lim {
+			if charge {
+				cur += cost
+				wr = true
+			}
+		} else {
+			o.ok = false
+		}
+	}
+	if cur > 0 {
+		o.reset = ws + 2*win - t
+	} else if prev > 0 {
+		o.reset = ws + win - t
+	}
+	if !o.ok {
+		switch {
+		case cost > lim:
+			o.retry = o.reset
+		case cur+cost <= lim:
+			o.retry = math.Ceil(win-float64((lim-cur-cost)*win)/prev) - e
+		default:
+			r2 := math.Ceil(win - float64((lim-cost)*win)/cur)
+			if r2 < 0 {
+				r2 = 0
+			}
+			o.retry = ws + win - t + r2
+		}
+		if o.retry < 1 {
+			o.retry = 1
+		}
+	}
+	o.rem = math.Floor(lim - (float64(prev*(win-e))/win + cur))
+	if o.rem < 0 {
+		o.rem = 0
+	}
+	if wr {
+		o.w = writeSet
+		o.next = state{a: ws, b: prev, c: cur}
+	}
+	return o
+}
+
+func decideSL(p *params, op byte, st *state, exists bool, now float64, charge bool) outcome {
+	lim, win, cost := p.lim, p.p, p.cost
+	var log []logEntry
+	t := now
+	if exists {
+		log = st.log
+		if n := len(log); n > 0 && log[n-1].ts > t {
+			t = log[n-1].ts
+		}
+	}
+	first := 0
+	for first < len(log) && log[first].ts <= t-win {
+		first++
+	}
+	log = log[first:]
+	sum := 0.0
+	for _, e := range log {
+		sum += e.cost
+	}
+	o := outcome{ok: true}
+	wr := false
+	if op == opRefund {
+		left := cost
+		for left > 0 && len(log) > 0 {
+			last := &log[len(log)-1]
+			if last.cost <= left {
+				left -= last.cost
+				sum -= last.cost
+				log = log[:len(log)-1]
+			} else {
+				last.cost -= left
+				sum -= left
+				left = 0
+			}
+			wr = true
+		}
+	} else if cost > 0 {
+		if sum+cost <= lim {
+			if charge {
+				log = append(log, logEntry{ts: t, cost: cost})
+				sum += cost
+				wr = true
+			}
+		} else {
+			o.ok = false
+		}
+	}
+	if len(log) > 0 {
+		o.reset = log[len(log)-1].ts + win - t
+	}
+	if !o.ok {
+		if cost > lim {
+			o.retry = o.reset
+		} else {
+			freed := 0.0
+			for _, e := range log {
+				freed += e.cost
+				if sum-freed+cost <= lim {
+					o.retry = e.ts + win - t
+					break
+				}
+			}
+		}
+		if o.retry < 1 {
+			o.retry = 1
+		}
+	}
+	o.rem = math.Max(lim-sum, 0)
+	if wr {
+		if len(log) == 0 {
+			o.w = writeDel
+		} else {
+			o.w = writeSet
+			o.next = state{log: log}
+		}
+	}
+	return o
+}

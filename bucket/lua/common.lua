@@ -1,0 +1,25 @@
+-- common.lua: helpers shared by every bucket script. It is concatenated
+-- before the algorithm files and take.lua (see bucket/scripts.go).
+--
+-- Units: time in microseconds (Redis TIME), amounts in milli-tokens
+-- ("units", 1000 per token). Every number is an integer below 2^53, so Lua
+-- doubles hold it exactly and the Go reference (bucket.Memory) computes the
+-- same floating-point expressions in the same order.
+--
+-- ALG maps an algorithm code to a function
+--   f(op, v, now, lim, p, cost, ttl, charge) -> ok, remaining, retry, reset, val
+-- op: 't' take (cost 0 peeks) or 'r' refund; v: the stored value or false;
+-- lim: capacity in units; p: refill in units per microsecond (token bucket)
+-- or the window in microseconds; cost in units; ttl: idle TTL in
+-- microseconds; charge: false to decide without consuming.
+-- Returned val: nil writes nothing, false deletes the key, a string is SET
+-- with the idle TTL.
+local ALG = {}
+
+local function now_us()
+  if ARGV[2] ~= '' then
+    return tonumber(ARGV[2])
+  end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end

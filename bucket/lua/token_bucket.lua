@@ -1,0 +1,80 @@
+-- token_bucket.lua: the token bucket (algorithm code 'tb').
+--
+-- Stored value: struct '>I7I5' = ts (microseconds), tokens (units); 12 bytes.
+-- ts is the instant at which the bucket held exactly `tokens`: refill adds
+-- whole units only and moves ts forward by the time those units took, so
+-- no fraction of a unit is lost between calls.
+--
+-- p is the refill f*r in units per microsecond (0: no refill; the bucket
+-- is full again only when the key expires, ttl after its last write).
+-- Tokens above lim (the share shrank) are clamped and the clamp is written
+-- even by a denial or a peek; a grown share adds no tokens at once.
+-- A denial otherwise writes nothing.
+ALG['tb'] = function(op, v, now, lim, rate, cost, ttl, charge)
+  local tokens, ts, clamped = lim, now, false
+  if v then
+    local ts0, tok0 = struct.unpack('>I7I5', v)
+    if now - ts0 < ttl then
+      tokens, ts = tok0, ts0
+      if tokens > lim then
+        tokens = lim
+        clamped = true
+      end
+    end
+  end
+  local t = now
+  if ts > t then t = ts end
+  if tokens >= lim then
+    ts = t
+  elseif rate > 0 then
+    local added = math.floor((t - ts) * rate)
+    if tokens + added >= lim then
+      tokens = lim
+      ts = t
+    elseif added > 0 then
+      tokens = tokens + added
+      local adv = ts + math.ceil(added / rate)
+      if adv < t then ts = adv else ts = t end
+    end
+  end
+  local ok, write = true, clamped
+  if op == 'r' then
+    if cost > 0 then
+      tokens = tokens + cost
+      if tokens > lim then tokens = lim end
+      write = true
+    end
+  elseif cost > 0 then
+    if tokens >= cost then
+      if charge then
+        tokens = tokens - cost
+        write = true
+      end
+    else
+      ok = false
+    end
+  end
+  if write and rate == 0 then ts = t end
+  local retry, reset = 0, 0
+  if not ok then
+    if cost > lim then
+      if rate > 0 then retry = math.ceil(lim / rate) else retry = ttl end
+    elseif rate > 0 then
+      retry = math.ceil((cost - tokens) / rate - (t - ts))
+    else
+      retry = ttl - (t - ts)
+    end
+    if retry < 1 then retry = 1 end
+  end
+  if tokens < lim then
+    if rate > 0 then
+      reset = math.ceil((lim - tokens) / rate - (t - ts))
+    else
+      reset = ttl - (t - ts)
+    end
+    if reset < 0 then reset = 0 end
+  end
+  local val = nil
+  if write then val = struct.pack('>I7I5', ts, tokens) end
+  return ok, tokens, retry, reset, val
+end

@@ -1,0 +1,74 @@
+package bucket
+
+import (
+	"math"
+	"time"
+)
+
+// unitsPerToken is the fixed-point scale of every stored amount: buckets
+// count milli-tokens ("units") so that a fractional share or refill loses
+// nothing visible.
+const unitsPerToken = 1000
+
+// Operations of the bucket scripts.
+const (
+	opTake   = 't'
+	opRefund = 'r'
+)
+
+// Algorithm codes, as the scripts name them.
+const (
+	algTB = iota
+	algFW
+	algSW
+	algSL
+)
+
+var algCodes = [...]string{algTB: "tb", algFW: "fw", algSW: "sw", algSL: "sl"}
+
+// params is one request turned into the numbers the scripts and the
+// reference model both work on. Every field is an integer-valued float64
+// except rate.
+type params struct {
+	alg  int
+	lim  float64 // capacity f·C in units, floored
+	p    float64 // token bucket: refill f·r in units per microsecond; else window in microseconds
+	cost float64 // units
+	ttl  int64   // idle TTL in milliseconds, rounded up
+}
+
+// paramsOf converts a validated request.
+func paramsOf(r *Request) params {
+	l := &r.Limits
+	p := params{
+		lim:  math.Floor(r.Share * float64(l.Capacity) * unitsPerToken),
+		cost: float64(r.Cost) * unitsPerToken,
+		ttl:  int64((l.IdleTTL + time.Millisecond - 1) / time.Millisecond),
+	}
+	switch l.Algorithm {
+	case "", TokenBucket:
+		p.alg = algTB
+		p.p = r.Share * l.RefillPerSecond / 1000 // units per microsecond
+	case FixedWindow:
+		p.alg = algFW
+		p.p = float64(l.Window.Microseconds())
+	case SlidingWindow:
+		p.alg = algSW
+		p.p = float64(l.Window.Microseconds())
+	case SlidingLog:
+		p.alg = algSL
+		p.p = float64(l.Window.Microseconds())
+	}
+	return p
+}
+
+// decision converts script numbers (units, microseconds) to a Decision.
+func decision(allowed bool, lim, rem, retry, reset float64) Decision {
+	return Decision{
+		Allowed:    allowed,
+		Limit:      lim / unitsPerToken,
+		Remaining:  rem / unitsPerToken,
+		RetryAfter: time.Duration(retry) * time.Microsecond,
+		ResetAfter: time.Duration(reset) * time.Microsecond,
+	}
+}

@@ -1,0 +1,423 @@
+package bucket
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// RedisClient is the part of a go-redis client the Redis store uses.
+// *redis.Client, *redis.ClusterClient and *redis.Ring implement it.
+type RedisClient interface {
+	redis.Scripter
+	Pipeline() redis.Pipeliner
+}
+
+// Defaults of RedisConfig.
+const (
+	DefaultMaxBatch  = 128
+	DefaultQueueSize = 4096
+	DefaultFlushers  = 4
+)
+
+// ErrClosed reports a call on a closed Redis store.
+var ErrClosed = errors.New("bucket: redis store closed")
+
+// RedisConfig configures a Redis store.
+type RedisConfig struct {
+	// Client sends the script calls. Required.
+	Client RedisClient
+	// MaxBatch is the most script calls sent in one pipeline; 0 means
+	// DefaultMaxBatch.
+	MaxBatch int
+	// QueueSize bounds the calls waiting for a pipeline; 0 means
+	// DefaultQueueSize. A caller blocks while the queue is full, until its
+	// context ends.
+	QueueSize int
+	// Flushers is how many goroutines send pipelines concurrently; 0 means
+	// DefaultFlushers.
+	Flushers int
+}
+
+// Redis is the store that production regional nodes use: one Lua script
+// call per decision, atomic in Redis, timed by Redis TIME only.
+//
+// Concurrent callers are coalesced: Take, TakeAll and Refund put their
+// script call on a bounded queue; Flushers goroutines (started by NewRedis,
+// stopped by Close) each take every call waiting, up to MaxBatch, and send
+// them in one pipeline. A lone caller's call goes out at once, alone.
+// EVALSHA is used; a NOSCRIPT reply (after SCRIPT FLUSH, a restart or a
+// failover) is answered by resending that call with EVAL in the same
+// operation, so the caller never sees it.
+//
+// Errors from Redis are returned wrapped; the caller applies its failure
+// mode. A denial is never an error. When a caller's context ends while its
+// call is queued or in flight, it gets the context's error and the call may
+// or may not have been charged.
+//
+// TakeAll sends one script call per subject: buckets of one subject share a
+// hash tag (and a Redis Cluster slot) and are checked all or nothing in that
+// call. When one TakeAll names several subjects and one of their calls
+// denies, the calls that admitted are compensated by a refund call. That
+// refund is not atomic with the charge: between the two, other callers may
+// see fewer tokens (under-admission, never over-admission of a token
+// bucket), and a window that rolls over in between is refunded in the new
+// window.
+//
+// Redis is safe for concurrent use.
+type Redis struct {
+	client   RedisClient
+	maxBatch int
+	queue    chan *call
+	stop     chan struct{}
+	wg       sync.WaitGroup
+
+	mu     sync.RWMutex
+	closed bool
+
+	// now, when set (tests only, through export_test.go), is passed to the
+	// scripts as ARGV[2] in place of Redis TIME.
+	now func() int64
+}
+
+type call struct {
+	script *redis.Script
+	keys   []string
+	args   []any
+	n      int // buckets
+	res    []int64
+	err    error
+	done   chan struct{}
+}
+
+// NewRedis validates cfg and starts the store's Flushers goroutines; Close
+// stops them.
+func NewRedis(cfg RedisConfig) (*Redis, error) {
+	if cfg.Client == nil {
+		return nil, errors.New("bucket: new redis store: Client is nil")
+	}
+	if cfg.MaxBatch < 0 || cfg.QueueSize < 0 || cfg.Flushers < 0 {
+		return nil, fmt.Errorf("bucket: new redis store: negative MaxBatch %d, QueueSize %d or Flushers %d", cfg.MaxBatch, cfg.QueueSize, cfg.Flushers)
+	}
+	if cfg.MaxBatch == 0 {
+		cfg.MaxBatch = DefaultMaxBatch
+	}
+	if cfg.QueueSize == 0 {
+		cfg.QueueSize = DefaultQueueSize
+	}
+	if cfg.Flushers == 0 {
+		cfg.Flushers = DefaultFlushers
+	}
+	r := &Redis{
+		client:   cfg.Client,
+		maxBatch: cfg.MaxBatch,
+		queue:    make(chan *call, cfg.QueueSize),
+		stop:     make(chan struct{}),
+	}
+	r.wg.Add(cfg.Flushers)
+	for range cfg.Flushers {
+		go r.flusher()
+	}
+	return r, nil
+}
+
+// Close stops the flushers. Calls still queued fail with ErrClosed; later
+// calls fail with ErrClosed. Close does not close the client.
+func (r *Redis) Close() error {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil
+	}
+	r.closed = true
+	r.mu.Unlock()
+	close(r.stop)
+	r.wg.Wait()
+	for {
+		select {
+		case c := <-r.queue:
+			c.err = ErrClosed
+			close(c.done)
+		default:
+			return nil
+		}
+	}
+}
+
+func (r *Redis) flusher() {
+	defer r.wg.Done()
+	batch := make([]*call, 0, r.maxBatch)
+	for {
+		select {
+		case <-r.stop:
+			return
+		case c := <-r.queue:
+			batch = append(batch[:0], c)
+		fill:
+			for len(batch) < r.maxBatch {
+				select {
+				case c := <-r.queue:
+					batch = append(batch, c)
+				default:
+					break fill
+				}
+			}
+			r.send(batch)
+			clear(batch)
+		}
+	}
+}
+
+// send runs one pipeline of EVALSHA calls, resends the NOSCRIPT ones with
+// EVAL, and answers every call.
+func (r *Redis) send(batch []*call) {
+	ctx := context.Background()
+	cmds := make([]*redis.Cmd, len(batch))
+	pipe := r.client.Pipeline()
+	for i, c := range batch {
+		cmds[i] = pipe.EvalSha(ctx, c.script.Hash(), c.keys, c.args...)
+	}
+	_, _ = pipe.Exec(ctx) // errors are read per command below
+	var again []int
+	for i, cmd := range cmds {
+		if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			again = append(again, i)
+		}
+	}
+	if len(again) > 0 {
+		pipe = r.client.Pipeline()
+		for _, i := range again {
+			c := batch[i]
+			cmds[i] = pipe.Eval(ctx, scriptSource(c.script), c.keys, c.args...)
+		}
+		_, _ = pipe.Exec(ctx)
+	}
+	for i, c := range batch {
+		c.res, c.err = cmds[i].Int64Slice()
+		if c.err == nil && len(c.res) != 5*c.n {
+			c.err = fmt.Errorf("bucket: script replied %d numbers, want %d", len(c.res), 5*c.n)
+		}
+		close(c.done)
+	}
+}
+
+func scriptSource(s *redis.Script) string {
+	if s == scriptAll {
+		return sourceAll
+	}
+	for alg := range scriptByAlg {
+		if scriptByAlg[alg] == s {
+			return sources[alg]
+		}
+	}
+	return "" // unreachable: every call uses one of the package's scripts
+}
+
+// do queues c and waits for its answer.
+func (r *Redis) do(ctx context.Context, c *call) error {
+	r.mu.RLock()
+	if r.closed {
+		r.mu.RUnlock()
+		return ErrClosed
+	}
+	select {
+	case r.queue <- c:
+		r.mu.RUnlock()
+	case <-ctx.Done():
+		r.mu.RUnlock()
+		return ctx.Err()
+	}
+	select {
+	case <-c.done:
+		return c.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// newCall builds the script call for reqs, which share one subject.
+func (r *Redis) newCall(op byte, reqs []Request, ps []params) *call {
+	c := &call{
+		keys: make([]string, len(reqs)),
+		args: make([]any, 2, 2+5*len(reqs)),
+		n:    len(reqs),
+		done: make(chan struct{}),
+	}
+	c.args[0] = string(op)
+	c.args[1] = ""
+	if r.now != nil {
+		c.args[1] = strconv.FormatInt(r.now(), 10)
+	}
+	alg := ps[0].alg
+	for i := range reqs {
+		p := &ps[i]
+		if p.alg != alg {
+			alg = -1
+		}
+		c.keys[i] = reqs[i].Key.String()
+		c.args = append(c.args, algCodes[p.alg],
+			strconv.FormatFloat(p.lim, 'f', -1, 64),
+			strconv.FormatFloat(p.p, 'g', -1, 64),
+			strconv.FormatFloat(p.cost, 'f', -1, 64),
+			strconv.FormatInt(p.ttl, 10))
+	}
+	if alg >= 0 {
+		c.script = scriptByAlg[alg]
+	} else {
+		c.script = scriptAll
+	}
+	return c
+}
+
+func (c *call) decision(i int) Decision {
+	v := c.res[5*i : 5*i+5]
+	return decision(v[0] == 1, float64(v[1]), float64(v[2]), float64(v[3]), float64(v[4]))
+}
+
+// Take charges req.Cost when the bucket holds it (Cost 0 peeks).
+func (r *Redis) Take(ctx context.Context, req Request) (Decision, error) {
+	return r.one(ctx, opTake, req)
+}
+
+// Refund gives back req.Cost, never above the bucket's capacity.
+func (r *Redis) Refund(ctx context.Context, req Request) (Decision, error) {
+	return r.one(ctx, opRefund, req)
+}
+
+func (r *Redis) one(ctx context.Context, op byte, req Request) (Decision, error) {
+	if err := req.Validate(); err != nil {
+		return Decision{}, err
+	}
+	ps := [1]params{paramsOf(&req)}
+	c := r.newCall(op, []Request{req}, ps[:])
+	if err := r.do(ctx, c); err != nil {
+		return Decision{}, fmt.Errorf("bucket: redis %s %s: %w", opName(op), c.keys[0], err)
+	}
+	return c.decision(0), nil
+}
+
+func opName(op byte) string {
+	if op == opRefund {
+		return "refund"
+	}
+	return "take"
+}
+
+// TakeAll checks several buckets all or nothing: one script call per
+// subject, and a compensating refund across subjects (see Redis).
+func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Decision, error) {
+	if len(reqs) == 0 || len(reqs) > MaxTakeAll {
+		return nil, fmt.Errorf("%w: got %d", ErrTakeAllSize, len(reqs))
+	}
+	ps := make([]params, len(reqs))
+	for i := range reqs {
+		if err := reqs[i].Validate(); err != nil {
+			return nil, fmt.Errorf("request %d: %w", i, err)
+		}
+		for j := 0; j < i; j++ {
+			if reqs[j].Key == reqs[i].Key {
+				return nil, fmt.Errorf("%w: %s", ErrDuplicateKey, reqs[i].Key)
+			}
+		}
+		ps[i] = paramsOf(&reqs[i])
+	}
+	// Group by subject, keeping order: idx[g] lists the requests of group g.
+	var idx [][]int
+	for i := range reqs {
+		g := -1
+		for j, grp := range idx {
+			if reqs[grp[0]].Key.subject == reqs[i].Key.subject {
+				g = j
+				break
+			}
+		}
+		if g < 0 {
+			idx = append(idx, nil)
+			g = len(idx) - 1
+		}
+		idx[g] = append(idx[g], i)
+	}
+	calls := make([]*call, len(idx))
+	errs := make([]error, len(idx))
+	active := make([]bool, len(idx))
+	run := func(op byte) {
+		var wg sync.WaitGroup
+		for g, grp := range idx {
+			if !active[g] {
+				continue
+			}
+			gr := make([]Request, len(grp))
+			gp := make([]params, len(grp))
+			for k, i := range grp {
+				gr[k], gp[k] = reqs[i], ps[i]
+			}
+			calls[g] = r.newCall(op, gr, gp)
+			wg.Add(1)
+			go func(g int) {
+				defer wg.Done()
+				errs[g] = r.do(ctx, calls[g])
+			}(g)
+		}
+		wg.Wait()
+	}
+	for g := range active {
+		active[g] = true
+	}
+	run(opTake)
+	out := make([]Decision, len(reqs))
+	allOK := true
+	var firstErr error
+	for g, grp := range idx {
+		if errs[g] != nil {
+			if firstErr == nil {
+				firstErr = fmt.Errorf("bucket: redis take-all %s: %w", calls[g].keys[0], errs[g])
+			}
+			active[g] = false
+			allOK = false
+			continue
+		}
+		for k, i := range grp {
+			out[i] = calls[g].decision(k)
+			if !out[i].Allowed {
+				allOK = false
+			}
+		}
+	}
+	if allOK {
+		return out, nil
+	}
+	// Compensate the groups that were charged.
+	for g, grp := range idx {
+		if active[g] && !out[grp[0]].Allowed {
+			active[g] = false
+		}
+	}
+	run(opRefund)
+	for g, grp := range idx {
+		if !active[g] {
+			continue
+		}
+		if errs[g] != nil {
+			if firstErr == nil {
+				firstErr = fmt.Errorf("bucket: redis take-all compensating refund %s: %w", calls[g].keys[0], errs[g])
+			}
+			continue
+		}
+		for k, i := range grp {
+			d := calls[g].decision(k)
+			d.Allowed = false
+			out[i] = d
+		}
+	}
+	for i := range out {
+		out[i].Allowed = false
+	}
+	if firstErr != nil {
+		return nil, firstErr
+	}
+	return out, nil
+}
