@@ -1,0 +1,291 @@
+package regional
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/quotacoord/quota/bucket"
+	"github.com/quotacoord/quota/internal/policy"
+	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
+)
+
+// admission serves the project's own API.
+type admission struct {
+	quotav1.UnimplementedAdmissionServer
+	n *Node
+}
+
+// check is a validated CheckRequest.
+type check struct {
+	subject     string
+	items       []item
+	names       []string // requested policies in order, for the reply
+	unknownDeny string   // the unknown policy that denies the check (UnknownDeny)
+	replayKey   string
+}
+
+// Check implements quotav1.AdmissionServer.
+func (a *admission) Check(ctx context.Context, req *quotav1.CheckRequest) (*quotav1.CheckResponse, error) {
+	set := a.n.set.Load()
+	if set == nil {
+		return nil, status.Error(codes.Unavailable, "policies are not loaded yet")
+	}
+	c, err := a.n.prepareCheck(set, req)
+	if err != nil {
+		return nil, err
+	}
+	return a.n.runCheck(ctx, c)
+}
+
+// CheckBatch implements quotav1.AdmissionServer: every entry is validated
+// before any is decided, so a bad entry charges nothing.
+func (a *admission) CheckBatch(ctx context.Context, req *quotav1.CheckBatchRequest) (*quotav1.CheckBatchResponse, error) {
+	set := a.n.set.Load()
+	if set == nil {
+		return nil, status.Error(codes.Unavailable, "policies are not loaded yet")
+	}
+	if len(req.GetChecks()) > MaxBatch {
+		return nil, status.Errorf(codes.InvalidArgument, "batch has %d checks, at most %d", len(req.GetChecks()), MaxBatch)
+	}
+	checks := make([]*check, len(req.GetChecks()))
+	for i, cr := range req.GetChecks() {
+		c, err := a.n.prepareCheck(set, cr)
+		if err != nil {
+			st := status.Convert(err)
+			return nil, status.Errorf(st.Code(), "check %d: %s", i, st.Message())
+		}
+		checks[i] = c
+	}
+	resp := &quotav1.CheckBatchResponse{Responses: make([]*quotav1.CheckResponse, len(checks))}
+	for i, c := range checks {
+		r, err := a.n.runCheck(ctx, c)
+		if err != nil {
+			st := status.Convert(err)
+			return nil, status.Errorf(st.Code(), "check %d: %s", i, st.Message())
+		}
+		resp.Responses[i] = r
+	}
+	return resp, nil
+}
+
+// prepareCheck validates req against set. Errors are gRPC statuses.
+func (n *Node) prepareCheck(set *policy.Set, req *quotav1.CheckRequest) (*check, error) {
+	if req == nil {
+		return nil, status.Error(codes.InvalidArgument, "empty request")
+	}
+	subject := req.GetSubject()
+	hash := req.GetHashSubject()
+	if hash {
+		if len(subject) == 0 || len(subject) > MaxRawSubjectLen {
+			return nil, status.Errorf(codes.InvalidArgument, "subject to hash has %d bytes, want 1 to %d", len(subject), MaxRawSubjectLen)
+		}
+	} else if err := bucket.ValidateSubject(subject); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "subject: %v (set hash_subject for raw identities)", err)
+	}
+	names := req.GetPolicies()
+	if len(names) == 0 || len(names) > MaxPolicies {
+		return nil, status.Errorf(codes.InvalidArgument, "check names %d policies, want 1 to %d", len(names), MaxPolicies)
+	}
+	if len(req.GetIdempotencyKey()) > MaxIdempotencyKeyLen {
+		return nil, status.Errorf(codes.InvalidArgument, "idempotency_key has %d bytes, at most %d", len(req.GetIdempotencyKey()), MaxIdempotencyKeyLen)
+	}
+	cost := req.GetCost()
+	switch {
+	case cost < 0:
+		return nil, status.Errorf(codes.InvalidArgument, "cost %d is negative", cost)
+	case cost > MaxCost:
+		return nil, status.Errorf(codes.InvalidArgument, "cost %d exceeds %d", cost, int64(MaxCost))
+	case cost == 0:
+		cost = 1
+	}
+	if req.GetPeek() {
+		cost = 0
+	}
+	c := &check{names: names}
+	pols := make([]*policy.Policy, 0, len(names))
+	for i, name := range names {
+		if len(name) == 0 || len(name) > bucket.MaxPolicyNameLen {
+			return nil, status.Errorf(codes.InvalidArgument, "policy name %d has %d bytes, want 1 to %d", i, len(name), bucket.MaxPolicyNameLen)
+		}
+		for _, prev := range names[:i] {
+			if prev == name {
+				return nil, status.Errorf(codes.InvalidArgument, "policy %q named twice", name)
+			}
+		}
+		p, ok := set.Get(name)
+		if !ok {
+			switch n.cfg.UnknownPolicy {
+			case UnknownDeny:
+				if c.unknownDeny == "" {
+					c.unknownDeny = name
+				}
+			case UnknownAllow:
+			default:
+				return nil, status.Errorf(codes.NotFound, "unknown policy %q", name)
+			}
+			n.m.decisions.WithLabelValues("unknown", n.cfg.Region, resultUnknown).Inc()
+			continue
+		}
+		hash = hash || p.HashSubject
+		if cost > p.Limits.Capacity {
+			return nil, status.Errorf(codes.InvalidArgument, "cost %d exceeds the capacity %d of policy %q", cost, p.Limits.Capacity, name)
+		}
+		pols = append(pols, p)
+	}
+	if hash {
+		subject = bucket.HashSubject(n.cfg.SubjectSalt, subject)
+	}
+	c.subject = subject
+	c.items = make([]item, 0, len(pols))
+	for _, p := range pols {
+		it, err := n.policyItem(p, subject, cost)
+		if err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "policy %q: %v", p.Name, err)
+		}
+		c.items = append(c.items, it)
+	}
+	if k := req.GetIdempotencyKey(); k != "" {
+		c.replayKey = subject + "\x00" + k
+	}
+	return c, nil
+}
+
+// policyItem builds the bucket request of policy p for subject.
+func (n *Node) policyItem(p *policy.Policy, subject string, cost int64) (item, error) {
+	it := item{label: p.Name, pol: p, subject: subject, mode: p.FailureMode, scale: p.LocalScale,
+		shadow: p.Shadow, unlimited: p.Unlimited}
+	if it.scale <= 0 || it.scale > 1 {
+		it.scale = 1
+	}
+	if p.Unlimited {
+		return it, nil
+	}
+	key, err := bucket.NewKey(p.Name, p.KeyVersion(), subject)
+	if err != nil {
+		return item{}, err
+	}
+	share := n.cfg.Shares.Share(p.Name, subject)
+	switch {
+	case math.IsNaN(share) || share < 0:
+		share = 0
+	case share > 1+p.Limits.Overcommit:
+		share = 1 + p.Limits.Overcommit
+	}
+	it.req = bucket.Request{Key: key, Limits: p.Limits, Share: share, Cost: cost}
+	return it, nil
+}
+
+// runCheck decides a validated check, through the idempotency cache.
+func (n *Node) runCheck(ctx context.Context, c *check) (*quotav1.CheckResponse, error) {
+	now := n.cfg.Clock.Now()
+	if c.unknownDeny != "" {
+		return &quotav1.CheckResponse{Allowed: false, DecidedBy: c.unknownDeny}, nil
+	}
+	var entry *replayEntry
+	if c.replayKey != "" {
+		prev, e, err := n.replay.begin(ctx, c.replayKey, now)
+		if err != nil {
+			return nil, status.FromContextError(err).Err()
+		}
+		if prev != nil {
+			n.m.replays.Inc()
+			r := proto.Clone(prev).(*quotav1.CheckResponse)
+			r.Replayed = true
+			return r, nil
+		}
+		entry = e
+	}
+	resp, err := n.checkNow(ctx, now, c)
+	if entry != nil {
+		n.replay.finish(entry, resp)
+	}
+	return resp, err
+}
+
+func (n *Node) checkNow(ctx context.Context, now time.Time, c *check) (*quotav1.CheckResponse, error) {
+	ctx, span := n.tracer.Start(ctx, "regional.Check")
+	defer span.End()
+	out, err := n.decide(ctx, now, c.items)
+	if err != nil {
+		return nil, statusOf(err)
+	}
+	n.account(c.items, out)
+	n.logDecision("admission", c.subject, c.items, out)
+	resp := &quotav1.CheckResponse{
+		Allowed:  out.allowed,
+		Degraded: string(out.degraded),
+		Policies: make([]*quotav1.PolicyDecision, len(c.items)),
+	}
+	decider := -1
+	for i := range c.items {
+		it := &c.items[i]
+		d := out.decs[i]
+		pd := &quotav1.PolicyDecision{
+			Policy:     it.label,
+			Allowed:    d.Allowed || it.shadow,
+			Limit:      floorInt(d.Limit),
+			Remaining:  floorInt(d.Remaining),
+			RetryAfter: durationpb.New(d.RetryAfter),
+			ResetAfter: durationpb.New(d.ResetAfter),
+			Share:      it.req.Share,
+		}
+		resp.Policies[i] = pd
+		if it.shadow || it.unlimited {
+			continue
+		}
+		switch {
+		case !out.allowed:
+			if decider < 0 && out.known[i] && !d.Allowed {
+				decider = i
+			}
+		case decider < 0 || d.Remaining < out.decs[decider].Remaining:
+			decider = i
+		}
+	}
+	if decider < 0 && len(c.items) > 0 {
+		decider = 0
+	}
+	if decider >= 0 {
+		d := resp.Policies[decider]
+		resp.DecidedBy, resp.Limit, resp.Remaining = d.Policy, d.Limit, d.Remaining
+		resp.RetryAfter, resp.ResetAfter = d.RetryAfter, d.ResetAfter
+		if !out.allowed {
+			resp.Policies[decider].Allowed = false
+		}
+	}
+	return resp, nil
+}
+
+// floorInt rounds a bucket figure down to an int64, clamping infinities
+// and negatives.
+func floorInt(f float64) int64 {
+	switch {
+	case math.IsNaN(f) || f <= 0:
+		return 0
+	case f >= math.MaxInt64:
+		return math.MaxInt64
+	}
+	return int64(math.Floor(f))
+}
+
+// statusOf maps a decide error to a gRPC status.
+func statusOf(err error) error {
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	switch {
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return status.FromContextError(err).Err()
+	case isInputError(err):
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	return status.Error(codes.Internal, fmt.Sprintf("decide: %v", err))
+}

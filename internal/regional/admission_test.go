@@ -1,0 +1,168 @@
+package regional
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/quotacoord/quota/internal/clock"
+	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
+)
+
+const ownConfig = `
+policies:
+  - name: small
+    capacity: 3
+    rate: 3/minute
+    failure_mode: closed
+  - name: big
+    capacity: 100
+    rate: 100/minute
+    failure_mode: open
+  - name: keyed
+    subject: api_key
+    capacity: 2
+    rate: 2/minute
+`
+
+func TestCheckBadInput(t *testing.T) {
+	h := startNode(t, Config{}, map[string]string{"own.yaml": ownConfig})
+	long := strings.Repeat("a", 97)
+	many := make([]string, MaxPolicies+1)
+	for i := range many {
+		many[i] = "p" + string(rune('a'+i))
+	}
+	tests := []struct {
+		name string
+		req  *quotav1.CheckRequest
+		code codes.Code
+	}{
+		{"empty subject", &quotav1.CheckRequest{Policies: []string{"small"}}, codes.InvalidArgument},
+		{"oversize subject", &quotav1.CheckRequest{Subject: long, Policies: []string{"small"}}, codes.InvalidArgument},
+		{"bad subject byte", &quotav1.CheckRequest{Subject: "a b", Policies: []string{"small"}}, codes.InvalidArgument},
+		{"oversize raw subject", &quotav1.CheckRequest{Subject: strings.Repeat("x", MaxRawSubjectLen+1), HashSubject: true, Policies: []string{"small"}}, codes.InvalidArgument},
+		{"no policies", &quotav1.CheckRequest{Subject: "s"}, codes.InvalidArgument},
+		{"too many policies", &quotav1.CheckRequest{Subject: "s", Policies: many}, codes.InvalidArgument},
+		{"policy twice", &quotav1.CheckRequest{Subject: "s", Policies: []string{"small", "small"}}, codes.InvalidArgument},
+		{"empty policy name", &quotav1.CheckRequest{Subject: "s", Policies: []string{""}}, codes.InvalidArgument},
+		{"negative cost", &quotav1.CheckRequest{Subject: "s", Policies: []string{"small"}, Cost: -1}, codes.InvalidArgument},
+		{"cost above capacity", &quotav1.CheckRequest{Subject: "s", Policies: []string{"small"}, Cost: 4}, codes.InvalidArgument},
+		{"overflowing cost", &quotav1.CheckRequest{Subject: "s", Policies: []string{"big"}, Cost: 1 << 62}, codes.InvalidArgument},
+		{"oversize idempotency key", &quotav1.CheckRequest{Subject: "s", Policies: []string{"small"}, IdempotencyKey: strings.Repeat("k", 129)}, codes.InvalidArgument},
+		{"unknown policy", &quotav1.CheckRequest{Subject: "s", Policies: []string{"small", "nope"}}, codes.NotFound},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := h.adm.Check(ctxT(t), tt.req)
+			if status.Code(err) != tt.code {
+				t.Fatalf("err = %v, want %v", err, tt.code)
+			}
+		})
+	}
+	// A bad entry fails the whole batch and charges nothing.
+	_, err := h.adm.CheckBatch(ctxT(t), &quotav1.CheckBatchRequest{Checks: []*quotav1.CheckRequest{
+		{Subject: "batch", Policies: []string{"small"}},
+		{Subject: "batch", Policies: []string{"small"}, Cost: -5},
+	}})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "check 1") {
+		t.Fatalf("batch err = %v", err)
+	}
+	big := make([]*quotav1.CheckRequest, MaxBatch+1)
+	if _, err := h.adm.CheckBatch(ctxT(t), &quotav1.CheckBatchRequest{Checks: big}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("oversize batch err = %v", err)
+	}
+	if n := h.store.calls.Load(); n != 0 {
+		t.Fatalf("bad input reached the store %d times", n)
+	}
+}
+
+func TestUnknownPolicyModes(t *testing.T) {
+	for _, tt := range []struct {
+		mode    UnknownPolicy
+		allowed bool
+		by      string
+	}{{UnknownDeny, false, "nope"}, {UnknownAllow, true, "big"}} {
+		t.Run(string(tt.mode), func(t *testing.T) {
+			h := startNode(t, Config{UnknownPolicy: tt.mode}, map[string]string{"own.yaml": ownConfig})
+			r, err := h.adm.Check(ctxT(t), &quotav1.CheckRequest{Subject: "s", Policies: []string{"big", "nope"}})
+			if err != nil || r.Allowed != tt.allowed || r.DecidedBy != tt.by {
+				t.Fatalf("got %v, %v; want allowed %v by %q", r, err, tt.allowed, tt.by)
+			}
+		})
+	}
+}
+
+func TestCheckAllOrNothingAndReplies(t *testing.T) {
+	clk := clock.NewManual(t0)
+	h := startNode(t, Config{Clock: clk, Store: memoryStore(t, clk)}, map[string]string{"own.yaml": ownConfig})
+	ctx := ctxT(t)
+	check := func(req *quotav1.CheckRequest) *quotav1.CheckResponse {
+		t.Helper()
+		r, err := h.adm.Check(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	r := check(&quotav1.CheckRequest{Subject: "acme", Policies: []string{"big", "small"}, Cost: 3})
+	if !r.Allowed || r.DecidedBy != "small" || r.Remaining != 0 || r.Limit != 3 || len(r.Policies) != 2 || r.Policies[0].Remaining != 97 {
+		t.Fatalf("first check %v", r)
+	}
+	r = check(&quotav1.CheckRequest{Subject: "acme", Policies: []string{"big", "small"}})
+	if r.Allowed || r.DecidedBy != "small" || r.RetryAfter.AsDuration() <= 0 {
+		t.Fatalf("second check %v", r)
+	}
+	// "big" was not charged by the denied check.
+	r = check(&quotav1.CheckRequest{Subject: "acme", Policies: []string{"big"}, Peek: true})
+	if !r.Allowed || r.Remaining != 97 {
+		t.Fatalf("peek %v", r)
+	}
+	// The negative cache denies the same cost without the store.
+	before := h.store.calls.Load()
+	r = check(&quotav1.CheckRequest{Subject: "acme", Policies: []string{"small"}})
+	if r.Allowed || h.store.calls.Load() != before {
+		t.Fatalf("negative cache: %v, store calls %d -> %d", r, before, h.store.calls.Load())
+	}
+	clk.Advance(time.Minute)
+	if r = check(&quotav1.CheckRequest{Subject: "acme", Policies: []string{"small"}}); !r.Allowed {
+		t.Fatalf("after refill %v", r)
+	}
+	// Hashed subjects: a raw key never reaches the store as it is.
+	r = check(&quotav1.CheckRequest{Subject: "sk_live raw key!", HashSubject: true, Policies: []string{"keyed"}})
+	if !r.Allowed {
+		t.Fatalf("hashed %v", r)
+	}
+	for _, k := range h.store.seen() {
+		if strings.Contains(k.String(), "raw") {
+			t.Fatalf("raw subject in key %s", k)
+		}
+	}
+}
+
+func TestIdempotentReplay(t *testing.T) {
+	clk := clock.NewManual(t0)
+	h := startNode(t, Config{Clock: clk, Store: memoryStore(t, clk)}, map[string]string{"own.yaml": ownConfig})
+	req := &quotav1.CheckRequest{Subject: "idem", Policies: []string{"small"}, IdempotencyKey: "order-42"}
+	first, err := h.adm.Check(ctxT(t), req)
+	if err != nil || !first.Allowed || first.Replayed || first.Remaining != 2 {
+		t.Fatalf("first %v %v", first, err)
+	}
+	for i := 0; i < 3; i++ {
+		again, err := h.adm.Check(ctxT(t), req)
+		if err != nil || !again.Replayed || again.Remaining != 2 {
+			t.Fatalf("retry %d: %v %v", i, again, err)
+		}
+	}
+	other, _ := h.adm.Check(ctxT(t), &quotav1.CheckRequest{Subject: "idem", Policies: []string{"small"}, IdempotencyKey: "order-43"})
+	if other.Replayed || other.Remaining != 1 {
+		t.Fatalf("other key %v", other)
+	}
+	clk.Advance(2 * time.Minute)
+	late, _ := h.adm.Check(ctxT(t), req)
+	if late.Replayed {
+		t.Fatal("replayed after the TTL")
+	}
+}

@@ -1,0 +1,201 @@
+package regional
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/quotacoord/quota/bucket"
+	"github.com/quotacoord/quota/internal/clock"
+)
+
+// ErrConfig reports an invalid Config.
+var ErrConfig = errors.New("regional: invalid config")
+
+// UnknownPolicy says what a check naming a policy the node does not know
+// gets.
+type UnknownPolicy string
+
+const (
+	// UnknownError fails the check with NotFound.
+	UnknownError UnknownPolicy = "error"
+	// UnknownDeny denies the check, charging nothing.
+	UnknownDeny UnknownPolicy = "deny"
+	// UnknownAllow ignores the unknown policy; the others still decide.
+	UnknownAllow UnknownPolicy = "allow"
+)
+
+// HeaderMode selects the response headers of the Envoy API.
+type HeaderMode string
+
+const (
+	// HeadersOff adds no headers (the default, like Envoy's service).
+	HeadersOff HeaderMode = "off"
+	// HeadersDraft adds RateLimit-Limit, RateLimit-Remaining and
+	// RateLimit-Reset (whole seconds, rounded up) for the descriptor with
+	// the least remaining, as Envoy's rate limit service does.
+	HeadersDraft HeaderMode = "draft"
+)
+
+// Limits on input size. Requests beyond them are InvalidArgument.
+const (
+	MaxPolicies          = 16   // policies in one check
+	MaxBatch             = 256  // checks in one CheckBatch
+	MaxRawSubjectLen     = 1024 // bytes of a subject to be hashed
+	MaxIdempotencyKeyLen = 128
+	MaxDomainLen         = 256
+	MaxDescriptors       = 64   // descriptors in one Envoy request
+	MaxEntries           = 16   // entries in one descriptor
+	MaxEntryLen          = 1024 // bytes of one entry key or value
+	// MaxCost keeps costs exact in float64 arithmetic (2^53).
+	MaxCost = 1 << 53
+)
+
+// Config configures a Node. Zero fields take the defaults listed.
+type Config struct {
+	// Region names this node's region; required, used in metrics and shares.
+	Region string
+	// Store is the primary bucket store (Redis); required.
+	Store bucket.Store
+	// Local is the in-process store used by policies whose failure mode is
+	// local; required.
+	Local bucket.Store
+	// Shares tells the region's share per policy and subject; default
+	// Standalone (1 everywhere).
+	Shares ShareSource
+	// Demand receives every decision; default none.
+	Demand DemandSink
+	// Clock defaults to the wall clock.
+	Clock clock.Clock
+	// Logger defaults to hclog.NewNullLogger().
+	Logger hclog.Logger
+	// Registerer receives the node's metrics; default none registered.
+	Registerer prometheus.Registerer
+	// TracerProvider defaults to a no-op provider.
+	TracerProvider trace.TracerProvider
+	// StoreTimeout is the time budget of one store call; default 5ms.
+	StoreTimeout time.Duration
+	// BreakerThreshold consecutive store failures open the breaker;
+	// default 5.
+	BreakerThreshold int
+	// BreakerCooldown is how long the breaker stays open before a probe;
+	// default 1s.
+	BreakerCooldown time.Duration
+	// UnknownPolicy defaults to UnknownError.
+	UnknownPolicy UnknownPolicy
+	// SubjectSalt salts hashed subjects; every region of a deployment must
+	// use the same salt.
+	SubjectSalt string
+	// IdempotencyTTL is how long a decision is replayed; default 60s.
+	IdempotencyTTL time.Duration
+	// IdempotencySize bounds the replay cache; default 100000 entries.
+	IdempotencySize int
+	// NegativeCacheSize bounds the negative cache; default 100000 entries,
+	// negative disables it.
+	NegativeCacheSize int
+	// DecisionLogEvery logs one decision in every N (with a one-way subject
+	// hash only); 0 disables decision logs.
+	DecisionLogEvery int
+	// DegradedLogInterval is the least time between two degraded-mode log
+	// lines; default 1s.
+	DegradedLogInterval time.Duration
+	// Headers selects Envoy response headers; default HeadersOff.
+	Headers HeaderMode
+}
+
+// withDefaults returns c with defaults filled in, or an error naming the
+// first bad field.
+func (c Config) withDefaults() (Config, error) {
+	if c.Region == "" {
+		return c, fmt.Errorf("%w: Region is empty", ErrConfig)
+	}
+	if err := bucket.ValidateSubject(c.Region); err != nil {
+		return c, fmt.Errorf("%w: Region %q: %w", ErrConfig, c.Region, err)
+	}
+	if c.Store == nil {
+		return c, fmt.Errorf("%w: Store is nil", ErrConfig)
+	}
+	if c.Local == nil {
+		return c, fmt.Errorf("%w: Local is nil", ErrConfig)
+	}
+	if c.Shares == nil {
+		c.Shares = Standalone{}
+	}
+	if c.Clock == nil {
+		c.Clock = clock.Real{}
+	}
+	if c.Logger == nil {
+		c.Logger = hclog.NewNullLogger()
+	}
+	if c.Registerer == nil {
+		c.Registerer = prometheus.NewRegistry()
+	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = noop.NewTracerProvider()
+	}
+	switch {
+	case c.StoreTimeout == 0:
+		c.StoreTimeout = 5 * time.Millisecond
+	case c.StoreTimeout < 0:
+		return c, fmt.Errorf("%w: StoreTimeout %v is negative", ErrConfig, c.StoreTimeout)
+	}
+	switch {
+	case c.BreakerThreshold == 0:
+		c.BreakerThreshold = 5
+	case c.BreakerThreshold < 0:
+		return c, fmt.Errorf("%w: BreakerThreshold %d is negative", ErrConfig, c.BreakerThreshold)
+	}
+	switch {
+	case c.BreakerCooldown == 0:
+		c.BreakerCooldown = time.Second
+	case c.BreakerCooldown < 0:
+		return c, fmt.Errorf("%w: BreakerCooldown %v is negative", ErrConfig, c.BreakerCooldown)
+	}
+	switch c.UnknownPolicy {
+	case "":
+		c.UnknownPolicy = UnknownError
+	case UnknownError, UnknownDeny, UnknownAllow:
+	default:
+		return c, fmt.Errorf("%w: UnknownPolicy %q, want error, deny or allow", ErrConfig, c.UnknownPolicy)
+	}
+	switch {
+	case c.IdempotencyTTL == 0:
+		c.IdempotencyTTL = time.Minute
+	case c.IdempotencyTTL < 0:
+		return c, fmt.Errorf("%w: IdempotencyTTL %v is negative", ErrConfig, c.IdempotencyTTL)
+	}
+	switch {
+	case c.IdempotencySize == 0:
+		c.IdempotencySize = 100000
+	case c.IdempotencySize < 0:
+		return c, fmt.Errorf("%w: IdempotencySize %d is negative", ErrConfig, c.IdempotencySize)
+	}
+	switch {
+	case c.NegativeCacheSize == 0:
+		c.NegativeCacheSize = 100000
+	case c.NegativeCacheSize < 0:
+		c.NegativeCacheSize = 0
+	}
+	if c.DecisionLogEvery < 0 {
+		return c, fmt.Errorf("%w: DecisionLogEvery %d is negative", ErrConfig, c.DecisionLogEvery)
+	}
+	switch {
+	case c.DegradedLogInterval == 0:
+		c.DegradedLogInterval = time.Second
+	case c.DegradedLogInterval < 0:
+		return c, fmt.Errorf("%w: DegradedLogInterval %v is negative", ErrConfig, c.DegradedLogInterval)
+	}
+	switch c.Headers {
+	case "":
+		c.Headers = HeadersOff
+	case HeadersOff, HeadersDraft:
+	default:
+		return c, fmt.Errorf("%w: Headers %q, want off or draft", ErrConfig, c.Headers)
+	}
+	return c, nil
+}

@@ -1,0 +1,75 @@
+// Package regional is the regional admission node: it answers admission
+// checks over gRPC (the project's own quota.v1.Admission API and Envoy's
+// envoy.service.ratelimit.v3.RateLimitService) from Redis token buckets
+// that hold this region's share of each policy's global budget.
+//
+// # A check
+//
+// A check is validated (subjects [A-Za-z0-9_-]{1,96} or hashed, at most
+// MaxPolicies policies, costs in [0, 2^53] and not above a policy's
+// capacity, bounded Envoy domains and descriptors), looked up in the
+// current policy snapshot (an atomic pointer swapped on reload), given the
+// region's share from the ShareSource, and decided by one Store.TakeAll
+// over every enforced policy: all or nothing, so a denial by one policy
+// charges none. Shadow policies are charged on their own afterwards and
+// never deny. Every decided policy is counted in Prometheus and reported to
+// the DemandSink.
+//
+// # Units
+//
+// Costs and capacities are cost units (tokens, requests); shares are
+// fractions of a policy's global budget (the bucket enforces share ×
+// capacity and share × refill per second); durations are time.Duration and
+// are sent as protobuf Durations, or whole seconds rounded up in headers.
+//
+// # Envoy semantics
+//
+// ShouldRateLimit follows github.com/envoyproxy/ratelimit: one status per
+// descriptor in request order; the overall code is OVER_LIMIT when any
+// status is; the request's hits_addend is the cost of every descriptor (0
+// means 1) unless a descriptor carries its own hits_addend; a descriptor's
+// limit override replaces whatever rule matched with a fixed window of
+// requests_per_unit per unit; a descriptor without a rule, or whose rule is
+// replaced, is OK without current_limit; an unlimited rule is OK with
+// limit_remaining 2^32-1; a shadow rule is charged and counted but always
+// OK; is_negative_hits refunds. Unlike the reference service, the limited
+// descriptors of one request are charged all or nothing. current_limit
+// reports the limit at this region's share; duration_until_reset is the
+// retry-after of an over-limit descriptor and the time to a full bucket
+// (or the window's end) otherwise. With Config.Headers = HeadersDraft the
+// reply carries RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset of
+// the descriptor with the least remaining. A degraded decision adds the
+// header x-quota-degraded.
+//
+// # Failure behaviour
+//
+// A store call has a time budget (Config.StoreTimeout, default 5 ms).
+// When it errors or runs out of time, each policy's failure mode decides:
+// open admits, closed denies with a retry-after, local takes from an
+// in-process bucket at share × local_scale. The decision is marked degraded
+// in the reply, counted, and logged at most once per DegradedLogInterval.
+// After BreakerThreshold consecutive failures a circuit breaker keeps the
+// store out for BreakerCooldown, then lets one probe through; while it is
+// open a dead Redis costs no time.
+//
+// A negative cache remembers buckets that denied with retry-after t and
+// denies the same or larger cost locally until t, so a client ignoring
+// Retry-After cannot push its traffic onto Redis. It only ever denies what
+// the store would deny. An idempotency cache (LRU with TTL, per subject and
+// key) replays the first decision of a retried check without charging
+// again. Both are bounded.
+//
+// # Observability
+//
+// Metrics live under quota_regional_* on the Registerer passed in; no label
+// carries a subject or a key. Logs are hclog; sampled decision logs carry a
+// one-way hash of the subject only. Checks and their store calls are traced
+// with OpenTelemetry (spans "regional.Check", "regional.ShouldRateLimit" and
+// "bucket.TakeAll" under otelgrpc's server span).
+//
+// # Concurrency and zero values
+//
+// A Node is safe for concurrent use; New starts no goroutines. Main and
+// WatchPolicies start goroutines and say so. The zero Node and the zero
+// Config are not usable: build a Node with New, which fills defaults.
+package regional

@@ -1,0 +1,91 @@
+package regional
+
+import (
+	"testing"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/quotacoord/quota/internal/policy"
+	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
+)
+
+func fuzzNode(f *testing.F, files map[string]string) (*Node, *policy.Set) {
+	h := startNode(f, Config{}, files)
+	return h.node, h.node.Policies()
+}
+
+// FuzzCheckRequest: any own-API request is either rejected with a gRPC
+// status or becomes items whose keys and requests the store accepts.
+func FuzzCheckRequest(f *testing.F) {
+	n, set := fuzzNode(f, map[string]string{"own.yaml": ownConfig})
+	f.Add("acme", false, "small", "big", int64(1), "", false)
+	f.Add("raw key ☃", true, "keyed", "", int64(2), "idem", false)
+	f.Add("", false, "small", "small", int64(-1), "", true)
+	f.Add("x", false, "nope", "", int64(1<<62), "", false)
+	f.Fuzz(func(t *testing.T, subject string, hash bool, p1, p2 string, cost int64, idem string, peek bool) {
+		req := &quotav1.CheckRequest{Subject: subject, HashSubject: hash, Cost: cost, IdempotencyKey: idem, Peek: peek}
+		for _, p := range []string{p1, p2} {
+			if p != "" {
+				req.Policies = append(req.Policies, p)
+			}
+		}
+		c, err := n.prepareCheck(set, req)
+		if err != nil {
+			if _, ok := status.FromError(err); !ok {
+				t.Fatalf("error without a status: %v", err)
+			}
+			return
+		}
+		for _, it := range c.items {
+			if it.unlimited {
+				continue
+			}
+			if err := it.req.Validate(); err != nil && it.req.Share > 0 {
+				t.Fatalf("accepted request the store rejects: %v", err)
+			}
+		}
+	})
+}
+
+// FuzzEnvoyRequest: any Envoy request is either rejected with a status or
+// maps every descriptor to one status slot with valid bucket requests.
+func FuzzEnvoyRequest(f *testing.F) {
+	n, set := fuzzNode(f, map[string]string{"sem.yaml": semanticsConfig})
+	f.Add("sem", "k", "a", "u", "x", uint32(0), uint64(0), uint32(0), int32(0), false)
+	f.Add("sem", "tier", "gold", "cid", "y", uint32(3), uint64(2), uint32(5), int32(2), false)
+	f.Add("", "", "", "", "", uint32(0), uint64(1<<60), uint32(0), int32(9), true)
+	f.Fuzz(func(t *testing.T, domain, k1, v1, k2, v2 string, hits uint32, dhits uint64, rpu uint32, unit int32, neg bool) {
+		d1 := &rlcommon.RateLimitDescriptor{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: k1, Value: v1}}}
+		d2 := &rlcommon.RateLimitDescriptor{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: k1, Value: v1}, {Key: k2, Value: v2}},
+			IsNegativeHits: neg}
+		if dhits > 0 {
+			d2.HitsAddend = wrapperspb.UInt64(dhits)
+		}
+		if rpu > 0 {
+			d1.Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: rpu, Unit: typev3.RateLimitUnit(unit)}
+		}
+		req := &rlsv3.RateLimitRequest{Domain: domain, HitsAddend: hits, Descriptors: []*rlcommon.RateLimitDescriptor{d1, d2}}
+		ec, err := n.prepareEnvoy(set, req)
+		if err != nil {
+			if _, ok := status.FromError(err); !ok {
+				t.Fatalf("error without a status: %v", err)
+			}
+			return
+		}
+		if len(ec.slot) != 2 {
+			t.Fatalf("%d slots for 2 descriptors", len(ec.slot))
+		}
+		for _, it := range append(ec.items, ec.refunds...) {
+			if it.unlimited || it.req.Cost > it.req.Limits.Capacity {
+				continue
+			}
+			if err := it.req.Validate(); err != nil {
+				t.Fatalf("accepted request the store rejects: %v", err)
+			}
+		}
+	})
+}

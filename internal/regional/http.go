@@ -1,0 +1,34 @@
+package regional
+
+import (
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Handler returns the node's HTTP endpoints: /metrics from g, /healthz
+// (the process is up) and /readyz (200 only when policies are loaded and
+// the share source is ready).
+func (n *Node) Handler(g prometheus.Gatherer) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		switch {
+		case n.set.Load() == nil:
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte("policies not loaded\n"))
+		case !n.cfg.Shares.Ready():
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte("shares not loaded\n"))
+		default:
+			_, _ = w.Write([]byte("ready\n"))
+		}
+	})
+	return mux
+}

@@ -1,0 +1,402 @@
+package regional
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/propagation"
+	sdkresource "go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/quotacoord/quota/bucket"
+	"github.com/quotacoord/quota/internal/clock"
+	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
+)
+
+// Register adds the node's services to s: the own Admission API and
+// Envoy's RateLimitService.
+func (n *Node) Register(s grpc.ServiceRegistrar) {
+	quotav1.RegisterAdmissionServer(s, &admission{n: n})
+	rlsv3.RegisterRateLimitServiceServer(s, &rls{n: n})
+}
+
+// options are the command-line settings of one regional node.
+type options struct {
+	region, grpcAddr, httpAddr       string
+	redis, etcd, policies            string
+	storeTimeout, breakerCooldown    time.Duration
+	breakerThreshold                 int
+	jsonLogs                         bool
+	logLevel                         string
+	otlpEndpoint                     string
+	tlsCert, tlsKey, tlsClientCA     string
+	unknownPolicy, headers           string
+	subjectSalt                      string
+	decisionLogEvery                 int
+	localMaxBuckets                  int
+	reportInterval, shutdownTimeout  time.Duration
+	reloadSettle                     time.Duration
+}
+
+func parseFlags(args []string, env []string, stderr io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("regional", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.region, "region", "local", "this node's region, [A-Za-z0-9_-]")
+	fs.StringVar(&o.grpcAddr, "grpc-addr", ":8081", "gRPC listen address (own Admission API, Envoy RLS, health, reflection)")
+	fs.StringVar(&o.httpAddr, "http-addr", ":8080", "HTTP listen address (/metrics, /healthz, /readyz)")
+	fs.StringVar(&o.redis, "redis", "", "Redis: host:port, a redis:// or rediss:// URL, or comma-separated cluster addresses; empty = in-process store")
+	fs.StringVar(&o.etcd, "etcd", "", "comma-separated etcd endpoints; empty = standalone (share 1, policies from -policies)")
+	fs.StringVar(&o.policies, "policies", "", "policy file or directory (own YAML or Envoy rate limit service config), reloaded on change")
+	fs.DurationVar(&o.storeTimeout, "store-timeout", 5*time.Millisecond, "time budget of one Redis call before the policy's failure mode decides")
+	fs.IntVar(&o.breakerThreshold, "breaker-threshold", 5, "consecutive Redis failures that open the circuit breaker")
+	fs.DurationVar(&o.breakerCooldown, "breaker-cooldown", time.Second, "how long the open breaker keeps Redis out before a probe")
+	fs.BoolVar(&o.jsonLogs, "json-logs", false, "log JSON lines")
+	fs.StringVar(&o.logLevel, "log-level", "info", "trace, debug, info, warn or error")
+	fs.StringVar(&o.otlpEndpoint, "otlp-endpoint", "", "OTLP gRPC endpoint (host:port) for traces; empty = tracing off")
+	fs.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate for the gRPC server (with -tls-key)")
+	fs.StringVar(&o.tlsKey, "tls-key", "", "PEM private key for the gRPC server")
+	fs.StringVar(&o.tlsClientCA, "tls-client-ca", "", "PEM CA bundle: require and verify client certificates")
+	fs.StringVar(&o.unknownPolicy, "unknown-policy", "error", "checks naming an unknown policy: error (NotFound), deny or allow")
+	fs.StringVar(&o.headers, "rls-headers", "off", "Envoy API response headers: off or draft (RateLimit-Limit/-Remaining/-Reset)")
+	fs.StringVar(&o.subjectSalt, "subject-salt", "", "salt for hashed subjects; the same in every region")
+	fs.IntVar(&o.decisionLogEvery, "decision-log-every", 0, "log one decision in N (subject hashed); 0 = off")
+	fs.IntVar(&o.localMaxBuckets, "local-max-buckets", 100000, "bound on buckets of the in-process store")
+	fs.DurationVar(&o.reportInterval, "report-interval", 5*time.Second, "demand report interval (with -etcd)")
+	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long a graceful shutdown may take")
+	fs.DurationVar(&o.reloadSettle, "reload-settle", 200*time.Millisecond, "quiet time after a policy file change before reloading")
+	// Environment variables QUOTA_<FLAG> (dashes as underscores) set
+	// defaults; flags on the command line win.
+	envs := map[string]string{}
+	for _, kv := range env {
+		if k, v, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(k, "QUOTA_") {
+			envs[k] = v
+		}
+	}
+	var envErr error
+	fs.VisitAll(func(f *flag.Flag) {
+		k := "QUOTA_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v, ok := envs[k]; ok && envErr == nil {
+			if err := f.Value.Set(v); err != nil {
+				envErr = fmt.Errorf("regional: %s=%q: %w", k, v, err)
+			}
+		}
+	})
+	if envErr != nil {
+		return nil, envErr
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, fmt.Errorf("regional: %w", err)
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("regional: unexpected arguments %q", fs.Args())
+	}
+	if o.policies == "" && o.etcd == "" {
+		return nil, errors.New("regional: give -policies FILE (standalone) or -etcd ENDPOINTS")
+	}
+	if (o.tlsCert == "") != (o.tlsKey == "") {
+		return nil, errors.New("regional: -tls-cert and -tls-key go together")
+	}
+	if o.tlsClientCA != "" && o.tlsCert == "" {
+		return nil, errors.New("regional: -tls-client-ca needs -tls-cert and -tls-key")
+	}
+	if o.localMaxBuckets < 1 {
+		return nil, fmt.Errorf("regional: -local-max-buckets %d, want at least 1", o.localMaxBuckets)
+	}
+	return o, nil
+}
+
+// Main runs one regional node until ctx is done, then shuts down
+// gracefully: it stops accepting, lets in-flight checks finish, flushes
+// the last demand report and closes its stores. args are the command-line
+// arguments without the program name; env is os.Environ()-style; the
+// listening addresses and logs go to stdout. It starts goroutines for the
+// servers and the policy watcher and waits for all of them before
+// returning.
+func Main(ctx context.Context, args, env []string, stdout io.Writer) error {
+	o, err := parseFlags(args, env, stdout)
+	if err != nil {
+		return err
+	}
+	level := hclog.LevelFromString(o.logLevel)
+	if level == hclog.NoLevel {
+		return fmt.Errorf("regional: -log-level %q, want trace, debug, info, warn or error", o.logLevel)
+	}
+	log := hclog.New(&hclog.LoggerOptions{Name: "regional", Output: stdout, JSONFormat: o.jsonLogs, Level: level})
+	log = log.With("region", o.region)
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	var tp trace.TracerProvider = noop.NewTracerProvider()
+	if o.otlpEndpoint != "" {
+		exp, err := otlptracegrpc.New(ctx, otlptracegrpc.WithEndpoint(o.otlpEndpoint), otlptracegrpc.WithInsecure())
+		if err != nil {
+			return fmt.Errorf("regional: OTLP exporter: %w", err)
+		}
+		res, _ := sdkresource.Merge(sdkresource.Default(), sdkresource.NewSchemaless())
+		sdk := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = sdk.Shutdown(sctx)
+		}()
+		tp = sdk
+	}
+
+	local, err := bucket.NewMemory(bucket.MemoryConfig{Clock: clock.Real{}, MaxBuckets: o.localMaxBuckets})
+	if err != nil {
+		return fmt.Errorf("regional: local store: %w", err)
+	}
+	var store bucket.Store = local
+	if o.redis != "" {
+		rc, err := redisClient(o.redis, o.storeTimeout)
+		if err != nil {
+			return err
+		}
+		defer rc.Close()
+		rs, err := bucket.NewRedis(bucket.RedisConfig{Client: rc})
+		if err != nil {
+			return fmt.Errorf("regional: redis store: %w", err)
+		}
+		defer rs.Close()
+		store = rs
+		log.Info("using redis", "redis", redactURL(o.redis))
+	} else {
+		log.Info("no -redis: using the in-process store (one node only)")
+	}
+
+	ss, err := startSync(ctx, o, log)
+	if err != nil {
+		return err
+	}
+	cfg := Config{
+		Region: o.region, Store: store, Local: local, Shares: ss.shares, Demand: ss.demand,
+		Logger: log, Registerer: reg, TracerProvider: tp, StoreTimeout: o.storeTimeout,
+		BreakerThreshold: o.breakerThreshold, BreakerCooldown: o.breakerCooldown,
+		UnknownPolicy: UnknownPolicy(o.unknownPolicy), SubjectSalt: o.subjectSalt,
+		DecisionLogEvery: o.decisionLogEvery, Headers: HeaderMode(o.headers),
+	}
+	n, err := New(cfg)
+	if err != nil {
+		ss.stop()
+		return err
+	}
+	if o.policies != "" {
+		if err := n.LoadPolicies(o.policies); err != nil {
+			ss.stop()
+			return err
+		}
+		log.Info("policies loaded", "path", o.policies, "policies", n.set.Load().Len())
+	}
+	if ss.policies != nil {
+		ss.policies(n)
+	}
+
+	serverOpts := []grpc.ServerOption{grpc.StatsHandler(otelgrpc.NewServerHandler(
+		otelgrpc.WithTracerProvider(tp), otelgrpc.WithPropagators(propagation.TraceContext{})))}
+	if o.tlsCert != "" {
+		tc, err := serverTLS(o)
+		if err != nil {
+			ss.stop()
+			return err
+		}
+		serverOpts = append(serverOpts, grpc.Creds(credentials.NewTLS(tc)))
+	}
+	gs := grpc.NewServer(serverOpts...)
+	n.Register(gs)
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(gs, hs)
+	reflection.Register(gs)
+
+	gl, err := net.Listen("tcp", o.grpcAddr)
+	if err != nil {
+		ss.stop()
+		return fmt.Errorf("regional: listen gRPC: %w", err)
+	}
+	hl, err := net.Listen("tcp", o.httpAddr)
+	if err != nil {
+		gl.Close()
+		ss.stop()
+		return fmt.Errorf("regional: listen HTTP: %w", err)
+	}
+	httpSrv := &http.Server{Handler: n.Handler(reg), ReadHeaderTimeout: 5 * time.Second}
+	fmt.Fprintf(stdout, "grpc listening on %s\nhttp listening on %s\n", gl.Addr(), hl.Addr())
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errc := make(chan error, 3)
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		if err := gs.Serve(gl); err != nil {
+			errc <- fmt.Errorf("regional: gRPC server: %w", err)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		if err := httpSrv.Serve(hl); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("regional: HTTP server: %w", err)
+		}
+	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_ = local.Run(ctx) // sweeps expired in-process buckets until ctx ends
+	}()
+	if o.policies != "" {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := n.WatchPolicies(ctx, o.policies, o.reloadSettle); err != nil {
+				log.Error("policy watcher stopped; no more reloads", "error", err)
+			}
+		}()
+	}
+	// Serving status follows readiness.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			st := healthpb.HealthCheckResponse_NOT_SERVING
+			if n.Ready() {
+				st = healthpb.HealthCheckResponse_SERVING
+			}
+			hs.SetServingStatus("", st)
+			hs.SetServingStatus("quota.v1.Admission", st)
+			hs.SetServingStatus("envoy.service.ratelimit.v3.RateLimitService", st)
+			n.RefreshShareGauges()
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-errc:
+	}
+	log.Info("shutting down")
+	cancel()
+	hs.Shutdown()
+	done := make(chan struct{})
+	go func() { gs.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(o.shutdownTimeout):
+		log.Warn("graceful stop timed out; closing connections")
+		gs.Stop()
+		<-done
+	}
+	sctx, scancel := context.WithTimeout(context.Background(), o.shutdownTimeout)
+	defer scancel()
+	if err := httpSrv.Shutdown(sctx); err != nil {
+		_ = httpSrv.Close()
+	}
+	wg.Wait()
+	if err := ss.flush(sctx); err != nil {
+		log.Warn("last demand report failed", "error", err)
+	}
+	ss.stop()
+	log.Info("stopped")
+	return runErr
+}
+
+// redisClient builds a client for addr: host:port, a URL, or several
+// comma-separated cluster addresses. The client honours context deadlines
+// (the store time budget) and never retries: the failure mode is faster
+// than a retry.
+func redisClient(addr string, budget time.Duration) (redis.UniversalClient, error) {
+	timeout := 10 * budget
+	if timeout < 100*time.Millisecond {
+		timeout = 100 * time.Millisecond
+	}
+	switch {
+	case strings.Contains(addr, "://"):
+		opt, err := redis.ParseURL(addr)
+		if err != nil {
+			return nil, fmt.Errorf("regional: -redis: %w", err)
+		}
+		opt.ContextTimeoutEnabled = true
+		opt.MaxRetries = -1
+		opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = timeout, timeout, timeout
+		opt.DialerRetries, opt.DialerRetryTimeout = 1, time.Millisecond
+		return redis.NewClient(opt), nil
+	case strings.Contains(addr, ","):
+		var addrs []string
+		for _, a := range strings.Split(addr, ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				addrs = append(addrs, a)
+			}
+		}
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true, MaxRetries: -1,
+			DialTimeout: timeout, ReadTimeout: timeout, WriteTimeout: timeout, DialerRetries: 1, DialerRetryTimeout: time.Millisecond}), nil
+	default:
+		return redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1,
+			DialTimeout: timeout, ReadTimeout: timeout, WriteTimeout: timeout, DialerRetries: 1, DialerRetryTimeout: time.Millisecond}), nil
+	}
+}
+
+// redactURL hides a password in a redis URL for logs.
+func redactURL(s string) string {
+	if i := strings.Index(s, "@"); i >= 0 && strings.Contains(s[:i], "://") {
+		return s[:strings.Index(s, "://")+3] + "***" + s[i:]
+	}
+	return s
+}
+
+func serverTLS(o *options) (*tls.Config, error) {
+	cert, err := tls.LoadX509KeyPair(o.tlsCert, o.tlsKey)
+	if err != nil {
+		return nil, fmt.Errorf("regional: TLS key pair: %w", err)
+	}
+	tc := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if o.tlsClientCA != "" {
+		pem, err := os.ReadFile(o.tlsClientCA)
+		if err != nil {
+			return nil, fmt.Errorf("regional: TLS client CA: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("regional: TLS client CA %s: no certificates", o.tlsClientCA)
+		}
+		tc.ClientCAs, tc.ClientAuth = pool, tls.RequireAndVerifyClientCert
+	}
+	return tc, nil
+}
+
+func isDir(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.IsDir()
+}

@@ -1,0 +1,96 @@
+package regional
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the node's Prometheus series. No label carries a subject or a
+// key: policy names come from the loaded configuration (unknown names are
+// reported as "unknown"), so every label set is bounded.
+type metrics struct {
+	decisions    *prometheus.CounterVec   // policy, region, result
+	storeLatency *prometheus.HistogramVec // op
+	storeErrors  *prometheus.CounterVec   // kind
+	degraded     *prometheus.CounterVec   // policy, region, mode
+	retryAfter   *prometheus.HistogramVec // policy
+	shares       *prometheus.GaugeVec     // policy, region
+	negHits      prometheus.Counter
+	replays      prometheus.Counter
+	breakerOpens prometheus.Counter
+	breakerOpen  prometheus.Gauge
+	reloads      *prometheus.CounterVec // result
+	policies     prometheus.Gauge
+}
+
+// Results of a decision, the "result" label.
+const (
+	resultAllowed      = "allowed"
+	resultDenied       = "denied"
+	resultShadowDenied = "shadow_denied"
+	resultUnlimited    = "unlimited"
+	resultUnknown      = "unknown_policy"
+)
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "quota", Subsystem: "regional", Name: "decisions_total",
+			Help: "Policy decisions by policy, region and result (allowed, denied, shadow_denied, unlimited, unknown_policy).",
+		}, []string{"policy", "region", "result"}),
+		storeLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "quota", Subsystem: "regional", Name: "store_latency_seconds",
+			Help:    "Latency of bucket store (Redis) calls, by operation, errors included.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .002, .005, .01, .025, .05, .1},
+		}, []string{"op"}),
+		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "quota", Subsystem: "regional", Name: "store_errors_total",
+			Help: "Bucket store errors by kind (timeout, error, script).",
+		}, []string{"kind"}),
+		degraded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "quota", Subsystem: "regional", Name: "degraded_decisions_total",
+			Help: "Policy decisions made by a failure mode instead of the store, by policy, region and mode.",
+		}, []string{"policy", "region", "mode"}),
+		retryAfter: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "quota", Subsystem: "regional", Name: "retry_after_seconds",
+			Help:    "Retry-after of denials, by policy.",
+			Buckets: []float64{.01, .1, .5, 1, 5, 15, 60, 300, 3600},
+		}, []string{"policy"}),
+		shares: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "quota", Subsystem: "regional", Name: "default_share",
+			Help: "The share of each policy's global budget this region enforces for subjects without an override.",
+		}, []string{"policy", "region"}),
+		negHits: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "quota", Subsystem: "regional", Name: "negative_cache_hits_total",
+			Help: "Checks denied by the local negative cache without a store call.",
+		}),
+		replays: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "quota", Subsystem: "regional", Name: "idempotent_replays_total",
+			Help: "Checks answered from the idempotency cache.",
+		}),
+		breakerOpens: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "quota", Subsystem: "regional", Name: "breaker_opens_total",
+			Help: "Times the store circuit breaker opened.",
+		}),
+		breakerOpen: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "quota", Subsystem: "regional", Name: "breaker_open",
+			Help: "1 while the store circuit breaker is open or half-open.",
+		}),
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "quota", Subsystem: "regional", Name: "policy_reloads_total",
+			Help: "Policy reloads by result (ok, error).",
+		}, []string{"result"}),
+		policies: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "quota", Subsystem: "regional", Name: "policies",
+			Help: "Policies in the loaded set.",
+		}),
+	}
+	for _, c := range []prometheus.Collector{m.decisions, m.storeLatency, m.storeErrors, m.degraded,
+		m.retryAfter, m.shares, m.negHits, m.replays, m.breakerOpens, m.breakerOpen, m.reloads, m.policies} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("regional: register metrics: %w", err)
+		}
+	}
+	return m, nil
+}

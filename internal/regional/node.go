@@ -1,0 +1,508 @@
+package regional
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/quotacoord/quota/bucket"
+	"github.com/quotacoord/quota/internal/policy"
+)
+
+// errBreakerOpen stands for the store's error while the breaker is open.
+var errBreakerOpen = errors.New("regional: store circuit breaker open")
+
+// Node decides admission checks for one region. Build it with New, give it
+// policies with SetPolicies, and serve it with Register (gRPC) and Handler
+// (HTTP). A Node is safe for concurrent use.
+type Node struct {
+	cfg    Config
+	set    atomic.Pointer[policy.Set]
+	brk    *breaker
+	neg    *negativeCache
+	replay *replayCache
+	m      *metrics
+	tracer trace.Tracer
+	log    hclog.Logger
+
+	takeLatency prometheus.Observer
+	decisionN   atomic.Uint64
+	lastDegLog  atomic.Int64
+	degSkipped  atomic.Int64
+}
+
+// New validates cfg, fills in its defaults and returns a Node without
+// policies (not ready until SetPolicies). It starts no goroutines.
+func New(cfg Config) (*Node, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	n := &Node{
+		cfg:    cfg,
+		brk:    newBreaker(cfg.BreakerThreshold, cfg.BreakerCooldown),
+		neg:    newNegativeCache(cfg.NegativeCacheSize),
+		replay: newReplayCache(cfg.IdempotencySize, cfg.IdempotencyTTL),
+		m:      m,
+		tracer: cfg.TracerProvider.Tracer("github.com/quotacoord/quota/internal/regional"),
+		log:    cfg.Logger,
+	}
+	n.takeLatency = m.storeLatency.WithLabelValues("take_all")
+	return n, nil
+}
+
+// SetPolicies swaps in a new policy set; checks already running finish
+// with the set they started with. A nil set is ignored.
+func (n *Node) SetPolicies(s *policy.Set) {
+	if s == nil {
+		return
+	}
+	n.set.Store(s)
+	n.m.policies.Set(float64(s.Len()))
+	n.RefreshShareGauges()
+}
+
+// Policies returns the current policy set, nil before the first.
+func (n *Node) Policies() *policy.Set { return n.set.Load() }
+
+// RefreshShareGauges republishes the default share of every policy (the
+// share of a subject without an override, asked with an empty subject).
+func (n *Node) RefreshShareGauges() {
+	s := n.set.Load()
+	if s == nil {
+		return
+	}
+	n.m.shares.Reset()
+	for _, p := range s.Policies() {
+		n.m.shares.WithLabelValues(p.Name, n.cfg.Region).Set(n.cfg.Shares.Share(p.Name, ""))
+	}
+}
+
+// Ready reports whether the node can decide: policies are loaded and the
+// share source is ready.
+func (n *Node) Ready() bool { return n.set.Load() != nil && n.cfg.Shares.Ready() }
+
+// item is one bucket decision within a check.
+type item struct {
+	label     string         // policy name for metrics and replies
+	pol       *policy.Policy // nil for an Envoy limit override
+	subject   string
+	req       bucket.Request
+	mode      policy.FailureMode
+	scale     float64 // local bucket scale for FailLocal
+	shadow    bool
+	unlimited bool
+}
+
+// outcome is the decision of a whole check.
+type outcome struct {
+	decs     []bucket.Decision
+	known    []bool // false: the bucket was not asked (all-or-nothing cut it short)
+	allowed  bool   // every enforced (non-shadow, limited) item admitted
+	degraded policy.FailureMode
+	negative bool // the negative cache decided
+}
+
+func (it *item) limit() float64 {
+	if it.req.Share <= 0 {
+		return 0
+	}
+	return it.req.Share * float64(it.req.Limits.Capacity)
+}
+
+// decide charges every enforced item all or nothing, then each shadow item
+// on its own. now is the node's clock reading for the check.
+func (n *Node) decide(ctx context.Context, now time.Time, items []item) (outcome, error) {
+	out := outcome{
+		decs:    make([]bucket.Decision, len(items)),
+		known:   make([]bool, len(items)),
+		allowed: true,
+	}
+	var enforce, shadow []int
+	for i := range items {
+		it := &items[i]
+		switch {
+		case it.unlimited:
+			out.decs[i] = bucket.Decision{Allowed: true, Limit: math.Inf(1), Remaining: math.Inf(1)}
+			out.known[i] = true
+		case it.req.Share <= 0 || it.req.Cost > it.req.Limits.Capacity:
+			// Nothing the store could answer would admit this: a zero share,
+			// or a cost above the policy's capacity (Envoy hits_addend).
+			out.decs[i] = bucket.Decision{Allowed: false, Limit: it.limit(), ResetAfter: fullAfter(it.req.Limits)}
+			out.known[i] = true
+			if !it.shadow {
+				out.allowed = false
+			}
+		case it.shadow:
+			shadow = append(shadow, i)
+		default:
+			enforce = append(enforce, i)
+		}
+	}
+	if len(enforce) > 0 && out.allowed {
+		for _, i := range enforce {
+			it := &items[i]
+			if d, hit := n.neg.deny(it.req.Key.String(), it.req, now); hit {
+				out.decs[i], out.known[i] = d, true
+				out.allowed, out.negative = false, true
+				n.m.negHits.Inc()
+				break
+			}
+		}
+	}
+	// The store takes at most bucket.MaxTakeAll buckets at once: larger
+	// checks go in chunks, and a denial refunds the chunks before it.
+	for start := 0; start < len(enforce) && out.allowed; start += bucket.MaxTakeAll {
+		chunk := enforce[start:min(start+bucket.MaxTakeAll, len(enforce))]
+		decs, mode, err := n.take(ctx, now, items, chunk)
+		if err != nil {
+			return out, err
+		}
+		if mode != "" && (out.degraded == "" || mode == policy.FailClosed) {
+			out.degraded = mode
+		}
+		for j, i := range chunk {
+			if !decs[j].Allowed && !blocked(decs[j], items[i].req.Cost) {
+				// TakeAll reports every bucket of a denied call as not
+				// allowed; one that did not block it admitted on its own.
+				decs[j].Allowed = true
+			}
+			out.decs[i], out.known[i] = decs[j], true
+			if !decs[j].Allowed {
+				out.allowed = false
+				if mode == "" {
+					n.neg.add(items[i].req.Key.String(), items[i].req, decs[j], now)
+				}
+			}
+		}
+		if !out.allowed && start > 0 {
+			n.refundEnforced(ctx, now, items, enforce[:start])
+		}
+	}
+	for _, i := range enforce {
+		if !out.known[i] {
+			out.decs[i] = bucket.Decision{Allowed: true, Limit: items[i].limit()}
+		}
+	}
+	for _, i := range shadow {
+		decs, _, err := n.take(ctx, now, items, []int{i})
+		if err != nil {
+			return out, err
+		}
+		out.decs[i], out.known[i] = decs[0], true
+	}
+	return out, nil
+}
+
+// refundEnforced gives back what earlier chunks of a denied check took.
+func (n *Node) refundEnforced(ctx context.Context, now time.Time, items []item, idx []int) {
+	refunds := make([]item, len(idx))
+	for j, i := range idx {
+		refunds[j] = items[i]
+	}
+	n.refund(ctx, now, refunds)
+}
+
+// take asks the store for items[idx] all or nothing, and the failure modes
+// when the store fails or the breaker is open. mode is empty when the store
+// decided.
+func (n *Node) take(ctx context.Context, now time.Time, items []item, idx []int) ([]bucket.Decision, policy.FailureMode, error) {
+	in := make([]bucket.Request, len(idx))
+	for j, i := range idx {
+		in[j] = items[i].req
+	}
+	reqs, at := mergeRequests(in)
+	storeErr := errBreakerOpen
+	if ok, probe := n.brk.allow(now); ok {
+		var decs []bucket.Decision
+		var err error
+		if overCapacity(reqs) >= 0 {
+			// A summed cost exceeds the capacity: nothing would admit it.
+			decs = denyAll(reqs)
+			n.brk.release(probe)
+		} else {
+			decs, err = n.callStore(ctx, now, reqs, probe)
+		}
+		if err == nil {
+			return spread(decs, at), "", nil
+		}
+		if ctx.Err() != nil {
+			return nil, "", fmt.Errorf("regional: check abandoned by caller: %w", ctx.Err())
+		}
+		if isInputError(err) {
+			return nil, "", err
+		}
+		storeErr = err
+	}
+	decs, mode, err := n.degrade(ctx, now, items, idx)
+	if err != nil {
+		return nil, "", err
+	}
+	n.logDegraded(now, mode, storeErr)
+	return decs, mode, nil
+}
+
+// mergeRequests asks a bucket named twice (an Envoy request may repeat a
+// descriptor) once, for the summed cost. at[j] is the merged request of
+// in[j]; at is nil when no bucket repeats and reqs is then in itself.
+func mergeRequests(in []bucket.Request) (reqs []bucket.Request, at []int) {
+	repeats := false
+	for j := 1; j < len(in) && !repeats; j++ {
+		for k := 0; k < j; k++ {
+			if in[k].Key == in[j].Key {
+				repeats = true
+				break
+			}
+		}
+	}
+	if !repeats {
+		return in, nil
+	}
+	at = make([]int, len(in))
+	for j, r := range in {
+		dup := -1
+		for k := range reqs {
+			if reqs[k].Key == r.Key {
+				dup = k
+				break
+			}
+		}
+		if dup < 0 {
+			reqs = append(reqs, r)
+			at[j] = len(reqs) - 1
+			continue
+		}
+		at[j] = dup
+		reqs[dup].Cost = min(reqs[dup].Cost+r.Cost, reqs[dup].Limits.Capacity+1)
+	}
+	return reqs, at
+}
+
+// spread maps merged decisions back to the requests they came from.
+func spread(decs []bucket.Decision, at []int) []bucket.Decision {
+	if at == nil {
+		return decs
+	}
+	out := make([]bucket.Decision, len(at))
+	for j, k := range at {
+		out[j] = decs[k]
+	}
+	return out
+}
+
+// denyAll answers requests that no bucket could admit.
+func denyAll(reqs []bucket.Request) []bucket.Decision {
+	decs := make([]bucket.Decision, len(reqs))
+	for k := range reqs {
+		decs[k] = bucket.Decision{Allowed: false, Limit: reqs[k].Share * float64(reqs[k].Limits.Capacity), ResetAfter: fullAfter(reqs[k].Limits)}
+	}
+	return decs
+}
+
+// blocked reports whether d's bucket itself denied cost (rather than being
+// left uncharged because another bucket of the same TakeAll denied).
+func blocked(d bucket.Decision, cost int64) bool {
+	return !d.Allowed && (d.RetryAfter > 0 || d.Remaining < float64(cost))
+}
+
+// overCapacity returns the index of a request whose cost exceeds its
+// capacity, or -1.
+func overCapacity(reqs []bucket.Request) int {
+	for k := range reqs {
+		if reqs[k].Cost > reqs[k].Limits.Capacity {
+			return k
+		}
+	}
+	return -1
+}
+
+// callStore is one TakeAll on the primary store within the time budget,
+// traced, timed and reported to the breaker.
+func (n *Node) callStore(ctx context.Context, now time.Time, reqs []bucket.Request, probe bool) ([]bucket.Decision, error) {
+	sctx, cancel := context.WithTimeout(ctx, n.cfg.StoreTimeout)
+	defer cancel()
+	sctx, span := n.tracer.Start(sctx, "bucket.TakeAll", trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attribute.Int("quota.buckets", len(reqs))))
+	start := time.Now()
+	decs, err := n.cfg.Store.TakeAll(sctx, reqs)
+	n.takeLatency.Observe(time.Since(start).Seconds())
+	if err == nil && len(decs) != len(reqs) {
+		err = fmt.Errorf("regional: store answered %d decisions for %d requests", len(decs), len(reqs))
+	}
+	switch {
+	case err == nil:
+		span.End()
+		n.brk.success(probe)
+		if probe {
+			n.m.breakerOpen.Set(0)
+			n.log.Info("store answered the breaker's probe; breaker closed")
+		}
+		return decs, nil
+	case ctx.Err() != nil || isInputError(err):
+		span.End()
+		n.brk.release(probe)
+		return nil, err
+	}
+	span.RecordError(err)
+	span.SetStatus(codes.Error, "store failed")
+	span.End()
+	kind := "error"
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		kind = "timeout"
+	case strings.Contains(strings.ToLower(err.Error()), "script"):
+		kind = "script"
+	}
+	n.m.storeErrors.WithLabelValues(kind).Inc()
+	if n.brk.failure(now, probe) {
+		n.m.breakerOpens.Inc()
+		n.m.breakerOpen.Set(1)
+		n.log.Warn("store circuit breaker opened", "cooldown", n.cfg.BreakerCooldown, "error", err)
+	}
+	return nil, fmt.Errorf("regional: store take: %w", err)
+}
+
+// degrade decides items[idx] by their failure modes. Any closed policy
+// denies the whole check (charging nothing); otherwise local policies take
+// from the in-process store at share × local scale and open ones admit.
+func (n *Node) degrade(ctx context.Context, now time.Time, items []item, idx []int) ([]bucket.Decision, policy.FailureMode, error) {
+	decs := make([]bucket.Decision, len(idx))
+	retry := n.brk.retryIn(now)
+	if retry <= 0 {
+		retry = n.cfg.BreakerCooldown
+	}
+	closed := false
+	var local []int
+	for j, i := range idx {
+		it := &items[i]
+		switch it.mode {
+		case policy.FailClosed:
+			closed = true
+			decs[j] = bucket.Decision{Allowed: false, Limit: it.limit(), RetryAfter: retry, ResetAfter: retry}
+		case policy.FailLocal:
+			local = append(local, j)
+		default:
+			decs[j] = bucket.Decision{Allowed: true, Limit: it.limit(), Remaining: it.limit()}
+		}
+		n.m.degraded.WithLabelValues(it.label, n.cfg.Region, string(modeOf(it.mode))).Inc()
+	}
+	if closed {
+		for _, j := range local {
+			decs[j] = bucket.Decision{Allowed: true, Limit: items[idx[j]].limit()}
+		}
+		return decs, policy.FailClosed, nil
+	}
+	if len(local) == 0 {
+		return decs, policy.FailOpen, nil
+	}
+	reqs := make([]bucket.Request, len(local))
+	for k, j := range local {
+		it := &items[idx[j]]
+		reqs[k] = it.req
+		reqs[k].Share = it.req.Share * it.scale
+	}
+	merged, at := mergeRequests(reqs)
+	var ldecs []bucket.Decision
+	if overCapacity(merged) >= 0 {
+		ldecs = denyAll(merged)
+	} else {
+		var err error
+		if ldecs, err = n.cfg.Local.TakeAll(ctx, merged); err != nil {
+			return nil, "", fmt.Errorf("regional: local bucket: %w", err)
+		}
+	}
+	ldecs = spread(ldecs, at)
+	for k, j := range local {
+		decs[j] = ldecs[k]
+	}
+	return decs, policy.FailLocal, nil
+}
+
+// fullAfter is how long an empty bucket with limits l takes to be full
+// again: a window, or capacity over refill.
+func fullAfter(l bucket.Limits) time.Duration {
+	if l.Window > 0 {
+		return l.Window
+	}
+	if l.RefillPerSecond > 0 {
+		if s := float64(l.Capacity) / l.RefillPerSecond; s < float64(math.MaxInt64/int64(time.Second)) {
+			return time.Duration(s * float64(time.Second))
+		}
+	}
+	return 0
+}
+
+func modeOf(m policy.FailureMode) policy.FailureMode {
+	switch m {
+	case policy.FailClosed, policy.FailLocal:
+		return m
+	}
+	return policy.FailOpen
+}
+
+// logDegraded logs a degraded decision at most once per
+// DegradedLogInterval, with the number of lines left out since.
+func (n *Node) logDegraded(now time.Time, mode policy.FailureMode, err error) {
+	last := n.lastDegLog.Load()
+	if now.UnixNano()-last < int64(n.cfg.DegradedLogInterval) || !n.lastDegLog.CompareAndSwap(last, now.UnixNano()) {
+		n.degSkipped.Add(1)
+		return
+	}
+	n.log.Warn("decided in a degraded mode", "mode", string(mode), "error", err, "suppressed", n.degSkipped.Swap(0))
+}
+
+// logDecision logs one decision in every DecisionLogEvery, with a one-way
+// hash of the subject only.
+func (n *Node) logDecision(api, subject string, items []item, out outcome) {
+	every := n.cfg.DecisionLogEvery
+	if every <= 0 || n.decisionN.Add(1)%uint64(every) != 0 {
+		return
+	}
+	names := make([]string, len(items))
+	for i := range items {
+		names[i] = items[i].label
+	}
+	n.log.Info("decision", "api", api, "subject_hash", bucket.HashSubject("decision-log", subject)[:14],
+		"policies", names, "allowed", out.allowed, "degraded", string(out.degraded), "negative_cache", out.negative)
+}
+
+// account counts the outcome and reports demand.
+func (n *Node) account(items []item, out outcome) {
+	for i := range items {
+		it := &items[i]
+		d := out.decs[i]
+		result := resultAllowed
+		switch {
+		case it.unlimited:
+			result = resultUnlimited
+		case it.shadow && !d.Allowed:
+			result = resultShadowDenied
+		case !it.shadow && !out.allowed:
+			result = resultDenied
+		}
+		n.m.decisions.WithLabelValues(it.label, n.cfg.Region, result).Inc()
+		if !d.Allowed && d.RetryAfter > 0 {
+			n.m.retryAfter.WithLabelValues(it.label).Observe(d.RetryAfter.Seconds())
+		}
+		if n.cfg.Demand == nil || it.pol == nil || it.unlimited || it.req.Cost == 0 {
+			continue
+		}
+		admitted := d.Allowed && (it.shadow || out.allowed)
+		pressured := out.known[i] && (!d.Allowed || d.Remaining < d.Limit/2)
+		n.cfg.Demand.Record(it.pol.Name, it.subject, it.req.Cost, admitted, pressured)
+	}
+}

@@ -1,0 +1,331 @@
+package regional
+
+import (
+	"context"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/quotacoord/quota/bucket"
+	"github.com/quotacoord/quota/internal/policy"
+)
+
+// rls serves envoy.service.ratelimit.v3.RateLimitService.
+type rls struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+	n *Node
+}
+
+// envoyCheck is a validated Envoy request: one item per limited descriptor.
+type envoyCheck struct {
+	items   []item
+	slot    []int // slot[i] is the item of descriptor i, or -1 (no limit, replaced, refund)
+	refunds []item
+	limits  []*rlsv3.RateLimitResponse_RateLimit // current_limit per descriptor
+}
+
+// ShouldRateLimit implements the Envoy rate limit service with Envoy's
+// semantics; see the package documentation.
+func (r *rls) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	set := r.n.set.Load()
+	if set == nil {
+		return nil, status.Error(codes.Unavailable, "policies are not loaded yet")
+	}
+	ec, err := r.n.prepareEnvoy(set, req)
+	if err != nil {
+		return nil, err
+	}
+	now := r.n.cfg.Clock.Now()
+	ctx, span := r.n.tracer.Start(ctx, "regional.ShouldRateLimit")
+	defer span.End()
+	out, err := r.n.decide(ctx, now, ec.items)
+	if err != nil {
+		return nil, statusOf(err)
+	}
+	r.n.account(ec.items, out)
+	r.n.logDecision("envoy", req.GetDomain(), ec.items, out)
+	refunded := r.n.refund(ctx, now, ec.refunds)
+
+	resp := &rlsv3.RateLimitResponse{
+		OverallCode: rlsv3.RateLimitResponse_OK,
+		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(ec.slot)),
+	}
+	min := -1
+	ri := 0
+	for i, s := range ec.slot {
+		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		resp.Statuses[i] = st
+		if s == -2 { // a refund
+			st.CurrentLimit = ec.limits[i]
+			if d := refunded[ri]; d != nil {
+				st.LimitRemaining = clampUint32(d.Remaining)
+				st.DurationUntilReset = durationpb.New(d.ResetAfter)
+			}
+			ri++
+			continue
+		}
+		if s < 0 {
+			continue
+		}
+		it := &ec.items[s]
+		d := out.decs[s]
+		if it.unlimited {
+			st.LimitRemaining = math.MaxUint32
+			continue
+		}
+		st.CurrentLimit = ec.limits[i]
+		st.LimitRemaining = clampUint32(d.Remaining)
+		if !d.Allowed && !it.shadow && out.known[s] {
+			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+			st.DurationUntilReset = durationpb.New(retryOrReset(d))
+		} else {
+			st.DurationUntilReset = durationpb.New(d.ResetAfter)
+		}
+		if min < 0 || st.LimitRemaining < resp.Statuses[min].LimitRemaining {
+			min = i
+		}
+	}
+	if out.degraded != "" {
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: "x-quota-degraded", Value: string(out.degraded)})
+	}
+	if r.n.cfg.Headers == HeadersDraft && min >= 0 {
+		st := resp.Statuses[min]
+		reset := int64(math.Ceil(st.DurationUntilReset.AsDuration().Seconds()))
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
+			&corev3.HeaderValue{Key: "RateLimit-Limit", Value: strconv.FormatUint(uint64(st.CurrentLimit.GetRequestsPerUnit()), 10)},
+			&corev3.HeaderValue{Key: "RateLimit-Remaining", Value: strconv.FormatUint(uint64(st.LimitRemaining), 10)},
+			&corev3.HeaderValue{Key: "RateLimit-Reset", Value: strconv.FormatInt(reset, 10)},
+		)
+	}
+	return resp, nil
+}
+
+// prepareEnvoy validates req and maps each descriptor to a bucket item.
+// Errors are gRPC statuses.
+func (n *Node) prepareEnvoy(set *policy.Set, req *rlsv3.RateLimitRequest) (*envoyCheck, error) {
+	if req == nil {
+		return nil, status.Error(codes.InvalidArgument, "empty request")
+	}
+	descs := req.GetDescriptors()
+	if len(descs) == 0 || len(descs) > MaxDescriptors {
+		return nil, status.Errorf(codes.InvalidArgument, "request has %d descriptors, want 1 to %d", len(descs), MaxDescriptors)
+	}
+	entries := make([][]policy.Entry, len(descs))
+	for i, d := range descs {
+		es := d.GetEntries()
+		entries[i] = make([]policy.Entry, len(es))
+		for j, e := range es {
+			entries[i][j] = policy.Entry{Key: e.GetKey(), Value: e.GetValue()}
+		}
+	}
+	matches, err := set.MatchDescriptors(req.GetDomain(), entries)
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	hits := uint64(req.GetHitsAddend())
+	if hits == 0 {
+		hits = 1
+	}
+	ec := &envoyCheck{slot: make([]int, len(descs)), limits: make([]*rlsv3.RateLimitResponse_RateLimit, len(descs))}
+	for i, d := range descs {
+		ec.slot[i] = -1
+		cost := hits
+		if h := d.GetHitsAddend(); h != nil {
+			cost = h.GetValue()
+		}
+		if cost > MaxCost {
+			return nil, status.Errorf(codes.InvalidArgument, "descriptor %d: hits_addend %d exceeds %d", i, cost, int64(MaxCost))
+		}
+		m := matches[i]
+		var it item
+		switch {
+		case d.GetLimit() != nil:
+			it, err = n.overrideItem(req.GetDomain(), entries[i], d.GetLimit(), m.Policy, int64(cost))
+			if err != nil {
+				return nil, status.Errorf(codes.InvalidArgument, "descriptor %d: %v", i, err)
+			}
+		case m.Policy == nil || m.Replaced:
+			continue
+		case m.Unlimited:
+			it = item{label: m.Policy.Name, pol: m.Policy, unlimited: true}
+		default:
+			it, err = n.policyItem(m.Policy, m.Subject, int64(cost))
+			if err != nil {
+				return nil, status.Errorf(codes.InvalidArgument, "descriptor %d: %v", i, err)
+			}
+			it.shadow = it.shadow || m.Shadow
+		}
+		if !it.unlimited {
+			ec.limits[i] = envoyLimit(it)
+		}
+		if d.GetIsNegativeHits() && !it.unlimited {
+			ec.slot[i] = -2
+			ec.refunds = append(ec.refunds, it)
+			continue
+		}
+		ec.slot[i] = len(ec.items)
+		ec.items = append(ec.items, it)
+	}
+	return ec, nil
+}
+
+// overrideItem builds the bucket of a descriptor that carries its own limit
+// (Envoy's per-descriptor override): a fixed window of requests_per_unit
+// per unit, keyed by the domain and every entry, whatever rule matched.
+func (n *Node) overrideItem(domain string, entries []policy.Entry, o *rlcommon.RateLimitDescriptor_RateLimitOverride, matched *policy.Policy, cost int64) (item, error) {
+	unit, ok := unitDuration(o.GetUnit())
+	if !ok {
+		return item{}, status.Errorf(codes.InvalidArgument, "limit override unit %v is not supported", o.GetUnit())
+	}
+	if m := o.GetUnitMultiplier(); m != nil && m.GetValue() > 1 {
+		unit *= time.Duration(m.GetValue())
+	}
+	if o.GetRequestsPerUnit() == 0 {
+		return item{}, status.Error(codes.InvalidArgument, "limit override requests_per_unit is 0")
+	}
+	var b strings.Builder
+	b.WriteString(domain)
+	for _, e := range entries {
+		b.WriteByte(0)
+		b.WriteString(e.Key)
+		b.WriteByte(0)
+		b.WriteString(e.Value)
+	}
+	subject := bucket.HashSubject(n.cfg.SubjectSalt, b.String())
+	name := "override." + strings.ToLower(o.GetUnit().String())
+	lim := bucket.Limits{Algorithm: bucket.FixedWindow, Capacity: int64(o.GetRequestsPerUnit()), Window: unit, IdleTTL: unit + time.Minute}
+	key, err := bucket.NewKey(name, uint32(o.GetRequestsPerUnit()), subject)
+	if err != nil {
+		return item{}, err
+	}
+	it := item{label: name, subject: subject, mode: policy.FailOpen, scale: 1,
+		req: bucket.Request{Key: key, Limits: lim, Share: 1, Cost: cost}}
+	if matched != nil {
+		it.mode, it.scale = matched.FailureMode, matched.LocalScale
+		if it.scale <= 0 || it.scale > 1 {
+			it.scale = 1
+		}
+	}
+	return it, nil
+}
+
+func unitDuration(u typev3.RateLimitUnit) (time.Duration, bool) {
+	switch u {
+	case typev3.RateLimitUnit_SECOND:
+		return time.Second, true
+	case typev3.RateLimitUnit_MINUTE:
+		return time.Minute, true
+	case typev3.RateLimitUnit_HOUR:
+		return time.Hour, true
+	case typev3.RateLimitUnit_DAY:
+		return 24 * time.Hour, true
+	case typev3.RateLimitUnit_MONTH:
+		return 30 * 24 * time.Hour, true
+	case typev3.RateLimitUnit_YEAR:
+		return 365 * 24 * time.Hour, true
+	}
+	return 0, false
+}
+
+var envoyUnits = []struct {
+	d time.Duration
+	u rlsv3.RateLimitResponse_RateLimit_Unit
+}{
+	{time.Second, rlsv3.RateLimitResponse_RateLimit_SECOND},
+	{time.Minute, rlsv3.RateLimitResponse_RateLimit_MINUTE},
+	{time.Hour, rlsv3.RateLimitResponse_RateLimit_HOUR},
+	{24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_DAY},
+	{7 * 24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_WEEK},
+	{30 * 24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_MONTH},
+	{365 * 24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_YEAR},
+}
+
+// envoyLimit expresses an item's limit, at the region's share, as Envoy's
+// requests per unit: a window algorithm whose window is one Envoy unit
+// reports share × capacity per that unit; a token bucket (or any other
+// window) reports its refill share × r per the shortest unit in which it is
+// at least one request.
+func envoyLimit(it item) *rlsv3.RateLimitResponse_RateLimit {
+	l := it.req.Limits
+	out := &rlsv3.RateLimitResponse_RateLimit{Name: it.label}
+	share := it.req.Share
+	if l.Algorithm != bucket.TokenBucket && l.Algorithm != "" {
+		for _, u := range envoyUnits {
+			if u.d == l.Window {
+				out.Unit = u.u
+				out.RequestsPerUnit = clampUint32(share * float64(l.Capacity))
+				return out
+			}
+		}
+		perSec := float64(l.Capacity) / l.Window.Seconds()
+		return ratePerUnit(out, share*perSec)
+	}
+	return ratePerUnit(out, share*l.RefillPerSecond)
+}
+
+func ratePerUnit(out *rlsv3.RateLimitResponse_RateLimit, perSecond float64) *rlsv3.RateLimitResponse_RateLimit {
+	for _, u := range envoyUnits {
+		if v := perSecond * u.d.Seconds(); v >= 1 {
+			out.Unit, out.RequestsPerUnit = u.u, clampUint32(v)
+			return out
+		}
+	}
+	out.Unit = rlsv3.RateLimitResponse_RateLimit_YEAR
+	return out
+}
+
+// refund gives back the cost of Envoy descriptors with is_negative_hits,
+// each on its own, skipping the store while the breaker is open. The
+// result has one entry per refund, nil where nothing was learned.
+func (n *Node) refund(ctx context.Context, now time.Time, items []item) []*bucket.Decision {
+	out := make([]*bucket.Decision, len(items))
+	for i := range items {
+		it := &items[i]
+		n.neg.forget(it.req.Key.String())
+		if it.req.Cost == 0 || it.req.Share <= 0 {
+			continue
+		}
+		if ok, probe := n.brk.allow(now); ok {
+			rctx, cancel := context.WithTimeout(ctx, n.cfg.StoreTimeout)
+			d, err := n.cfg.Store.Refund(rctx, it.req)
+			cancel()
+			if err == nil {
+				n.brk.success(probe)
+				out[i] = &d
+				continue
+			}
+			n.brk.release(probe)
+			n.m.storeErrors.WithLabelValues("refund").Inc()
+		}
+	}
+	return out
+}
+
+func clampUint32(f float64) uint32 {
+	switch {
+	case math.IsNaN(f) || f <= 0:
+		return 0
+	case f >= math.MaxUint32:
+		return math.MaxUint32
+	}
+	return uint32(f)
+}
+
+// retryOrReset is the wait an over-limit descriptor reports: when its
+// cost would be admitted, or the window's end when that is unknown.
+func retryOrReset(d bucket.Decision) time.Duration {
+	if d.RetryAfter > 0 {
+		return d.RetryAfter
+	}
+	return d.ResetAfter
+}
