@@ -47,20 +47,20 @@ func (n *Node) Register(s grpc.ServiceRegistrar) {
 
 // options are the command-line settings of one regional node.
 type options struct {
-	region, grpcAddr, httpAddr       string
-	redis, etcd, policies            string
-	storeTimeout, breakerCooldown    time.Duration
-	breakerThreshold                 int
-	jsonLogs                         bool
-	logLevel                         string
-	otlpEndpoint                     string
-	tlsCert, tlsKey, tlsClientCA     string
-	unknownPolicy, headers           string
-	subjectSalt                      string
-	decisionLogEvery                 int
-	localMaxBuckets                  int
-	reportInterval, shutdownTimeout  time.Duration
-	reloadSettle                     time.Duration
+	region, grpcAddr, httpAddr      string
+	redis, etcd, policies           string
+	storeTimeout, breakerCooldown   time.Duration
+	breakerThreshold                int
+	jsonLogs                        bool
+	logLevel                        string
+	otlpEndpoint                    string
+	tlsCert, tlsKey, tlsClientCA    string
+	unknownPolicy, headers          string
+	subjectSalt                     string
+	decisionLogEvery                int
+	localMaxBuckets                 int
+	reportInterval, shutdownTimeout time.Duration
+	reloadSettle                    time.Duration
 }
 
 func parseFlags(args []string, env []string, stderr io.Writer) (*options, error) {

@@ -29,7 +29,7 @@ func TestBreakerSteps(t *testing.T) {
 		{0, "fail", false, true, false}, // third consecutive failure opens
 		{10 * time.Millisecond, "allow", false, false, false},
 		{999 * time.Millisecond, "allow", false, false, false},
-		{time.Second, "allow", false, true, true},  // half-open: one probe
+		{time.Second, "allow", false, true, true},   // half-open: one probe
 		{time.Second, "allow", false, false, false}, // a second caller waits
 		{time.Second, "fail", true, true, false},    // probe failed: open again
 		{1500 * time.Millisecond, "allow", false, false, false},
