@@ -1,0 +1,200 @@
+package coordtest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/quotacoord/quota/internal/etcdlayout"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Region is a fake regional node: it registers under a lease, writes
+// demand reports and acknowledges epochs, all as etcdlayout says.
+type Region struct {
+	Name   string
+	cli    *clientv3.Client
+	layout etcdlayout.Layout
+
+	mu     sync.Mutex
+	lease  clientv3.LeaseID
+	stopKA context.CancelFunc
+	acked  map[string]uint64
+	wg     sync.WaitGroup
+}
+
+// NewRegion returns an unregistered fake region.
+func NewRegion(cli *clientv3.Client, layout etcdlayout.Layout, name string) *Region {
+	return &Region{Name: name, cli: cli, layout: layout, acked: map[string]uint64{}}
+}
+
+// Register grants a lease of ttl (etcd rounds it up to its minimum, 2s for
+// a test server), keeps it alive and writes the registration under it.
+// It starts a goroutine that ends with Stop or Kill.
+func (r *Region) Register(ctx context.Context, ttl time.Duration) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stopKA != nil {
+		return fmt.Errorf("coordtest: region %s already registered", r.Name)
+	}
+	g, err := r.cli.Grant(ctx, int64(max(1, ttl/time.Second)))
+	if err != nil {
+		return fmt.Errorf("coordtest: grant lease for %s: %w", r.Name, err)
+	}
+	kctx, cancel := context.WithCancel(context.Background())
+	ch, err := r.cli.KeepAlive(kctx, g.ID)
+	if err != nil {
+		cancel()
+		return fmt.Errorf("coordtest: keep lease of %s alive: %w", r.Name, err)
+	}
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		for range ch {
+		}
+	}()
+	reg := etcdlayout.Registration{Region: r.Name, LeaseTTLSeconds: g.TTL, StartedAt: time.Now()}
+	if err := r.put(ctx, r.layout.Region(r.Name), reg, g.ID); err != nil {
+		cancel()
+		return err
+	}
+	r.lease, r.stopKA = g.ID, cancel
+	r.acked = map[string]uint64{}
+	return nil
+}
+
+// Kill stops keeping the lease alive, as a region cut off from etcd: its
+// keys vanish when the lease expires. It waits for the keepalive goroutine.
+func (r *Region) Kill() {
+	r.mu.Lock()
+	stop := r.stopKA
+	r.stopKA = nil
+	r.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+	r.wg.Wait()
+}
+
+// Stop revokes the lease, as a region shutting down cleanly.
+func (r *Region) Stop(ctx context.Context) error {
+	r.mu.Lock()
+	id := r.lease
+	r.mu.Unlock()
+	r.Kill()
+	if id == 0 {
+		return nil
+	}
+	if _, err := r.cli.Revoke(ctx, id); err != nil {
+		return fmt.Errorf("coordtest: revoke lease of %s: %w", r.Name, err)
+	}
+	return nil
+}
+
+// Report writes a demand report for the given policies.
+func (r *Region) Report(ctx context.Context, interval time.Duration, policies map[string]etcdlayout.PolicyDemand) error {
+	r.mu.Lock()
+	id := r.lease
+	r.mu.Unlock()
+	rep := etcdlayout.DemandReport{Region: r.Name, At: time.Now(), IntervalSeconds: interval.Seconds(), Policies: policies}
+	return r.put(ctx, r.layout.Demand(r.Name), rep, id)
+}
+
+// Ack records that the region applied epoch of policy and writes the
+// acknowledgement of everything it applied.
+func (r *Region) Ack(ctx context.Context, policy string, epoch uint64) error {
+	r.mu.Lock()
+	r.acked[policy] = epoch
+	r.mu.Unlock()
+	return r.writeAck(ctx)
+}
+
+func (r *Region) writeAck(ctx context.Context) error {
+	r.mu.Lock()
+	a := etcdlayout.Ack{Region: r.Name, Epochs: make(map[string]uint64, len(r.acked)), At: time.Now()}
+	for p, e := range r.acked {
+		a.Epochs[p] = e
+	}
+	id := r.lease
+	r.mu.Unlock()
+	return r.put(ctx, r.layout.Ack(r.Name), a, id)
+}
+
+// AckLatest reads every allocation and acknowledges its epoch. It returns
+// the allocations read.
+func (r *Region) AckLatest(ctx context.Context) (map[string]etcdlayout.Allocation, error) {
+	allocs, err := Allocations(ctx, r.cli, r.layout)
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	for p, a := range allocs {
+		r.acked[p] = a.Epoch
+	}
+	r.mu.Unlock()
+	if len(allocs) == 0 {
+		return allocs, nil
+	}
+	return allocs, r.writeAck(ctx)
+}
+
+// AutoAck acknowledges every new allocation as soon as it is published,
+// until ctx ends. It starts a goroutine and returns a function that waits
+// for it.
+func (r *Region) AutoAck(ctx context.Context) (wait func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w := r.cli.Watch(ctx, r.layout.AllocPrefix(), clientv3.WithPrefix())
+		_, _ = r.AckLatest(ctx)
+		for resp := range w {
+			if resp.Err() != nil {
+				return
+			}
+			_, _ = r.AckLatest(ctx)
+		}
+	}()
+	return func() { <-done }
+}
+
+func (r *Region) put(ctx context.Context, key string, v any, lease clientv3.LeaseID) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("coordtest: encode %s: %w", key, err)
+	}
+	var opts []clientv3.OpOption
+	if lease != 0 {
+		opts = append(opts, clientv3.WithLease(lease))
+	}
+	if _, err := r.cli.Put(ctx, key, string(data), opts...); err != nil {
+		return fmt.Errorf("coordtest: put %s: %w", key, err)
+	}
+	return nil
+}
+
+// Allocations reads every published allocation.
+func Allocations(ctx context.Context, cli *clientv3.Client, layout etcdlayout.Layout) (map[string]etcdlayout.Allocation, error) {
+	resp, err := cli.Get(ctx, layout.AllocPrefix(), clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("coordtest: read allocations: %w", err)
+	}
+	out := make(map[string]etcdlayout.Allocation, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		var a etcdlayout.Allocation
+		if err := json.Unmarshal(kv.Value, &a); err != nil {
+			return nil, fmt.Errorf("coordtest: decode %s: %w", kv.Key, err)
+		}
+		out[a.Policy] = a
+	}
+	return out, nil
+}
+
+// PutPolicy stores a policy document as the operator API would.
+func PutPolicy(ctx context.Context, cli *clientv3.Client, layout etcdlayout.Layout, doc string, data []byte) error {
+	if _, err := cli.Put(ctx, layout.PolicyDoc(doc), string(data)); err != nil {
+		return fmt.Errorf("coordtest: put policy %s: %w", doc, err)
+	}
+	return nil
+}

@@ -1,0 +1,33 @@
+// Package invariant checks the budget invariant of the rebalance protocol
+// against what actually happened in etcd: it replays the history of the
+// allocations (alloc/), acknowledgements (acks/) and registrations
+// (regions/) revision by revision and, at every revision, bounds what each
+// region may be enforcing.
+//
+// # What is checked
+//
+// For every policy, every subject (each subject with an override in the
+// window, and the default for all others) and every etcd revision:
+//
+//	Σ_R  max{ share_e(subject, R) : e from R's floor epoch to the latest } ≤ 1 + ε + Tolerance
+//
+// R's floor epoch is the epoch R last acknowledged for the policy; before
+// its first acknowledgement under a registration, it is the latest epoch
+// published when R registered (regions register before they read alloc/).
+// A region whose registration is gone (lease expired) counts at its safe
+// share, the largest Safe[R] of the epochs from its floor on; a region
+// that never registered enforces nothing. ε is the largest overcommit of
+// the epochs in the window.
+//
+// The check works on revisions, not on wall time: it does not prove that
+// the coordinator waited the clock-skew margin (the rebalance tests do).
+//
+// # Use
+//
+// History is the pure state machine (Put and Delete events, then Check);
+// Replay feeds it the whole history of a live etcd through a watch from
+// revision 1, so it needs an uncompacted etcd (every test etcd is).
+// History is not safe for concurrent use; Replay is. The zero History is
+// not usable: call NewHistory. Memory is bounded by the epochs in the
+// window of the slowest region, at most MaxEpochs per policy.
+package invariant

@@ -1,0 +1,309 @@
+package invariant
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+
+	"github.com/quotacoord/quota/internal/etcdlayout"
+)
+
+// Tolerance absorbs floating-point rounding in sums of shares.
+const Tolerance = 1e-9
+
+// MaxEpochs bounds the epochs kept per policy; older ones are dropped
+// (and a region whose floor is older is checked from the oldest kept).
+const MaxEpochs = 4096
+
+// maxViolations bounds the violations a History keeps.
+const maxViolations = 100
+
+// ErrHistory reports a record in etcd that the checker cannot read.
+var ErrHistory = errors.New("invariant: unreadable history")
+
+// Violation is one revision at which the shares a region may be enforcing
+// summed above 1 + ε.
+type Violation struct {
+	Revision int64
+	Policy   string
+	// Subject is "" for the default split.
+	Subject string
+	Sum     float64
+	Limit   float64
+	// Parts maps region to the share it may have been enforcing.
+	Parts map[string]float64
+}
+
+func (v Violation) String() string {
+	subj := v.Subject
+	if subj == "" {
+		subj = "(default)"
+	}
+	return fmt.Sprintf("rev %d policy %s subject %s: Σ %.6f > %.6f %v", v.Revision, v.Policy, subj, v.Sum, v.Limit, v.Parts)
+}
+
+// Report summarizes a check.
+type Report struct {
+	// Revisions is the number of revisions checked.
+	Revisions int
+	// Epochs counts the allocations seen.
+	Epochs int
+	// Acks counts the acknowledgements seen.
+	Acks int
+	// MaxSum is the largest Σ seen, minus that policy's ε (so ≤ 1 means
+	// the invariant held).
+	MaxSum float64
+	// Violations, at most 100.
+	Violations []Violation
+}
+
+// OK says no violation was found.
+func (r *Report) OK() bool { return len(r.Violations) == 0 }
+
+type regionState struct {
+	live bool
+	// regFloor is the latest epoch per policy at registration.
+	regFloor map[string]uint64
+	// ack is the last acknowledged epoch per policy under this
+	// registration.
+	ack map[string]uint64
+	// deadSafe is, for a dead region, the largest safe share per policy
+	// since its floor.
+	deadSafe map[string]float64
+}
+
+func (r *regionState) floor(policy string) uint64 {
+	if e, ok := r.ack[policy]; ok {
+		return e
+	}
+	return r.regFloor[policy]
+}
+
+// History is the replayed state. See the package doc.
+type History struct {
+	layout  etcdlayout.Layout
+	allocs  map[string][]*etcdlayout.Allocation // sorted by epoch
+	regions map[string]*regionState
+	report  Report
+}
+
+// NewHistory returns an empty history for keys under layout.
+func NewHistory(layout etcdlayout.Layout) *History {
+	return &History{
+		layout:  layout,
+		allocs:  make(map[string][]*etcdlayout.Allocation),
+		regions: make(map[string]*regionState),
+	}
+}
+
+// Report returns the summary so far.
+func (h *History) Report() Report {
+	r := h.report
+	r.Violations = append([]Violation(nil), h.report.Violations...)
+	return r
+}
+
+func (h *History) latest(policy string) uint64 {
+	as := h.allocs[policy]
+	if len(as) == 0 {
+		return 0
+	}
+	return as[len(as)-1].Epoch
+}
+
+// Put applies a put of key with value. Keys outside alloc/, acks/ and
+// regions/ are ignored. created says the key did not exist before (etcd
+// Version 1), which for a registration starts a new lease.
+func (h *History) Put(key string, value []byte, created bool) error {
+	l := h.layout
+	switch {
+	case strings.HasPrefix(key, l.AllocPrefix()):
+		var a etcdlayout.Allocation
+		if err := json.Unmarshal(value, &a); err != nil {
+			return fmt.Errorf("%w: %s: %v", ErrHistory, key, err)
+		}
+		if a.Policy == "" {
+			a.Policy = etcdlayout.Name(l.AllocPrefix(), key)
+		}
+		h.addAlloc(&a)
+	case strings.HasPrefix(key, l.AcksPrefix()):
+		var a etcdlayout.Ack
+		if err := json.Unmarshal(value, &a); err != nil {
+			return fmt.Errorf("%w: %s: %v", ErrHistory, key, err)
+		}
+		h.report.Acks++
+		r := h.region(etcdlayout.Name(l.AcksPrefix(), key))
+		r.ack = make(map[string]uint64, len(a.Epochs))
+		for p, e := range a.Epochs {
+			r.ack[p] = e
+		}
+	case strings.HasPrefix(key, l.RegionsPrefix()):
+		name := etcdlayout.Name(l.RegionsPrefix(), key)
+		r := h.region(name)
+		if created || !r.live {
+			r.live = true
+			r.deadSafe = nil
+			r.regFloor = make(map[string]uint64, len(h.allocs))
+			for p := range h.allocs {
+				r.regFloor[p] = h.latest(p)
+			}
+		}
+	}
+	return nil
+}
+
+// Delete applies a delete of key (a lease expiring or a region leaving).
+func (h *History) Delete(key string) {
+	l := h.layout
+	switch {
+	case strings.HasPrefix(key, l.AcksPrefix()):
+		h.region(etcdlayout.Name(l.AcksPrefix(), key)).ack = nil
+	case strings.HasPrefix(key, l.RegionsPrefix()):
+		name := etcdlayout.Name(l.RegionsPrefix(), key)
+		r := h.region(name)
+		if !r.live {
+			return
+		}
+		r.deadSafe = make(map[string]float64)
+		for p, as := range h.allocs {
+			f := r.floor(p)
+			for _, a := range as {
+				if a.Epoch >= f {
+					r.deadSafe[p] = math.Max(r.deadSafe[p], a.Safe[name])
+				}
+			}
+		}
+		r.live = false
+		r.ack = nil
+	}
+}
+
+func (h *History) region(name string) *regionState {
+	r, ok := h.regions[name]
+	if !ok {
+		r = &regionState{}
+		h.regions[name] = r
+	}
+	return r
+}
+
+func (h *History) addAlloc(a *etcdlayout.Allocation) {
+	h.report.Epochs++
+	as := h.allocs[a.Policy]
+	i := sort.Search(len(as), func(i int) bool { return as[i].Epoch >= a.Epoch })
+	if i < len(as) && as[i].Epoch == a.Epoch {
+		as[i] = a
+	} else {
+		as = append(as, nil)
+		copy(as[i+1:], as[i:])
+		as[i] = a
+	}
+	for name, r := range h.regions {
+		if r.deadSafe != nil {
+			r.deadSafe[a.Policy] = math.Max(r.deadSafe[a.Policy], a.Safe[name])
+		}
+	}
+	h.allocs[a.Policy] = h.prune(a.Policy, as)
+}
+
+// prune drops epochs older than every live region's floor.
+func (h *History) prune(policy string, as []*etcdlayout.Allocation) []*etcdlayout.Allocation {
+	minFloor := as[len(as)-1].Epoch
+	for _, r := range h.regions {
+		if r.live {
+			if f := r.floor(policy); f < minFloor {
+				minFloor = f
+			}
+		}
+	}
+	i := sort.Search(len(as), func(i int) bool { return as[i].Epoch >= minFloor })
+	if i == len(as) {
+		i = len(as) - 1
+	}
+	if len(as)-i > MaxEpochs {
+		i = len(as) - MaxEpochs
+	}
+	return as[i:]
+}
+
+// share is what region enforces for subject under a ("" is the default).
+func share(a *etcdlayout.Allocation, subject, region string) float64 {
+	if subject != "" {
+		if o, ok := a.Overrides[subject]; ok {
+			if s, ok := o[region]; ok {
+				return s
+			}
+		}
+	}
+	if s, ok := a.Default[region]; ok {
+		return s
+	}
+	return a.Safe[region]
+}
+
+// Check evaluates the invariant at revision rev and records violations.
+func (h *History) Check(rev int64) {
+	h.report.Revisions++
+	policies := make([]string, 0, len(h.allocs))
+	for p := range h.allocs {
+		policies = append(policies, p)
+	}
+	sort.Strings(policies)
+	names := make([]string, 0, len(h.regions))
+	for n := range h.regions {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, p := range policies {
+		as := h.allocs[p]
+		if len(as) == 0 {
+			continue
+		}
+		eps := 0.0
+		subjects := map[string]bool{"": true}
+		for _, a := range as {
+			eps = math.Max(eps, a.Overcommit)
+			for s := range a.Overrides {
+				subjects[s] = true
+			}
+		}
+		subs := make([]string, 0, len(subjects))
+		for s := range subjects {
+			subs = append(subs, s)
+		}
+		sort.Strings(subs)
+		for _, s := range subs {
+			sum := 0.0
+			parts := make(map[string]float64)
+			for _, n := range names {
+				r := h.regions[n]
+				var v float64
+				if r.live {
+					f := r.floor(p)
+					for _, a := range as {
+						if a.Epoch >= f {
+							v = math.Max(v, share(a, s, n))
+						}
+					}
+				} else if r.deadSafe != nil {
+					v = r.deadSafe[p]
+				}
+				if v > 0 {
+					parts[n] = v
+					sum += v
+				}
+			}
+			if d := sum - eps; d > h.report.MaxSum {
+				h.report.MaxSum = d
+			}
+			if sum > 1+eps+Tolerance && len(h.report.Violations) < maxViolations {
+				h.report.Violations = append(h.report.Violations, Violation{
+					Revision: rev, Policy: p, Subject: s, Sum: sum, Limit: 1 + eps, Parts: parts,
+				})
+			}
+		}
+	}
+}

@@ -1,0 +1,166 @@
+package rebalance
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/quotacoord/quota/allocator"
+	"github.com/quotacoord/quota/internal/clock"
+	"github.com/quotacoord/quota/internal/etcdlayout"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Protocol says how a change of shares is published.
+type Protocol string
+
+const (
+	// ProtocolTwoStep shrinks first and grows after acknowledgements.
+	ProtocolTwoStep Protocol = "two-step"
+	// ProtocolNaive publishes new shares at once. It can let shares sum
+	// above 1 + ε while regions apply them; it exists for comparison.
+	ProtocolNaive Protocol = "naive"
+)
+
+// Sentinel errors.
+var (
+	// ErrConfig wraps every configuration error.
+	ErrConfig = errors.New("rebalance: invalid config")
+	// ErrNotLeader says this coordinator does not lead (or lost the lead
+	// while writing).
+	ErrNotLeader = errors.New("rebalance: not the leader")
+	// ErrUnknownPolicy says no stored document defines the policy.
+	ErrUnknownPolicy = errors.New("rebalance: unknown policy")
+)
+
+// Bounds on what input can grow.
+const (
+	// MaxRegions is the most regions an allocation holds.
+	MaxRegions = 256
+	// MaxOverridesLimit is the largest accepted Config.MaxOverrides.
+	MaxOverridesLimit = 1024
+)
+
+// Config configures a Loop. Zero fields take the defaults listed.
+type Config struct {
+	// Client talks to etcd. Required.
+	Client *clientv3.Client
+	// Layout places the keys.
+	Layout etcdlayout.Layout
+	// Name is this coordinator's identity in the election, conventionally
+	// its operator address. Default "coordinator".
+	Name string
+	// Clock reads the time for skew margins and timestamps. Default real.
+	Clock clock.Clock
+	// Interval between rounds. Default 5s.
+	Interval time.Duration
+	// ReportInterval is published in Settings for the regions. Default
+	// Interval.
+	ReportInterval time.Duration
+	// RegionLeaseTTL is published in Settings for the regions. Default 10s.
+	RegionLeaseTTL time.Duration
+	// SkewMargin is how long after a region's registration vanished the
+	// leader still counts it at its old shares. Default 2s.
+	SkewMargin time.Duration
+	// SessionTTL is the TTL of the leader's election session. Default 5s.
+	SessionTTL time.Duration
+	// Algorithm, MaxStep and DeadBand go to allocator.Params. Defaults
+	// MaxMinFair, 0.3, 0.01.
+	Algorithm allocator.Algorithm
+	MaxStep   float64
+	DeadBand  float64
+	// Alpha is the demand smoothing factor in (0, 1]. Default 0.5.
+	Alpha float64
+	// Protocol defaults to ProtocolTwoStep.
+	Protocol Protocol
+	// MaxOverrides bounds the subject overrides per policy. Default 64.
+	MaxOverrides int
+	// OverrideRounds is how many rounds a subject keeps its override after
+	// the last report of pressure. Default 3.
+	OverrideRounds int
+	// Logger defaults to hclog.NewNullLogger().
+	Logger hclog.Logger
+	// Registerer receives the metrics; nil registers nowhere.
+	Registerer prometheus.Registerer
+}
+
+// withDefaults returns c with zero fields defaulted, or an error.
+func (c Config) withDefaults() (Config, error) {
+	if c.Client == nil {
+		return c, fmt.Errorf("%w: Client is required", ErrConfig)
+	}
+	if c.Name == "" {
+		c.Name = "coordinator"
+	}
+	if c.Clock == nil {
+		c.Clock = clock.Real{}
+	}
+	def := func(d *time.Duration, v time.Duration, name string) error {
+		if *d < 0 {
+			return fmt.Errorf("%w: %s %v is negative", ErrConfig, name, *d)
+		}
+		if *d == 0 {
+			*d = v
+		}
+		return nil
+	}
+	for _, f := range []struct {
+		d    *time.Duration
+		v    time.Duration
+		name string
+	}{
+		{&c.Interval, 5 * time.Second, "Interval"},
+		{&c.ReportInterval, c.Interval, "ReportInterval"},
+		{&c.RegionLeaseTTL, 10 * time.Second, "RegionLeaseTTL"},
+		{&c.SkewMargin, 2 * time.Second, "SkewMargin"},
+		{&c.SessionTTL, 5 * time.Second, "SessionTTL"},
+	} {
+		if err := def(f.d, f.v, f.name); err != nil {
+			return c, err
+		}
+	}
+	if c.ReportInterval == 0 {
+		c.ReportInterval = c.Interval
+	}
+	if c.Algorithm == "" {
+		c.Algorithm = allocator.MaxMinFair
+	}
+	if c.MaxStep == 0 {
+		c.MaxStep = 0.3
+	}
+	if c.DeadBand == 0 {
+		c.DeadBand = 0.01
+	}
+	if c.Alpha == 0 {
+		c.Alpha = 0.5
+	}
+	if math.IsNaN(c.Alpha) || c.Alpha <= 0 || c.Alpha > 1 {
+		return c, fmt.Errorf("%w: Alpha %v must be in (0, 1]", ErrConfig, c.Alpha)
+	}
+	if err := (allocator.Params{Algorithm: c.Algorithm, MaxStep: c.MaxStep, DeadBand: c.DeadBand}).Validate(); err != nil {
+		return c, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	switch c.Protocol {
+	case "":
+		c.Protocol = ProtocolTwoStep
+	case ProtocolTwoStep, ProtocolNaive:
+	default:
+		return c, fmt.Errorf("%w: protocol %q is not %q or %q", ErrConfig, c.Protocol, ProtocolTwoStep, ProtocolNaive)
+	}
+	if c.MaxOverrides == 0 {
+		c.MaxOverrides = 64
+	}
+	if c.MaxOverrides < 0 || c.MaxOverrides > MaxOverridesLimit {
+		return c, fmt.Errorf("%w: MaxOverrides %d not in [0, %d]", ErrConfig, c.MaxOverrides, MaxOverridesLimit)
+	}
+	if c.OverrideRounds <= 0 {
+		c.OverrideRounds = 3
+	}
+	if c.Logger == nil {
+		c.Logger = hclog.NewNullLogger()
+	}
+	return c, nil
+}

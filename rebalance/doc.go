@@ -1,0 +1,46 @@
+// Package rebalance is the coordinator's loop: one elected leader moves
+// each policy's shares between regions toward demand, through etcd only,
+// without ever letting the shares a region may be enforcing sum above
+// 1 + ε. docs/rebalance.md tells the whole protocol and its failover; this
+// comment is the summary.
+//
+// # Rounds
+//
+// Every Config.Interval the leader reads, at one etcd revision, the live
+// region registrations, their demand reports and acknowledgements, the
+// operator controls, the policy documents and the published allocations.
+// It smooths demand (allocator.Smooth), computes per policy the default
+// split and the splits of at most Config.MaxOverrides pressured subjects
+// (allocator.Split) and publishes what changed. The pure part of a round is
+// plan(now, snapshot, state, config); Loop does the I/O around it.
+//
+// # Two-step publish
+//
+// When any share (default or override) shrinks, the leader first publishes
+// epoch e+1 with phase "shrink": every share is min(old, new) and Target
+// holds new. Only when every region of the allocation has acknowledged
+// e+1, or has lost its registration lease and SkewMargin has passed since
+// the leader saw it gone (it then holds its Safe share, its minimum), does
+// the leader publish e+2 = Target with phase "stable". Acknowledgements
+// and registrations are watched, so the growth follows the last
+// acknowledgement at once. Pure growth is published in one step. The naive
+// protocol (ProtocolNaive) publishes new shares in one step, for
+// comparison only.
+//
+// # Fencing and failover
+//
+// Leadership is a concurrency.Election on Layout.Election(). Every write of
+// the leader is a transaction that also requires the election key's create
+// revision to be the one it won with, and the allocation's mod revision to
+// be the one it read, so a deposed leader cannot publish. Everything a new
+// leader needs (epochs, phase, targets, pins, freezes) is in etcd; smoothed
+// demand restarts from the latest reports, so there is no learning period,
+// and a pending shrink is finished by whoever leads next.
+//
+// # Units, concurrency, zero values
+//
+// Shares and demand are fractions of a policy's global budget and rate.
+// Loop is safe for concurrent use: Run owns every write in one goroutine;
+// RebalanceNow hands a round to it; DryRun only reads. The zero Loop is
+// not usable; build one with New.
+package rebalance

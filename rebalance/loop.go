@@ -1,0 +1,474 @@
+package rebalance
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/quotacoord/quota/internal/etcdlayout"
+	"github.com/quotacoord/quota/internal/policy"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+)
+
+// Result reports one round.
+type Result struct {
+	// Published lists "policy@epoch (phase)" for every allocation written.
+	Published []string
+	// Waiting lists "policy: why" for policies whose growth waits.
+	Waiting []string
+}
+
+// Proposal is what a round would publish for one policy.
+type Proposal struct {
+	Policy string
+	// Current is the allocation in force (nil when none).
+	Current *etcdlayout.Allocation
+	// Next is the proposed split (nil when nothing can be computed).
+	Next *etcdlayout.Shares
+	// Demand is the smoothed demand per region.
+	Demand map[string]float64
+	// Note explains why nothing would be published, if so.
+	Note string
+}
+
+type roundReq struct {
+	reply chan roundReply
+}
+
+type roundReply struct {
+	res Result
+	err error
+}
+
+// fence is the leader's proof of leadership for a write.
+type fence struct {
+	key string
+	rev int64
+}
+
+// Loop is the rebalance loop of one coordinator. See the package doc.
+type Loop struct {
+	cfg     Config
+	m       *metrics
+	reqs    chan roundReq
+	leading atomic.Bool
+
+	mu sync.Mutex // guards st
+	st *state
+}
+
+// New validates cfg and returns a Loop; Run starts it.
+func New(cfg Config) (*Loop, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(c.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("rebalance: register metrics: %w", err)
+	}
+	return &Loop{cfg: c, m: m, reqs: make(chan roundReq), st: newState()}, nil
+}
+
+// IsLeader says whether this Loop leads now.
+func (l *Loop) IsLeader() bool { return l.leading.Load() }
+
+// Leader returns the name of the current leader, or "" when none.
+func (l *Loop) Leader(ctx context.Context) (string, error) {
+	opts := append([]clientv3.OpOption{clientv3.WithPrefix()}, clientv3.WithFirstCreate()...)
+	resp, err := l.cfg.Client.Get(ctx, l.cfg.Layout.Election()+"/", opts...)
+	if err != nil {
+		return "", fmt.Errorf("rebalance: read leader: %w", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return "", nil
+	}
+	return string(resp.Kvs[0].Value), nil
+}
+
+// Run campaigns for leadership and, while leading, runs a round every
+// Interval, on RebalanceNow and whenever an acknowledgement or
+// registration changes. It blocks until ctx is done, then resigns and
+// returns nil. It starts goroutines that end before it returns.
+func (l *Loop) Run(ctx context.Context) error {
+	log := l.cfg.Logger
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		sess, err := concurrency.NewSession(l.cfg.Client,
+			concurrency.WithTTL(int(max(1, l.cfg.SessionTTL.Round(time.Second)/time.Second))),
+			concurrency.WithContext(ctx))
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			log.Warn("election session failed", "error", err, "retry_in", backoff)
+			sleep(ctx, backoff)
+			backoff = min(2*backoff, 5*time.Second)
+			continue
+		}
+		backoff = 100 * time.Millisecond
+		el := concurrency.NewElection(sess, l.cfg.Layout.Election())
+		if err := campaign(ctx, sess, el, l.cfg.Name); err != nil {
+			_ = sess.Close()
+			if ctx.Err() == nil {
+				log.Warn("campaign failed", "error", err)
+				sleep(ctx, backoff)
+			}
+			continue
+		}
+		f := fence{key: el.Key(), rev: el.Rev()}
+		log.Info("leading", "name", l.cfg.Name, "election_rev", f.rev)
+		l.leading.Store(true)
+		l.m.leader.Set(1)
+		err = l.lead(ctx, sess, f)
+		l.leading.Store(false)
+		l.m.leader.Set(0)
+		if err != nil && ctx.Err() == nil {
+			log.Warn("lost leadership", "error", err)
+		}
+		rctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = el.Resign(rctx)
+		cancel()
+		_ = sess.Close()
+	}
+	l.mu.Lock()
+	l.st = newState()
+	l.mu.Unlock()
+	return nil
+}
+
+func campaign(ctx context.Context, sess *concurrency.Session, el *concurrency.Election, name string) error {
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-sess.Done():
+			cancel()
+		case <-done:
+		}
+	}()
+	return el.Campaign(cctx, name)
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// lead runs rounds until ctx ends, the session dies or a write is fenced
+// off.
+func (l *Loop) lead(ctx context.Context, sess *concurrency.Session, f fence) error {
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if err := l.publishSettings(lctx, f); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.st = newState() // no learning period: the first round observes the latest reports
+	l.mu.Unlock()
+	wacks := l.cfg.Client.Watch(lctx, l.cfg.Layout.AcksPrefix(), clientv3.WithPrefix())
+	wregs := l.cfg.Client.Watch(lctx, l.cfg.Layout.RegionsPrefix(), clientv3.WithPrefix())
+	tick := time.NewTicker(l.cfg.Interval)
+	defer tick.Stop()
+	if _, err := l.round(lctx, f, true); errors.Is(err, ErrNotLeader) {
+		return err
+	}
+	for {
+		var err error
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-sess.Done():
+			return fmt.Errorf("%w: election session expired", ErrNotLeader)
+		case <-tick.C:
+			_, err = l.round(lctx, f, true)
+		case req := <-l.reqs:
+			res, rerr := l.round(lctx, f, true)
+			req.reply <- roundReply{res, rerr}
+			err = rerr
+		case wr, ok := <-wacks:
+			if !ok {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return fmt.Errorf("rebalance: watch of %s closed", "acknowledgements")
+			}
+			if werr := wr.Err(); werr != nil {
+				return fmt.Errorf("rebalance: watch acknowledgements: %w", werr)
+			}
+			_, err = l.round(lctx, f, false)
+		case wr, ok := <-wregs:
+			if !ok {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return fmt.Errorf("rebalance: watch of %s closed", "registrations")
+			}
+			if werr := wr.Err(); werr != nil {
+				return fmt.Errorf("rebalance: watch registrations: %w", werr)
+			}
+			_, err = l.round(lctx, f, false)
+		}
+		if errors.Is(err, ErrNotLeader) {
+			return err
+		}
+		if err != nil {
+			l.cfg.Logger.Warn("rebalance round failed", "error", err)
+		}
+	}
+}
+
+// RebalanceNow runs a full round in the loop's goroutine and returns what
+// it published. It fails with ErrNotLeader on a follower.
+func (l *Loop) RebalanceNow(ctx context.Context) (Result, error) {
+	if !l.IsLeader() {
+		return Result{}, ErrNotLeader
+	}
+	req := roundReq{reply: make(chan roundReply, 1)}
+	select {
+	case l.reqs <- req:
+	case <-ctx.Done():
+		return Result{}, ctx.Err()
+	}
+	select {
+	case r := <-req.reply:
+		return r.res, r.err
+	case <-ctx.Done():
+		return Result{}, ctx.Err()
+	}
+}
+
+// DryRun computes what a full round would propose for policy now, on any
+// coordinator, without writing. It fails with ErrUnknownPolicy when no
+// document defines policy.
+func (l *Loop) DryRun(ctx context.Context, policyName string) (Proposal, error) {
+	snap, err := l.read(ctx)
+	if err != nil {
+		return Proposal{}, err
+	}
+	p, ok := snap.policies.Get(policyName)
+	if !ok {
+		return Proposal{}, fmt.Errorf("%w: %q", ErrUnknownPolicy, policyName)
+	}
+	l.mu.Lock()
+	st := l.st.clone()
+	l.mu.Unlock()
+	now := l.cfg.Clock.Now()
+	st.trackMissing(now, snap)
+	st.observe(snap, &l.cfg)
+	pp := planPolicy(now, snap, st, &l.cfg, p, true)
+	out := Proposal{Policy: policyName, Current: snap.allocs[policyName], Next: pp.proposal, Demand: pp.demand, Note: pp.note}
+	if out.Next == nil && pp.pub != nil {
+		out.Next = &etcdlayout.Shares{Default: pp.pub.Default, Overrides: pp.pub.Overrides}
+	}
+	return out, nil
+}
+
+// round reads, plans and publishes. Only the Run goroutine calls it.
+func (l *Loop) round(ctx context.Context, f fence, full bool) (Result, error) {
+	start := time.Now()
+	kind := "acks"
+	if full {
+		kind = "full"
+	}
+	res, err := l.doRound(ctx, f, full)
+	l.cfg.Logger.Debug("round", "kind", kind, "published", res.Published, "waiting", res.Waiting, "error", err)
+	l.m.duration.Observe(time.Since(start).Seconds())
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	l.m.rounds.WithLabelValues(kind, result).Inc()
+	return res, err
+}
+
+func (l *Loop) doRound(ctx context.Context, f fence, full bool) (Result, error) {
+	snap, err := l.read(ctx)
+	if err != nil {
+		return Result{}, err
+	}
+	for _, e := range snap.policyErrs {
+		l.cfg.Logger.Warn("policy document skipped", "error", e)
+	}
+	now := l.cfg.Clock.Now()
+	l.mu.Lock()
+	l.st.trackMissing(now, snap)
+	if full {
+		l.st.observe(snap, &l.cfg)
+	}
+	plans := plan(now, snap, l.st, &l.cfg, full)
+	l.mu.Unlock()
+	var res Result
+	for _, pp := range plans {
+		if pp.pub == nil {
+			if pp.note != "" {
+				res.Waiting = append(res.Waiting, pp.policy+": "+pp.note)
+			}
+			continue
+		}
+		ok, err := l.publish(ctx, f, pp.pub, pp.prevRev)
+		if err != nil {
+			return res, err
+		}
+		if !ok {
+			continue
+		}
+		snap.allocs[pp.policy] = pp.pub
+		res.Published = append(res.Published, fmt.Sprintf("%s@%d (%s)", pp.policy, pp.pub.Epoch, pp.pub.Phase))
+		l.m.epochs.WithLabelValues(pp.policy, string(pp.pub.Phase)).Inc()
+		l.cfg.Logger.Info("published epoch", "policy", pp.policy, "epoch", pp.pub.Epoch, "phase", pp.pub.Phase, "why", pp.pub.Reason)
+	}
+	l.m.observe(snap)
+	return res, nil
+}
+
+// publish writes a, fenced by f and by the allocation's mod revision. It
+// returns false when the allocation changed under it, and ErrNotLeader
+// when f no longer holds.
+func (l *Loop) publish(ctx context.Context, f fence, a *etcdlayout.Allocation, prevRev int64) (bool, error) {
+	data, err := json.Marshal(a)
+	if err != nil {
+		return false, fmt.Errorf("rebalance: encode allocation of %s: %w", a.Policy, err)
+	}
+	key := l.cfg.Layout.Alloc(a.Policy)
+	resp, err := l.cfg.Client.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(f.key), "=", f.rev),
+			clientv3.Compare(clientv3.ModRevision(key), "=", prevRev)).
+		Then(clientv3.OpPut(key, string(data))).
+		Else(clientv3.OpGet(f.key)).
+		Commit()
+	if err != nil {
+		return false, fmt.Errorf("rebalance: publish %s epoch %d: %w", a.Policy, a.Epoch, err)
+	}
+	if resp.Succeeded {
+		return true, nil
+	}
+	l.m.publishErr.Inc()
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 0 || kvs[0].CreateRevision != f.rev {
+		return false, fmt.Errorf("%w: publish of %s epoch %d fenced off", ErrNotLeader, a.Policy, a.Epoch)
+	}
+	l.cfg.Logger.Warn("allocation changed concurrently; will retry", "policy", a.Policy, "epoch", a.Epoch)
+	return false, nil
+}
+
+func (l *Loop) publishSettings(ctx context.Context, f fence) error {
+	s := etcdlayout.Settings{
+		ReportIntervalSeconds: l.cfg.ReportInterval.Seconds(),
+		LeaseTTLSeconds:       int64(max(1, l.cfg.RegionLeaseTTL.Round(time.Second)/time.Second)),
+	}
+	data, _ := json.Marshal(s)
+	resp, err := l.cfg.Client.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(f.key), "=", f.rev)).
+		Then(clientv3.OpPut(l.cfg.Layout.Settings(), string(data))).
+		Commit()
+	if err != nil {
+		return fmt.Errorf("rebalance: publish settings: %w", err)
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("%w: settings write fenced off", ErrNotLeader)
+	}
+	return nil
+}
+
+// read takes a snapshot of everything a round needs at one revision.
+func (l *Loop) read(ctx context.Context) (*snapshot, error) {
+	ly := l.cfg.Layout
+	prefixes := []string{ly.RegionsPrefix(), ly.DemandPrefix(), ly.AcksPrefix(), ly.ControlPrefix(), ly.PoliciesPrefix(), ly.AllocPrefix()}
+	ops := make([]clientv3.Op, len(prefixes))
+	for i, p := range prefixes {
+		ops[i] = clientv3.OpGet(p, clientv3.WithPrefix())
+	}
+	resp, err := l.cfg.Client.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("rebalance: read state: %w", err)
+	}
+	snap := &snapshot{
+		rev:       resp.Header.Revision,
+		live:      map[string]etcdlayout.Registration{},
+		demand:    map[string]etcdlayout.DemandReport{},
+		acks:      map[string]etcdlayout.Ack{},
+		controls:  map[string]etcdlayout.Control{},
+		allocs:    map[string]*etcdlayout.Allocation{},
+		allocRevs: map[string]int64{},
+	}
+	docs := map[string][]byte{}
+	for i, r := range resp.Responses {
+		for _, kv := range r.GetResponseRange().Kvs {
+			name := etcdlayout.Name(prefixes[i], string(kv.Key))
+			var derr error
+			switch i {
+			case 0:
+				var v etcdlayout.Registration
+				derr = json.Unmarshal(kv.Value, &v)
+				if len(snap.live) < MaxRegions {
+					snap.live[name] = v
+				}
+			case 1:
+				var v etcdlayout.DemandReport
+				derr = json.Unmarshal(kv.Value, &v)
+				snap.demand[name] = v
+			case 2:
+				var v etcdlayout.Ack
+				derr = json.Unmarshal(kv.Value, &v)
+				snap.acks[name] = v
+			case 3:
+				var v etcdlayout.Control
+				derr = json.Unmarshal(kv.Value, &v)
+				snap.controls[name] = v
+			case 4:
+				docs[name] = kv.Value
+			case 5:
+				v := &etcdlayout.Allocation{}
+				derr = json.Unmarshal(kv.Value, v)
+				snap.allocs[name] = v
+				snap.allocRevs[name] = kv.ModRevision
+			}
+			if derr != nil {
+				l.cfg.Logger.Warn("unreadable record ignored", "key", string(kv.Key), "error", derr)
+			}
+		}
+	}
+	snap.policies, snap.policyErrs = LoadPolicies(docs)
+	return snap, nil
+}
+
+// LoadPolicies parses stored policy documents (name → bytes) in name order
+// and merges them; a document that does not parse, or that repeats a
+// policy of an earlier one, is skipped and reported.
+func LoadPolicies(docs map[string][]byte) (*policy.Set, []error) {
+	names := make([]string, 0, len(docs))
+	for n := range docs {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var errs []error
+	set, _ := policy.Merge()
+	for _, n := range names {
+		s, err := policy.Parse(n, docs[n])
+		if err != nil {
+			errs = append(errs, fmt.Errorf("policy document %s: %w", n, err))
+			continue
+		}
+		merged, err := policy.Merge(set, s)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("policy document %s: %w", n, err))
+			continue
+		}
+		set = merged
+	}
+	return set, slices.Clip(errs)
+}

@@ -1,0 +1,77 @@
+package rebalance
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// metrics has no per-subject label: policies and regions are bounded.
+type metrics struct {
+	leader     prometheus.Gauge
+	rounds     *prometheus.CounterVec
+	duration   prometheus.Histogram
+	epochs     *prometheus.CounterVec
+	share      *prometheus.GaugeVec
+	regions    prometheus.Gauge
+	ackLag     *prometheus.GaugeVec
+	publishErr prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		leader: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "quota_coordinator_leader", Help: "1 while this coordinator leads, else 0.",
+		}),
+		rounds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "quota_coordinator_rebalance_rounds_total", Help: "Rebalance rounds by kind (full, acks) and result (ok, error).",
+		}, []string{"kind", "result"}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "quota_coordinator_rebalance_round_seconds", Help: "Duration of a rebalance round.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
+		}),
+		epochs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "quota_coordinator_epochs_published_total", Help: "Allocations published, by policy and phase.",
+		}, []string{"policy", "phase"}),
+		share: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "quota_coordinator_share", Help: "Published default share per policy and region (fraction of the global budget).",
+		}, []string{"policy", "region"}),
+		regions: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "quota_coordinator_regions_live", Help: "Regions holding a registration lease.",
+		}),
+		ackLag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "quota_coordinator_ack_lag_epochs", Help: "Per region, epochs published but not yet acknowledged, summed over policies.",
+		}, []string{"region"}),
+		publishErr: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "quota_coordinator_publish_conflicts_total", Help: "Fenced publishes that etcd refused (lost lead or concurrent change).",
+		}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.leader, m.rounds, m.duration, m.epochs, m.share, m.regions, m.ackLag, m.publishErr} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// observe updates the gauges that describe a snapshot.
+func (m *metrics) observe(snap *snapshot) {
+	m.regions.Set(float64(len(snap.live)))
+	m.share.Reset()
+	lag := make(map[string]float64)
+	for p, a := range snap.allocs {
+		for r, s := range a.Default {
+			m.share.WithLabelValues(p, r).Set(s)
+			if _, ok := snap.live[r]; ok {
+				if got := snap.acks[r].Epochs[p]; got < a.Epoch {
+					lag[r] += float64(a.Epoch - got)
+				} else {
+					lag[r] += 0
+				}
+			}
+		}
+	}
+	m.ackLag.Reset()
+	for r, v := range lag {
+		m.ackLag.WithLabelValues(r).Set(v)
+	}
+}
