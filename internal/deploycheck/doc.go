@@ -1,0 +1,30 @@
+// Package deploycheck keeps deploy/ honest: it reads every YAML and JSON
+// file under deploy/ and checks what they name against the Go code, so a
+// renamed flag, port, probe path or metric fails a test instead of a
+// rollout.
+//
+// What is checked:
+//
+//   - images: ghcr.io/quotacoord/quota-<cmd>:<tag> needs a main package in
+//     cmd/<cmd> and a tag other than latest; any other image must be in
+//     ThirdPartyImages with a pinned tag;
+//   - container args of our images: every -flag is defined by a flag set in
+//     cmd/<cmd> or internal/<cmd> (found by parsing the Go source), and an
+//     -*-addr flag's port is a declared containerPort;
+//   - probes name a declared port and a path the command's code serves;
+//     Services target a port some selected container declares;
+//   - kustomizations: every resource, patch and generated file exists, and
+//     JSON patches that replace container args pass the same flag checks;
+//   - policy files (top-level "policies" or "domain") load with
+//     internal/policy;
+//   - Envoy bootstraps: the rate limit filter's domain is served by a
+//     policy file in deploy/, its rate_limit_service cluster exists and
+//     points at the regional node's gRPC port, and every route's descriptor
+//     matches a rule;
+//   - Prometheus rules and Grafana dashboards: every metric in an expression
+//     is registered by prometheus Opts or NewDesc in the module's code.
+//
+// Scan and Check are pure functions of their inputs apart from reading
+// files; they are safe for concurrent use. The zero Code knows no command
+// and no metric, so every reference fails.
+package deploycheck
