@@ -253,6 +253,11 @@ func (s *Server) check(req *quotav1.CheckRequest) (*quotav1.CheckResponse, error
 		for _, p := range req.GetPolicies() {
 			s.used[p+"\x00"+subject] += cost
 		}
+	} else {
+		// Nothing was charged: every bucket still holds what it held.
+		for _, pd := range resp.Policies {
+			pd.Remaining = pd.Limit - s.used[pd.Policy+"\x00"+subject]
+		}
 	}
 	for _, pd := range resp.Policies {
 		if pd.Policy == resp.DecidedBy {

@@ -1,0 +1,26 @@
+// Package httplimit is net/http middleware that asks a regional node (via a
+// Checker such as *client.Client) before every request and answers the
+// HTTP contract for callers:
+//
+//   - a denied request gets 429 Too Many Requests, a Retry-After header in
+//     whole seconds rounded up (at least 1), and a JSON body
+//     {"error":{"code":"RATE_LIMITED","message":...,"policy":...,"retry_after_seconds":...}};
+//   - every decided response, allowed or denied, carries the IETF RateLimit
+//     and RateLimit-Policy header fields in the form of
+//     draft-ietf-httpapi-ratelimit-headers (versions 08 to 10):
+//     RateLimit-Policy: "exports";q=50;w=60 and RateLimit: "exports";r=42;t=5,
+//     one list member per checked policy; r is the remaining budget and t
+//     the seconds until the bucket is full again, rounded up.
+//
+// The subject comes from a SubjectFunc: Header (any header value, hashed
+// by the node), Tenant (a header that already holds a valid subject) or
+// ClientIP, which believes X-Forwarded-For and Forwarded only when the
+// connection's peer is inside a configured trusted proxy prefix, and then
+// walks the hops from the right, skipping trusted proxies.
+//
+// Units: Retry-After, t and w are whole seconds; q and r are cost units of
+// the policy.
+//
+// A Limiter is safe for concurrent use; it starts no goroutines. The zero
+// Limiter is not usable: build one with New.
+package httplimit
