@@ -1,0 +1,86 @@
+// Command loadgen drives Envoy's rate limit service API with a closed loop
+// of concurrent callers and prints decisions per second and latency
+// quantiles; with -serve-noop it is instead a rate limit service that
+// answers OK without any work, the ceiling to measure against.
+//
+//	loadgen -addr 127.0.0.1:8081 -c 50 -duration 10s -subjects 10000 -zipf 1.1
+//	loadgen -serve-noop 127.0.0.1:9091
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/quotacoord/quota/internal/loadgen"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cfg loadgen.Config
+	fs.StringVar(&cfg.Addr, "addr", "127.0.0.1:8081", "rate limit service address")
+	fs.IntVar(&cfg.Concurrency, "c", 50, "concurrent callers")
+	fs.Int64Var(&cfg.Requests, "n", 0, "stop after this many requests (0: use -duration)")
+	fs.DurationVar(&cfg.Duration, "duration", 0, "stop after this long (default 10s when -n is 0)")
+	fs.DurationVar(&cfg.Warmup, "warmup", 0, "load this long before measuring")
+	fs.IntVar(&cfg.Subjects, "subjects", 10000, "distinct subjects")
+	fs.Float64Var(&cfg.Zipf, "zipf", 0, "Zipf exponent s of the subject draw (0: uniform)")
+	fs.IntVar(&cfg.Descriptors, "descriptors", 1, "descriptors per request (keys KEY0..KEYn-1 when more than one)")
+	fs.StringVar(&cfg.Domain, "domain", "bench", "request domain")
+	fs.StringVar(&cfg.Key, "key", "tenant", "descriptor entry key")
+	var hits uint
+	fs.UintVar(&hits, "hits", 0, "hits_addend of every request (0: unset)")
+	fs.DurationVar(&cfg.Timeout, "timeout", 0, "per-request timeout (default 5s)")
+	fs.IntVar(&cfg.Conns, "conns", 1, "gRPC connections shared by the callers")
+	jsonOut := fs.Bool("json", false, "print the result as JSON")
+	noop := fs.String("serve-noop", "", "serve a no-work rate limit service on this address instead")
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("loadgen: %w", err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("loadgen: unexpected arguments %q", fs.Args())
+	}
+	if *noop != "" {
+		l, err := net.Listen("tcp", *noop)
+		if err != nil {
+			return fmt.Errorf("loadgen: listen %s: %w", *noop, err)
+		}
+		fmt.Fprintf(stdout, "no-work rate limit service on %s\n", l.Addr())
+		return loadgen.ServeNoop(ctx, l)
+	}
+	if cfg.Concurrency < 1 || cfg.Subjects < 1 || cfg.Descriptors < 1 || cfg.Conns < 1 {
+		return fmt.Errorf("loadgen: -c, -subjects, -descriptors and -conns must be at least 1")
+	}
+	if hits > 1<<32-1 {
+		return fmt.Errorf("loadgen: -hits %d does not fit 32 bits", hits)
+	}
+	cfg.HitsAddend = uint32(hits)
+	if cfg.Requests == 0 && cfg.Duration == 0 {
+		cfg.Duration = 10e9
+	}
+	res, err := loadgen.Run(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if *jsonOut {
+		enc := json.NewEncoder(stdout)
+		return enc.Encode(res)
+	}
+	return res.Print(stdout)
+}

@@ -1,0 +1,75 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/quotacoord/quota/internal/loadgen"
+)
+
+func TestRunJSONAgainstNoop(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- loadgen.ServeNoop(ctx, l) }()
+	defer func() { cancel(); <-done }()
+
+	var out, errb bytes.Buffer
+	if err := run(context.Background(), []string{"-addr", l.Addr().String(), "-c", "2", "-n", "50", "-json"}, &out, &errb); err != nil {
+		t.Fatalf("%v (%s)", err, errb.String())
+	}
+	var res loadgen.Result
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		t.Fatalf("%v: %q", err, out.String())
+	}
+	if res.Requests != 50 || res.OK != 50 {
+		t.Fatalf("result %+v", res)
+	}
+	out.Reset()
+	if err := run(context.Background(), []string{"-addr", l.Addr().String(), "-c", "1", "-duration", "50ms"}, &out, &errb); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "decisions/s") {
+		t.Fatalf("text output %q", out.String())
+	}
+}
+
+func TestRunBadFlags(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-c", "0", "-n", "1"}, "at least 1"},
+		{[]string{"-zipf", "-2", "-n", "1"}, "zipf"},
+		{[]string{"extra"}, "unexpected arguments"},
+		{[]string{"-hits", "99999999999"}, "32 bits"},
+		{[]string{"-nope"}, "not defined"},
+	}
+	for _, tt := range tests {
+		var out, errb bytes.Buffer
+		err := run(context.Background(), tt.args, &out, &errb)
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%v: err = %v, want one about %q", tt.args, err, tt.want)
+		}
+	}
+}
+
+func TestServeNoopFlag(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	var out, errb bytes.Buffer
+	if err := run(ctx, []string{"-serve-noop", "127.0.0.1:0"}, &out, &errb); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "no-work rate limit service on 127.0.0.1:") {
+		t.Fatalf("output %q", out.String())
+	}
+}
