@@ -3,8 +3,10 @@ package bucket
 import (
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"strconv"
 )
 
@@ -27,6 +29,28 @@ type Key struct {
 	policy  string
 	version uint32
 	subject string
+	// hash is keyHash of the parts, computed once by NewKey: Memory shards
+	// and indexes buckets by it. Equal parts give equal hashes, so == on
+	// Keys still compares the parts.
+	hash uint64
+}
+
+// keySeed seeds keyHash for the life of the process.
+var keySeed = maphash.MakeSeed()
+
+// keyHash hashes a key's parts. A subject's buckets share the top bits'
+// shard (see Memory), so the subject is hashed on its own first.
+func keyHash(policy string, version uint32, subject string) uint64 {
+	hs := maphash.String(keySeed, subject)
+	var h maphash.Hash
+	h.SetSeed(keySeed)
+	var b [12]byte
+	binary.LittleEndian.PutUint64(b[:8], hs)
+	binary.LittleEndian.PutUint32(b[8:], version)
+	h.Write(b[:])
+	h.WriteString(policy)
+	// top byte from the subject alone: one shard per subject
+	return hs&0xff00000000000000 | h.Sum64()&0x00ffffffffffffff
 }
 
 // NewKey validates policy, version and subject and returns their key.
@@ -44,7 +68,7 @@ func NewKey(policy string, version uint32, subject string) (Key, error) {
 			return Key{}, fmt.Errorf("%w: byte %q at %d", ErrInvalidPolicyName, c, i)
 		}
 	}
-	return Key{policy: policy, version: version, subject: subject}, nil
+	return Key{policy: policy, version: version, subject: subject, hash: keyHash(policy, version, subject)}, nil
 }
 
 // ValidateSubject reports whether s may be used as a subject as it is.

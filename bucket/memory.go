@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -37,9 +36,11 @@ type MemoryConfig struct {
 	Clock clock.Clock
 	// MaxBuckets caps the live buckets; 0 means DefaultMaxBuckets. When a
 	// request must create a bucket at the cap, the store first sweeps the
-	// expired buckets of the bucket's shard; if it is still at the cap the
-	// request fails with ErrMemoryFull (a peek or a denial never needs a new
-	// bucket). The caller applies its failure mode, as for a Redis error.
+	// expired buckets of the bucket's shard and (at most once a second)
+	// of every other shard not locked at that moment; if it is still at the
+	// cap the request fails with ErrMemoryFull (a peek or a denial never
+	// needs a new bucket, and existing buckets keep working). The caller
+	// applies its failure mode, as for a Redis error.
 	MaxBuckets int
 	// SweepEvery is Run's sweep period; 0 means DefaultSweepEvery.
 	SweepEvery time.Duration
@@ -51,18 +52,25 @@ type MemoryConfig struct {
 // share one shard). Its hot path (TakeAt of an existing bucket) does not
 // allocate. It starts no goroutine; Run sweeps periodically if wanted.
 type Memory struct {
-	clk    clock.Clock
-	max    int64
-	every  time.Duration
-	seed   maphash.Seed
-	live   atomic.Int64
-	shards [memShards]memShard
+	clk   clock.Clock
+	max   int64
+	every time.Duration
+	live  atomic.Int64
+	// lastFull is when (microseconds) reserve last swept every shard.
+	lastFull atomic.Int64
+	shards   [memShards]memShard
 }
 
 type memShard struct {
 	mu sync.Mutex
-	m  map[Key]state
-	_  [40]byte // keep shards on separate cache lines
+	m  map[uint64]*entry // by Key.hash; a chain for 64-bit collisions
+	_  [48]byte          // keep shards on separate cache lines
+}
+
+type entry struct {
+	key  Key
+	st   state
+	next *entry
 }
 
 // NewMemory returns an empty Memory.
@@ -73,7 +81,7 @@ func NewMemory(cfg MemoryConfig) (*Memory, error) {
 	if cfg.SweepEvery < 0 {
 		return nil, fmt.Errorf("bucket: new memory store: SweepEvery %v is negative", cfg.SweepEvery)
 	}
-	m := &Memory{clk: cfg.Clock, max: int64(cfg.MaxBuckets), every: cfg.SweepEvery, seed: maphash.MakeSeed()}
+	m := &Memory{clk: cfg.Clock, max: int64(cfg.MaxBuckets), every: cfg.SweepEvery}
 	if m.clk == nil {
 		m.clk = clock.Real{}
 	}
@@ -84,13 +92,15 @@ func NewMemory(cfg MemoryConfig) (*Memory, error) {
 		m.every = DefaultSweepEvery
 	}
 	for i := range m.shards {
-		m.shards[i].m = make(map[Key]state)
+		m.shards[i].m = make(map[uint64]*entry)
 	}
 	return m, nil
 }
 
+// shardOf picks the shard from the hash's top bits, which depend on the
+// subject only.
 func (m *Memory) shardOf(k *Key) int {
-	return int(maphash.String(m.seed, k.subject) % memShards)
+	return int(k.hash >> 58)
 }
 
 // Take implements Store at the configured clock's time.
@@ -131,50 +141,100 @@ func (m *Memory) one(now time.Time, req Request, op byte) (Decision, error) {
 	defer sh.mu.Unlock()
 	st, ok := m.load(sh, &req.Key, us)
 	o := decide(&p, op, &st, ok, float64(us), true)
-	if err := m.apply(sh, &req.Key, &p, &o, ok, st.lastWrite, us); err != nil {
+	if err := m.apply(sh, &req.Key, &p, &o, st.lastWrite, us); err != nil {
 		return Decision{}, err
 	}
 	return decision(o.ok, p.lim, o.rem, o.retry, o.reset), nil
 }
 
+// find returns k's entry in sh, or nil.
+func (sh *memShard) find(k *Key) *entry {
+	e := sh.m[k.hash]
+	for e != nil && e.key != *k {
+		e = e.next
+	}
+	return e
+}
+
 // load returns the bucket's state, treating an expired bucket as absent
 // (Redis would have dropped its key).
 func (m *Memory) load(sh *memShard, k *Key, us int64) (state, bool) {
-	st, ok := sh.m[*k]
-	if ok && us-st.lastWrite >= st.ttl {
+	e := sh.find(k)
+	if e == nil || us-e.st.lastWrite >= e.st.ttl {
 		return state{}, false
 	}
-	return st, ok
+	return e.st, true
 }
 
-func (m *Memory) apply(sh *memShard, k *Key, p *params, o *outcome, existed bool, lastWrite, us int64) error {
+func (m *Memory) apply(sh *memShard, k *Key, p *params, o *outcome, lastWrite, us int64) error {
 	switch o.w {
 	case writeSet:
-		if _, present := sh.m[*k]; !present {
-			if err := m.reserve(sh, us); err != nil {
-				return err
-			}
-		}
 		o.next.ttl = p.ttl * 1000
 		o.next.lastWrite = max(lastWrite, us)
-		sh.m[*k] = o.next
+		if e := sh.find(k); e != nil {
+			e.st = o.next
+			return nil
+		}
+		if err := m.reserve(sh, us); err != nil {
+			return err
+		}
+		sh.m[k.hash] = &entry{key: *k, st: o.next, next: sh.m[k.hash]}
 	case writeDel:
-		if _, present := sh.m[*k]; present {
-			delete(sh.m, *k)
+		if sh.unlink(k.hash, func(e *entry) bool { return e.key == *k }) > 0 {
 			m.live.Add(-1)
 		}
 	}
 	return nil
 }
 
-// reserve counts one new bucket, sweeping the shard (locked by the caller)
-// once if the store is at its cap.
+// unlink removes the entries under hash h for which drop is true and
+// returns how many it removed.
+func (sh *memShard) unlink(h uint64, drop func(*entry) bool) int {
+	n := 0
+	var head, tail *entry
+	for e := sh.m[h]; e != nil; {
+		next := e.next
+		if drop(e) {
+			n++
+		} else {
+			e.next = nil
+			if tail == nil {
+				head = e
+			} else {
+				tail.next = e
+			}
+			tail = e
+		}
+		e = next
+	}
+	if head == nil {
+		delete(sh.m, h)
+	} else {
+		sh.m[h] = head
+	}
+	return n
+}
+
+// reserve counts one new bucket. At the cap it sweeps the caller's shard
+// (locked by the caller), then, at most once per second of store time, every
+// other shard whose lock is free; if the store is still full it fails.
 func (m *Memory) reserve(sh *memShard, us int64) error {
 	if m.live.Add(1) <= m.max {
 		return nil
 	}
 	m.live.Add(-1)
 	m.sweepShard(sh, us)
+	if m.live.Load() >= m.max {
+		if last := m.lastFull.Load(); us-last >= 1_000_000 && m.lastFull.CompareAndSwap(last, us) {
+			for i := range m.shards {
+				o := &m.shards[i]
+				if o != sh && o.mu.TryLock() {
+					m.sweepShard(o, us)
+					o.mu.Unlock()
+				}
+			}
+		}
+	}
 	if m.live.Add(1) <= m.max {
 		return nil
 	}
@@ -230,7 +290,7 @@ func (m *Memory) TakeAllAt(now time.Time, reqs []Request) ([]Decision, error) {
 	out := make([]Decision, len(reqs))
 	for i := range reqs {
 		o := decide(&ps[i], opTake, &sts[i], exists[i], float64(us), charge)
-		if err := m.apply(&m.shards[shardIdx[i]], &reqs[i].Key, &ps[i], &o, exists[i], sts[i].lastWrite, us); err != nil {
+		if err := m.apply(&m.shards[shardIdx[i]], &reqs[i].Key, &ps[i], &o, sts[i].lastWrite, us); err != nil {
 			return nil, err
 		}
 		out[i] = decision(o.ok && charge, ps[i].lim, o.rem, o.retry, o.reset)
@@ -254,10 +314,13 @@ func (m *Memory) Sweep(now time.Time) int {
 
 func (m *Memory) sweepShard(sh *memShard, us int64) int {
 	n := 0
-	for k, st := range sh.m {
-		if us-st.lastWrite >= st.ttl {
-			delete(sh.m, k)
-			n++
+	expired := func(e *entry) bool { return us-e.st.lastWrite >= e.st.ttl }
+	for h, e := range sh.m {
+		for ; e != nil; e = e.next {
+			if expired(e) {
+				n += sh.unlink(h, expired)
+				break
+			}
 		}
 	}
 	m.live.Add(int64(-n))

@@ -1,0 +1,207 @@
+package bucket_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/quotacoord/quota/bucket"
+	"github.com/quotacoord/quota/internal/redistest"
+)
+
+var benchLimits = bucket.Limits{Capacity: 1_000_000, RefillPerSecond: 100_000, IdleTTL: time.Minute}
+
+func BenchmarkMemoryTakeHotKey(b *testing.B) {
+	m, _ := bucket.NewMemory(bucket.MemoryConfig{})
+	k, _ := bucket.NewKey("p", 1, "hot")
+	req := bucket.Request{Key: k, Limits: benchLimits, Share: 0.5, Cost: 1}
+	now := t0
+	b.ReportAllocs()
+	for b.Loop() {
+		now = now.Add(100 * time.Nanosecond)
+		if _, err := m.TakeAt(now, req); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
+}
+
+func BenchmarkMemoryTakeUniform100k(b *testing.B) {
+	m, _ := bucket.NewMemory(bucket.MemoryConfig{})
+	keys := subjectKeys(b, "u", 100_000)
+	reqs := make([]bucket.Request, len(keys))
+	for i, k := range keys {
+		reqs[i] = bucket.Request{Key: k, Limits: benchLimits, Share: 0.5, Cost: 1}
+		_, _ = m.TakeAt(t0, reqs[i])
+	}
+	now := t0
+	i := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		now = now.Add(100 * time.Nanosecond)
+		if _, err := m.TakeAt(now, reqs[i]); err != nil {
+			b.Fatal(err)
+		}
+		if i++; i == len(reqs) {
+			i = 0
+		}
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
+}
+
+func BenchmarkMemoryTakeParallel(b *testing.B) {
+	m, _ := bucket.NewMemory(bucket.MemoryConfig{})
+	keys := subjectKeys(b, "par", 100_000)
+	var seq atomic.Int64
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		i := int(seq.Add(7919))
+		now := t0
+		for pb.Next() {
+			now = now.Add(100 * time.Nanosecond)
+			req := bucket.Request{Key: keys[i%len(keys)], Limits: benchLimits, Share: 0.5, Cost: 1}
+			if _, err := m.TakeAt(now, req); err != nil {
+				b.Fatal(err)
+			}
+			i++
+		}
+	})
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
+}
+
+// benchRedisAddr is the Redis the benchmarks use: BUCKET_BENCH_REDIS when
+// set (scripts/bench-bucket.sh), else the test Redis.
+func benchRedisAddr(b *testing.B) string {
+	if a := os.Getenv("BUCKET_BENCH_REDIS"); a != "" {
+		return a
+	}
+	return redistest.Addr(b)
+}
+
+func BenchmarkRedisTake(b *testing.B) {
+	addr := benchRedisAddr(b)
+	keys := subjectKeys(b, "bench-", 10_000)
+	for _, callers := range []int{1, 64} {
+		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
+			c := redis.NewClient(&redis.Options{Addr: addr})
+			defer c.Close()
+			r, err := bucket.NewRedis(bucket.RedisConfig{Client: c})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer r.Close()
+			ctx := context.Background()
+			var seq atomic.Int64
+			b.SetParallelism((callers + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+			if callers == 1 {
+				b.SetParallelism(1)
+				runtime.GOMAXPROCS(runtime.GOMAXPROCS(0)) // no change; parallelism 1 per P
+			}
+			var admitted atomic.Int64
+			b.ResetTimer()
+			if callers == 1 {
+				i := 0
+				for b.Loop() {
+					d, err := r.Take(ctx, bucket.Request{Key: keys[i%len(keys)], Limits: benchLimits, Share: 1, Cost: 1})
+					if err != nil {
+						b.Fatal(err)
+					}
+					if d.Allowed {
+						admitted.Add(1)
+					}
+					i++
+				}
+			} else {
+				b.RunParallel(func(pb *testing.PB) {
+					i := int(seq.Add(7919))
+					for pb.Next() {
+						d, err := r.Take(ctx, bucket.Request{Key: keys[i%len(keys)], Limits: benchLimits, Share: 1, Cost: 1})
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						if d.Allowed {
+							admitted.Add(1)
+						}
+						i++
+					}
+				})
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
+			if admitted.Load() == 0 {
+				b.Fatal("nothing admitted")
+			}
+		})
+	}
+}
+
+// BenchmarkRedisBytesPerBucket creates 100,000 token buckets and reports
+// the growth of used_memory per bucket.
+func BenchmarkRedisBytesPerBucket(b *testing.B) {
+	var c *redis.Client
+	if a := os.Getenv("BUCKET_BENCH_REDIS"); a != "" {
+		c = redis.NewClient(&redis.Options{Addr: a})
+		defer c.Close()
+	} else {
+		c = redistest.Start(b).Client(b)
+	}
+	r, err := bucket.NewRedis(bucket.RedisConfig{Client: c})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close()
+	ctx := context.Background()
+	const n = 100_000
+	u := strconv.FormatInt(time.Now().UnixNano()%1_000_000, 36)
+	lim := bucket.Limits{Capacity: 100, RefillPerSecond: 10, IdleTTL: time.Minute}
+	for b.Loop() {
+		time.Sleep(200 * time.Millisecond)
+		before := usedMemory(b, c)
+		var wg sync.WaitGroup
+		for w := range 64 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := w; i < n; i += 64 {
+					k, _ := bucket.NewKey("p", 1, fmt.Sprintf("m%s-%d", u, i))
+					if _, err := r.Take(ctx, bucket.Request{Key: k, Limits: lim, Share: 1, Cost: 1}); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		time.Sleep(time.Second) // let the dict rehash finish
+		after := usedMemory(b, c)
+		b.ReportMetric(float64(after-before)/n, "bytes/bucket")
+		u += "x"
+	}
+}
+
+func usedMemory(b *testing.B, c *redis.Client) int64 {
+	info, err := c.Info(context.Background(), "memory").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return n
+		}
+	}
+	b.Fatal("no used_memory in INFO memory")
+	return 0
+}
