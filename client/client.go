@@ -222,7 +222,7 @@ func (c *Client) Check(ctx context.Context, req Request) (Decision, error) {
 	defer cancel()
 	resp, err := c.api.Check(callCtx, req.proto())
 	if err != nil {
-		return c.failed(ctx, err, "check")
+		return c.failed(ctx, callCtx, err, "check")
 	}
 	return fromProto(resp), nil
 }
@@ -245,7 +245,7 @@ func (c *Client) CheckBatch(ctx context.Context, reqs []Request) ([]Decision, er
 	defer cancel()
 	resp, err := c.api.CheckBatch(callCtx, in)
 	if err != nil {
-		d, err := c.failed(ctx, err, "check batch")
+		d, err := c.failed(ctx, callCtx, err, "check batch")
 		if err != nil {
 			return nil, err
 		}
@@ -266,10 +266,19 @@ func (c *Client) CheckBatch(ctx context.Context, reqs []Request) ([]Decision, er
 }
 
 // failed turns a call error into the unreachable decision or an error.
-// ctx is the caller's context, not the one with the client's timeout.
-func (c *Client) failed(ctx context.Context, callErr error, what string) (Decision, error) {
+// ctx is the caller's context, callCtx the one with the client's timeout.
+// A deadline is the caller's (an error, never a decision) when the
+// caller's deadline is the one the call ran under: the node may report it
+// before the caller's own context notices.
+func (c *Client) failed(ctx, callCtx context.Context, callErr error, what string) (Decision, error) {
 	err := fmt.Errorf("client: %s: %w", what, callErr)
-	if ctx.Err() != nil || !nodeFailure(callErr) || c.opts.unreachable == UnreachableError {
+	callerDeadline := false
+	if dl, ok := ctx.Deadline(); ok {
+		callDl, _ := callCtx.Deadline()
+		callerDeadline = !dl.After(callDl)
+	}
+	if ctx.Err() != nil || (callerDeadline && status.Code(callErr) == codes.DeadlineExceeded) ||
+		!nodeFailure(callErr) || c.opts.unreachable == UnreachableError {
 		return Decision{}, err
 	}
 	if c.opts.unreachable == UnreachableOpen {
