@@ -96,6 +96,13 @@ func (r *Recorder) Error(at time.Duration, region int, cost int64) {
 	}
 }
 
+// ClearShare forgets region's last reported share (its node stopped).
+func (r *Recorder) ClearShare(region int) {
+	r.mu.Lock()
+	r.share[region] = 0
+	r.mu.Unlock()
+}
+
 // Shed records arrivals the driver had no worker for.
 func (r *Recorder) Shed(region int, n int64) {
 	r.mu.Lock()
