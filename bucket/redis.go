@@ -21,7 +21,7 @@ type RedisClient interface {
 const (
 	DefaultMaxBatch  = 128
 	DefaultQueueSize = 4096
-	DefaultFlushers  = 4
+	DefaultFlushers  = 2
 )
 
 // ErrClosed reports a call on a closed Redis store.
