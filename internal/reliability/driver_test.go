@@ -39,17 +39,17 @@ type driver struct {
 	steady  atomic.Int64 // unix nanos from which every decision must be normal
 	started time.Time
 
-	during              counter // decisions that started and ended inside the fault
-	normalAdmitDuring   atomic.Int64
-	degradedWhenSteady  atomic.Int64
-	lost                atomic.Int64
-	total               atomic.Int64
-	lat                 latencies
-	mu                  sync.Mutex
-	bad                 []string
-	closedAdmitted      map[string]int64 // fclosed admissions per subject
-	firstNormalAfter    map[string]time.Time
-	subjects            int
+	during             counter // decisions that started and ended inside the fault
+	normalAdmitDuring  atomic.Int64
+	degradedWhenSteady atomic.Int64
+	lost               atomic.Int64
+	total              atomic.Int64
+	lat                latencies
+	mu                 sync.Mutex
+	bad                []string
+	closedAdmitted     map[string]int64 // fclosed admissions per subject
+	firstNormalAfter   map[string]time.Time
+	subjects           int
 }
 
 func newDriver(adm quotav1.AdmissionClient, prefix string) *driver {
