@@ -214,9 +214,7 @@ func Main(ctx context.Context, args, env []string, stdout io.Writer) error {
 		}
 		log.Info("policies loaded", "path", o.policies, "policies", n.set.Load().Len())
 	}
-	if ss.policies != nil {
-		ss.policies(n)
-	}
+	ss.attach(n)
 
 	serverOpts := []grpc.ServerOption{grpc.StatsHandler(otelgrpc.NewServerHandler(
 		otelgrpc.WithTracerProvider(tp), otelgrpc.WithPropagators(propagation.TraceContext{})))}

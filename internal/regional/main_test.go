@@ -140,7 +140,6 @@ func TestMainFlags(t *testing.T) {
 		{"bad env", []string{"-policies", "x"}, []string{"QUOTA_STORE_TIMEOUT=soon"}, "QUOTA_STORE_TIMEOUT"},
 		{"missing file", []string{"-policies", "/nonexistent/p.yaml", "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0"}, nil, "load policies"},
 		{"bad unknown-policy", []string{"-policies", "../../examples/policies", "-unknown-policy", "maybe"}, nil, "UnknownPolicy"},
-		{"etcd not wired", []string{"-etcd", "127.0.0.1:2379"}, nil, "-etcd"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

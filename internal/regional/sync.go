@@ -2,26 +2,130 @@ package regional
 
 import (
 	"context"
-	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/quotacoord/quota/internal/demand"
+	"github.com/quotacoord/quota/internal/policy"
+	"github.com/quotacoord/quota/internal/regionsync"
 )
 
-// syncer is what Main needs from the etcd side: shares, a demand sink,
-// optionally a policy feed, a last flush and a stop.
+// syncer is what Main needs from the etcd side: shares, a demand sink, a
+// way to hand it the node once built, a last flush and a stop.
 type syncer struct {
-	shares   ShareSource
-	demand   DemandSink
-	policies func(*Node) // starts feeding policies from etcd, when set
-	flush    func(context.Context) error
-	stop     func()
+	shares ShareSource
+	demand DemandSink
+	attach func(*Node) // starts the etcd side once the node exists
+	flush  func(context.Context) error
+	stop   func()
 }
 
-// startSync wires the region to etcd when -etcd is given; standalone it
-// returns share 1 and no demand reporting.
+// startSync wires the region to etcd when -etcd is given: shares and
+// acknowledgements through internal/regionsync, demand through an
+// internal/demand recorder reported every -report-interval, and, unless
+// -policies is given, the policies stored in etcd. Standalone it returns
+// share 1 and no demand reporting.
 func startSync(ctx context.Context, o *options, log hclog.Logger) (*syncer, error) {
 	if o.etcd == "" {
-		return &syncer{shares: Standalone{}, flush: func(context.Context) error { return nil }, stop: func() {}}, nil
+		return &syncer{shares: Standalone{}, attach: func(*Node) {}, flush: func(context.Context) error { return nil }, stop: func() {}}, nil
 	}
-	return nil, errors.New("regional: -etcd: the etcd share watcher (internal/regionsync) is not wired in this build; run standalone with -policies")
+	var endpoints []string
+	for _, e := range strings.Split(o.etcd, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			endpoints = append(endpoints, e)
+		}
+	}
+	client, err := regionsync.Dial(endpoints)
+	if err != nil {
+		return nil, fmt.Errorf("regional: -etcd: %w", err)
+	}
+	rec, err := demand.New(demand.Config{})
+	if err != nil {
+		client.Close()
+		return nil, fmt.Errorf("regional: demand recorder: %w", err)
+	}
+	var node atomic.Pointer[Node]
+	cfg := regionsync.Config{
+		Region: o.region, Addr: o.grpcAddr, Client: client, ReportInterval: o.reportInterval,
+		Recorder: rec, Logger: log,
+		MinShare: func(name string) (float64, bool) {
+			n := node.Load()
+			if n == nil {
+				return 0, false
+			}
+			p, ok := n.Policies().Get(name)
+			if !ok {
+				return 0, false
+			}
+			return p.MinShareFor(o.region), true
+		},
+	}
+	if o.policies == "" {
+		cfg.OnPolicies = func(docs map[string][]byte) {
+			n := node.Load()
+			if n == nil {
+				return
+			}
+			s, err := parseDocs(docs)
+			if err != nil {
+				n.m.reloads.WithLabelValues("error").Inc()
+				log.Error("policies from etcd rejected; keeping the last good policies", "error", err)
+				return
+			}
+			n.SetPolicies(s)
+			n.m.reloads.WithLabelValues("ok").Inc()
+			log.Info("policies loaded from etcd", "policies", s.Len())
+		}
+	}
+	s, err := regionsync.New(cfg)
+	if err != nil {
+		client.Close()
+		return nil, fmt.Errorf("regional: region sync: %w", err)
+	}
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	return &syncer{
+		shares: s,
+		demand: rec,
+		attach: func(n *Node) {
+			node.Store(n)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := s.Run(rctx); err != nil {
+					log.Error("region sync stopped", "error", err)
+				}
+			}()
+		},
+		flush: s.Flush,
+		stop: func() {
+			cancel()
+			wg.Wait()
+			client.Close()
+		},
+	}, nil
+}
+
+// parseDocs parses the policy documents stored in etcd (name to YAML, in
+// either format) into one set, in name order.
+func parseDocs(docs map[string][]byte) (*policy.Set, error) {
+	names := make([]string, 0, len(docs))
+	for name := range docs {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	sets := make([]*policy.Set, 0, len(names))
+	for _, name := range names {
+		s, err := policy.Parse("etcd:"+name, docs[name])
+		if err != nil {
+			return nil, err
+		}
+		sets = append(sets, s)
+	}
+	return policy.Merge(sets...)
 }

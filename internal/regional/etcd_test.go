@@ -1,0 +1,78 @@
+package regional
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/quotacoord/quota/internal/etcdlayout"
+	"github.com/quotacoord/quota/internal/etcdtest"
+	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
+)
+
+// TestMainWithEtcd: with -etcd the node takes its policies from etcd, is
+// not ready until the region sync is, enforces the region's safe share
+// while no allocation exists, and writes a last demand report on shutdown.
+func TestMainWithEtcd(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	ctx := ctxT(t)
+	doc, err := os.ReadFile("../../examples/policies/policies.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var l etcdlayout.Layout
+	if _, err := cli.Put(ctx, l.PolicyDoc("own"), string(doc)); err != nil {
+		t.Fatal(err)
+	}
+	g, hAddr, out, stop := runMain(t, []string{"-etcd", strings.Join(srv.Endpoints, ","), "-region", "eu-west",
+		"-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0", "-report-interval", "100ms"}, nil)
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		resp, err := http.Get("http://" + hAddr + "/readyz")
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			stop()
+			t.Fatalf("never ready:\n%s", out.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	conn, err := grpc.NewClient(g, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	r, err := quotav1.NewAdmissionClient(conn).Check(ctx, &quotav1.CheckRequest{Subject: "acme", Policies: []string{"exports"}})
+	// No allocation yet: the safe share, min_share eu-west 0.2 of 50.
+	if err != nil || !r.Allowed || r.Limit != 10 || r.Policies[0].Share != 0.2 {
+		t.Fatalf("check: %v, %v", r, err)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	get, err := cli.Get(context.Background(), l.Demand("eu-west"))
+	if err != nil || len(get.Kvs) != 1 {
+		t.Fatalf("demand report: %v, %v", get, err)
+	}
+	var rep etcdlayout.DemandReport
+	if err := json.Unmarshal(get.Kvs[0].Value, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := rep.Policies["exports"]; !ok {
+		t.Fatalf("demand report without exports: %s", get.Kvs[0].Value)
+	}
+}
