@@ -41,6 +41,12 @@ type RedisConfig struct {
 	// Flushers is how many goroutines send pipelines concurrently; 0 means
 	// DefaultFlushers.
 	Flushers int
+	// Groups is how many group hashes hold the token buckets of one policy
+	// version (see DefaultGroups for the trade-off); 0 means DefaultGroups,
+	// at most MaxGroups. Every node that shares a Redis must use the same
+	// value: a different one puts a subject's buckets under other keys,
+	// where they start full.
+	Groups int
 }
 
 // Redis is the store that production regional nodes use: one Lua script
@@ -59,12 +65,13 @@ type RedisConfig struct {
 // call is queued or in flight, it gets the context's error and the call may
 // or may not have been charged.
 //
-// TakeAll sends one script call per subject: buckets of one subject share a
-// hash tag (and a Redis Cluster slot) and are checked all or nothing in that
-// call. When one TakeAll names several subjects and one of their calls
-// denies, the calls that admitted are compensated by a refund call. That
-// refund is not atomic with the charge: between the two, other callers may
-// see fewer tokens (under-admission, never over-admission of a token
+// TakeAll sends one script call per group: every bucket of one subject
+// carries its group's hash tag (one Redis Cluster slot), so the buckets of
+// one subject, and of any subjects that share its group, are checked all or
+// nothing in that call. When one TakeAll spans several groups and one of
+// their calls denies, the calls that admitted are compensated by a refund
+// call. That refund is not atomic with the charge: between the two, other
+// callers may see fewer tokens (under-admission, never over-admission of a token
 // bucket), and a window that rolls over in between is refunded in the new
 // window.
 //
@@ -72,6 +79,7 @@ type RedisConfig struct {
 type Redis struct {
 	client   RedisClient
 	maxBatch int
+	groups   uint32
 	queue    chan *call
 	stop     chan struct{}
 	wg       sync.WaitGroup
@@ -103,6 +111,12 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 	if cfg.MaxBatch < 0 || cfg.QueueSize < 0 || cfg.Flushers < 0 {
 		return nil, fmt.Errorf("bucket: new redis store: negative MaxBatch %d, QueueSize %d or Flushers %d", cfg.MaxBatch, cfg.QueueSize, cfg.Flushers)
 	}
+	if cfg.Groups < 0 || cfg.Groups > MaxGroups {
+		return nil, fmt.Errorf("bucket: new redis store: Groups %d, want 0 (default %d) to %d", cfg.Groups, DefaultGroups, MaxGroups)
+	}
+	if cfg.Groups == 0 {
+		cfg.Groups = DefaultGroups
+	}
 	if cfg.MaxBatch == 0 {
 		cfg.MaxBatch = DefaultMaxBatch
 	}
@@ -115,6 +129,7 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 	r := &Redis{
 		client:   cfg.Client,
 		maxBatch: cfg.MaxBatch,
+		groups:   uint32(cfg.Groups),
 		queue:    make(chan *call, cfg.QueueSize),
 		stop:     make(chan struct{}),
 	}
@@ -198,8 +213,8 @@ func (r *Redis) send(batch []*call) {
 	}
 	for i, c := range batch {
 		c.res, c.err = cmds[i].Int64Slice()
-		if c.err == nil && len(c.res) != 5*c.n {
-			c.err = fmt.Errorf("bucket: script replied %d numbers, want %d", len(c.res), 5*c.n)
+		if c.err == nil && len(c.res) != replyPerBucket*c.n {
+			c.err = fmt.Errorf("bucket: script replied %d numbers, want %d", len(c.res), replyPerBucket*c.n)
 		}
 		close(c.done)
 	}
@@ -239,11 +254,18 @@ func (r *Redis) do(ctx context.Context, c *call) error {
 	}
 }
 
-// newCall builds the script call for reqs, which share one subject.
-func (r *Redis) newCall(op byte, reqs []Request, ps []params) *call {
+// Script arguments and reply numbers per bucket (see lua/take.lua).
+const (
+	argsPerBucket  = 6
+	replyPerBucket = 5
+)
+
+// newCall builds the script call for reqs, whose subjects share group g
+// (and so one hash tag and Redis Cluster slot).
+func (r *Redis) newCall(op byte, g uint32, reqs []Request, ps []params) *call {
 	c := &call{
 		keys: make([]string, len(reqs)),
-		args: make([]any, 2, 2+5*len(reqs)),
+		args: make([]any, 2, 2+argsPerBucket*len(reqs)),
 		n:    len(reqs),
 		done: make(chan struct{}),
 	}
@@ -258,12 +280,19 @@ func (r *Redis) newCall(op byte, reqs []Request, ps []params) *call {
 		if p.alg != alg {
 			alg = -1
 		}
-		c.keys[i] = reqs[i].Key.String()
+		k := &reqs[i].Key
+		field := ""
+		if grouped(p.alg) {
+			c.keys[i], field = groupKey(k, g), fieldOf(k)
+		} else {
+			c.keys[i] = ownKey(k, g)
+		}
 		c.args = append(c.args, algCodes[p.alg],
 			strconv.FormatFloat(p.lim, 'f', -1, 64),
 			strconv.FormatFloat(p.p, 'g', -1, 64),
 			strconv.FormatFloat(p.cost, 'f', -1, 64),
-			strconv.FormatInt(p.ttl, 10))
+			strconv.FormatInt(p.ttl, 10),
+			field)
 	}
 	if alg >= 0 {
 		c.script = scriptByAlg[alg]
@@ -274,7 +303,7 @@ func (r *Redis) newCall(op byte, reqs []Request, ps []params) *call {
 }
 
 func (c *call) decision(i int) Decision {
-	v := c.res[5*i : 5*i+5]
+	v := c.res[replyPerBucket*i : replyPerBucket*(i+1)]
 	return decision(v[0] == 1, float64(v[1]), float64(v[2]), float64(v[3]), float64(v[4]))
 }
 
@@ -293,9 +322,9 @@ func (r *Redis) one(ctx context.Context, op byte, req Request) (Decision, error)
 		return Decision{}, err
 	}
 	ps := [1]params{paramsOf(&req)}
-	c := r.newCall(op, []Request{req}, ps[:])
+	c := r.newCall(op, groupOf(req.Key.subject, r.groups), []Request{req}, ps[:])
 	if err := r.do(ctx, c); err != nil {
-		return Decision{}, fmt.Errorf("bucket: redis %s %s: %w", opName(op), c.keys[0], err)
+		return Decision{}, fmt.Errorf("bucket: redis %s %s: %w", opName(op), req.Key, err)
 	}
 	return c.decision(0), nil
 }
@@ -308,7 +337,7 @@ func opName(op byte) string {
 }
 
 // TakeAll checks several buckets all or nothing: one script call per
-// subject, and a compensating refund across subjects (see Redis).
+// group, and a compensating refund across groups (see Redis).
 func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Decision, error) {
 	if len(reqs) == 0 || len(reqs) > MaxTakeAll {
 		return nil, fmt.Errorf("%w: got %d", ErrTakeAllSize, len(reqs))
@@ -325,21 +354,25 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Decision, error)
 		}
 		ps[i] = paramsOf(&reqs[i])
 	}
-	// Group by subject, keeping order: idx[g] lists the requests of group g.
+	// Batch by group (hash tag), keeping order: idx[b] lists the requests
+	// of batch b, whose subjects all lie in group tags[b].
 	var idx [][]int
+	var tags []uint32
 	for i := range reqs {
-		g := -1
-		for j, grp := range idx {
-			if reqs[grp[0]].Key.subject == reqs[i].Key.subject {
-				g = j
+		tag := groupOf(reqs[i].Key.subject, r.groups)
+		b := -1
+		for j, t := range tags {
+			if t == tag {
+				b = j
 				break
 			}
 		}
-		if g < 0 {
+		if b < 0 {
 			idx = append(idx, nil)
-			g = len(idx) - 1
+			tags = append(tags, tag)
+			b = len(idx) - 1
 		}
-		idx[g] = append(idx[g], i)
+		idx[b] = append(idx[b], i)
 	}
 	calls := make([]*call, len(idx))
 	errs := make([]error, len(idx))
@@ -355,7 +388,7 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Decision, error)
 			for k, i := range grp {
 				gr[k], gp[k] = reqs[i], ps[i]
 			}
-			calls[g] = r.newCall(op, gr, gp)
+			calls[g] = r.newCall(op, tags[g], gr, gp)
 			wg.Add(1)
 			go func(g int) {
 				defer wg.Done()
@@ -374,7 +407,7 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Decision, error)
 	for g, grp := range idx {
 		if errs[g] != nil {
 			if firstErr == nil {
-				firstErr = fmt.Errorf("bucket: redis take-all %s: %w", calls[g].keys[0], errs[g])
+				firstErr = fmt.Errorf("bucket: redis take-all %s: %w", reqs[grp[0]].Key, errs[g])
 			}
 			active[g] = false
 			allOK = false
@@ -403,7 +436,7 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Decision, error)
 		}
 		if errs[g] != nil {
 			if firstErr == nil {
-				firstErr = fmt.Errorf("bucket: redis take-all compensating refund %s: %w", calls[g].keys[0], errs[g])
+				firstErr = fmt.Errorf("bucket: redis take-all compensating refund %s: %w", reqs[grp[0]].Key, errs[g])
 			}
 			continue
 		}

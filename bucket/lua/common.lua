@@ -12,9 +12,15 @@
 -- lim: capacity in units; p: refill in units per microsecond (token bucket)
 -- or the window in microseconds; cost in units; ttl: idle TTL in
 -- microseconds; charge: false to decide without consuming.
--- Returned val: nil writes nothing, false deletes the key, a string is SET
--- with the idle TTL.
+-- Returned val: nil writes nothing, false deletes the bucket, a string is
+-- stored with the idle TTL (see take.lua for where).
+--
+-- STALE maps the code of an algorithm whose buckets live as fields of a
+-- group hash to a function f(v, now, ttl) -> true when the stored value v
+-- can be deleted without changing any decision (take.lua prunes such
+-- fields).
 local ALG = {}
+local STALE = {}
 
 local function now_us()
   if ARGV[2] ~= '' then

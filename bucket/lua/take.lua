@@ -1,29 +1,46 @@
 -- take.lua: the entry point, concatenated after common.lua and the
--- algorithm files. One call decides for every key atomically.
+-- algorithm files. One call decides for every bucket atomically.
 --
--- KEYS[i]: the bucket keys (one subject: they share a hash tag and slot).
+-- Layout (bucket/group.go): every key carries the hash tag {g.<group>} of
+-- its subject's group (FNV-1a of the subject modulo the store's group
+-- count), so all buckets of one subject share a Redis Cluster slot.
+--   token bucket: KEYS[i] = rl:v<version>:{g.<group>}:<policy>, a hash;
+--     field = the subject (a digest "~..." for subjects over 48 bytes),
+--     value = the packed bucket. The hash gets PEXPIRE ttl on every write,
+--     so a group idle for its TTL disappears.
+--   other algorithms: KEYS[i] = rl:v<version>:{g.<group>}:<policy>:<subject>,
+--     a string with PX ttl.
+--
+-- KEYS[i]: the keys above (one group: they share a hash tag and slot).
 -- ARGV[1]: 't' take (cost 0 peeks) or 'r' refund.
 -- ARGV[2]: '' to read Redis TIME (production); tests pass a time in
 --          microseconds here to drive a differential test. Nothing but the
 --          tests ever sets it.
--- ARGV[3+5*(i-1) .. 7+5*(i-1)] for KEYS[i]: algorithm code ('tb', 'fw',
+-- ARGV[3+6*(i-1) .. 8+6*(i-1)] for KEYS[i]: algorithm code ('tb', 'fw',
 --          'sw', 'sl'), capacity in units, p (refill in units per
 --          microsecond, or the window in microseconds), cost in units,
---          idle TTL in milliseconds.
--- Reply: for each key five integers: allowed (1/0), capacity (units),
+--          idle TTL in milliseconds, field ('' for a string key).
+-- Reply: for each bucket five integers: allowed (1/0), capacity (units),
 --          remaining (units), retry-after (microseconds), reset-after
 --          (microseconds).
--- A take is all or nothing: if one key denies, no key is charged and every
--- key reports allowed 0 (only a token-bucket clamp is still written).
+-- A take is all or nothing: if one bucket denies, no bucket is charged and
+-- every bucket reports allowed 0 (only a token-bucket clamp is still
+-- written).
+--
+-- Pruning: each write to a group hash samples PRUNE_SAMPLE random fields
+-- (HRANDFIELD) and deletes those STALE for twice the TTL: such a field
+-- reads as a full bucket already, and the second TTL keeps a Redis TIME
+-- that steps back by less than one TTL (a failover) from reviving it.
+local PRUNE_SAMPLE = 3
 local op = ARGV[1]
 local now = now_us()
 local n = #KEYS
-if #ARGV ~= 2 + 5 * n then
-  return redis.error_reply('ERR bucket: want ' .. (2 + 5 * n) .. ' arguments, got ' .. #ARGV)
+if #ARGV ~= 2 + 6 * n then
+  return redis.error_reply('ERR bucket: want ' .. (2 + 6 * n) .. ' arguments, got ' .. #ARGV)
 end
-local fs, lims, ps, costs, ttls, vals = {}, {}, {}, {}, {}, {}
+local fs, lims, ps, costs, ttls, fields, vals = {}, {}, {}, {}, {}, {}, {}
 for i = 1, n do
-  local b = 2 + (i - 1) * 5
+  local b = 2 + (i - 1) * 6
   local f = ALG[ARGV[b + 1]]
   if not f then
     return redis.error_reply('ERR bucket: unknown algorithm ' .. tostring(ARGV[b + 1]))
@@ -33,8 +50,26 @@ for i = 1, n do
   ps[i] = tonumber(ARGV[b + 3])
   costs[i] = tonumber(ARGV[b + 4])
   ttls[i] = tonumber(ARGV[b + 5])
-  vals[i] = redis.call('GET', KEYS[i])
+  fields[i] = ARGV[b + 6]
+  if fields[i] == '' then
+    vals[i] = redis.call('GET', KEYS[i])
+  else
+    if not STALE[ARGV[b + 1]] then
+      return redis.error_reply('ERR bucket: algorithm ' .. ARGV[b + 1] .. ' cannot live in a group hash')
+    end
+    vals[i] = redis.call('HGET', KEYS[i], fields[i])
+  end
 end
+
+local function prune(key, field, stale, ttl)
+  local sample = redis.call('HRANDFIELD', key, PRUNE_SAMPLE, 'WITHVALUES')
+  for j = 1, #sample, 2 do
+    if sample[j] ~= field and stale(sample[j + 1], now, 2 * ttl) then
+      redis.call('HDEL', key, sample[j])
+    end
+  end
+end
+
 local charge = true
 if op == 't' and n > 1 then
   for i = 1, n do
@@ -48,10 +83,20 @@ end
 local reply = {}
 for i = 1, n do
   local ok, rem, retry, reset, val = fs[i](op, vals[i], now, lims[i], ps[i], costs[i], ttls[i] * 1000, charge)
-  if val == false then
-    redis.call('DEL', KEYS[i])
-  elseif val then
-    redis.call('SET', KEYS[i], val, 'PX', ttls[i])
+  if fields[i] == '' then
+    if val == false then
+      redis.call('DEL', KEYS[i])
+    elseif val then
+      redis.call('SET', KEYS[i], val, 'PX', ttls[i])
+    end
+  else
+    if val == false then
+      redis.call('HDEL', KEYS[i], fields[i])
+    elseif val then
+      redis.call('HSET', KEYS[i], fields[i], val)
+      redis.call('PEXPIRE', KEYS[i], ttls[i])
+      prune(KEYS[i], fields[i], STALE[ARGV[2 + (i - 1) * 6 + 1]], ttls[i] * 1000)
+    end
   end
   local a = 0
   if ok and charge then a = 1 end

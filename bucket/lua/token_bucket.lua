@@ -1,6 +1,7 @@
 -- token_bucket.lua: the token bucket (algorithm code 'tb').
 --
--- Stored value: struct '>I7I5' = ts (microseconds), tokens (units); 12 bytes.
+-- Stored value: struct '>I7I5' = ts (microseconds), tokens (units); 12 bytes,
+-- the value of the subject's field in its group hash (see take.lua).
 -- ts is the instant at which the bucket held exactly `tokens`: refill adds
 -- whole units only and moves ts forward by the time those units took, so
 -- no fraction of a unit is lost between calls.
@@ -10,6 +11,17 @@
 -- Tokens above lim (the share shrank) are clamped and the clamp is written
 -- even by a denial or a peek; a grown share adds no tokens at once.
 -- A denial otherwise writes nothing.
+--
+-- A value whose ts is ttl or more before now reads as a full bucket (as a
+-- missing one): Limits.Validate makes ttl cover a full refill, and with no
+-- refill ttl is the allowance period. Every write moves ts to within one
+-- unit's refill time of now, so a field written within the last ttl is
+-- never stale.
+STALE['tb'] = function(v, now, ttl)
+  local ts0 = struct.unpack('>I7', v)
+  return now - ts0 >= ttl
+end
+
 ALG['tb'] = function(op, v, now, lim, rate, cost, ttl, charge)
   local tokens, ts, clamped = lim, now, false
   if v then
