@@ -1,0 +1,225 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/quotacoord/quota/internal/regional"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// syncBuffer collects a goroutine's output.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// start runs fn in a goroutine until the test ends and waits until its
+// output matches re; it returns the first submatch.
+func start(t *testing.T, name string, re *regexp.Regexp, fn func(ctx context.Context, out io.Writer) error) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	out := &syncBuffer{}
+	errc := make(chan error, 1)
+	go func() { errc <- fn(ctx, out) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-errc:
+			if err != nil {
+				t.Errorf("%s: %v", name, err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Errorf("%s did not stop", name)
+		}
+	})
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		if m := re.FindStringSubmatch(out.String()); m != nil {
+			return m[1]
+		}
+		select {
+		case err := <-errc:
+			errc <- err
+			t.Fatalf("%s returned before listening: %v\n%s", name, err, out.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never listened:\n%s", name, out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// startNode runs a real regional node (regional.Main, standalone, the
+// in-process store) with one policy: exports, burst 3, refill 0.5/s.
+func startNode(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	pol := filepath.Join(dir, "policies.yaml")
+	doc := `policies:
+  - name: exports
+    version: 1
+    subject: tenant
+    capacity: 3
+    refill_per_second: 0.5
+    failure_mode: closed
+`
+	if err := os.WriteFile(pol, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"-region", "test", "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0", "-policies", pol, "-log-level", "warn"}
+	return start(t, "regional node", regexp.MustCompile(`grpc listening on (\S+)`), func(ctx context.Context, out io.Writer) error {
+		return regional.Main(ctx, args, nil, out)
+	})
+}
+
+func startService(t *testing.T, args ...string) string {
+	t.Helper()
+	args = append([]string{"-listen", "127.0.0.1:0"}, args...)
+	return "http://" + start(t, "gohttp", regexp.MustCompile(`listening on http://(\S+) `), func(ctx context.Context, out io.Writer) error {
+		return run(ctx, args, out)
+	})
+}
+
+type answer struct {
+	code                          int
+	retryAfter, rateLimit, policy string
+	body                          map[string]map[string]any
+}
+
+func post(t *testing.T, url, tenant string) answer {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url+"/exports", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tenant != "" {
+		req.Header.Set("X-Tenant", tenant)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	a := answer{code: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After"),
+		rateLimit: resp.Header.Get("RateLimit"), policy: resp.Header.Get("RateLimit-Policy")}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		if err := json.Unmarshal(b, &a.body); err != nil {
+			t.Fatalf("%d body %q is not JSON: %v", resp.StatusCode, b, err)
+		}
+	}
+	return a
+}
+
+// TestAgainstRegionalNode: a tenant gets its burst of 3 with RateLimit
+// fields counting down, then 429 with Retry-After; another tenant is not
+// affected.
+func TestAgainstRegionalNode(t *testing.T) {
+	node := startNode(t)
+	url := startService(t, "-node", node, "-policy", "exports", "-window", "6s")
+	wantPolicy := `"exports";q=3;w=6`
+	for i, wantR := range []string{"2", "1", "0"} {
+		a := post(t, url, "acme")
+		if a.code != http.StatusOK {
+			t.Fatalf("request %d: %d %v", i+1, a.code, a.body)
+		}
+		if a.policy != wantPolicy {
+			t.Errorf("request %d: RateLimit-Policy %q, want %q", i+1, a.policy, wantPolicy)
+		}
+		if !strings.HasPrefix(a.rateLimit, `"exports";r=`+wantR+";t=") {
+			t.Errorf("request %d: RateLimit %q, want r=%s", i+1, a.rateLimit, wantR)
+		}
+		if a.retryAfter != "" {
+			t.Errorf("request %d admitted with Retry-After %q", i+1, a.retryAfter)
+		}
+	}
+	a := post(t, url, "acme")
+	if a.code != http.StatusTooManyRequests {
+		t.Fatalf("4th request: %d, want 429", a.code)
+	}
+	// One token refills in 2 s at 0.5/s: Retry-After is whole seconds,
+	// rounded up, at least 1.
+	if n, err := strconv.Atoi(a.retryAfter); err != nil || n < 1 || n > 2 {
+		t.Errorf("Retry-After %q, want 1 or 2", a.retryAfter)
+	}
+	if a.policy != wantPolicy || !strings.HasPrefix(a.rateLimit, `"exports";r=0;t=`) {
+		t.Errorf("429 headers: RateLimit-Policy %q RateLimit %q", a.policy, a.rateLimit)
+	}
+	if e := a.body["error"]; e["code"] != "RATE_LIMITED" || e["policy"] != "exports" {
+		t.Errorf("429 body %v", a.body)
+	}
+	if b := post(t, url, "globex"); b.code != http.StatusOK {
+		t.Errorf("another tenant: %d, want 200", b.code)
+	}
+	if b := post(t, url, ""); b.code != http.StatusBadRequest || b.body["error"]["code"] != "INVALID_SUBJECT" {
+		t.Errorf("no tenant: %d %v, want 400 INVALID_SUBJECT", b.code, b.body)
+	}
+}
+
+// TestNodeUnreachable: with no node the service answers per -unreachable.
+func TestNodeUnreachable(t *testing.T) {
+	cases := []struct {
+		mode string
+		code int
+	}{
+		{"error", http.StatusServiceUnavailable},
+		{"open", http.StatusOK},
+		{"closed", http.StatusTooManyRequests},
+	}
+	for _, c := range cases {
+		t.Run(c.mode, func(t *testing.T) {
+			// Port 1 on loopback: nothing listens there.
+			url := startService(t, "-node", "127.0.0.1:1", "-unreachable", c.mode, "-timeout", "200ms")
+			if a := post(t, url, "acme"); a.code != c.code {
+				t.Errorf("%d, want %d (%v)", a.code, c.code, a.body)
+			}
+		})
+	}
+}
+
+func TestBadFlags(t *testing.T) {
+	cases := [][]string{
+		{"-subject", "cookie"},
+		{"-unreachable", "maybe"},
+		{"-trusted-proxies", "10.0.0.0/99"},
+		{"-timeout", "0s"},
+		{"-window", "-1s"},
+		{"extra"},
+	}
+	for _, args := range cases {
+		var out bytes.Buffer
+		if err := run(context.Background(), append([]string{"-listen", "127.0.0.1:0"}, args...), &out); err == nil {
+			t.Errorf("%v: no error", args)
+		}
+	}
+}
