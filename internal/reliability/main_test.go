@@ -274,3 +274,5 @@ var _ = strings.TrimSpace
 var _ atomic.Int64
 
 func itoa(n int64) string { return fmt.Sprint(n) }
+
+func ftoa(f float64) string { return fmt.Sprintf("%.4f", f) }

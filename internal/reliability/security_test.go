@@ -1,0 +1,350 @@
+package reliability
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/quotacoord/quota/internal/coordinator"
+	"github.com/quotacoord/quota/internal/etcdtest"
+	"github.com/quotacoord/quota/internal/redistest"
+	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
+	"github.com/quotacoord/quota/rebalance"
+)
+
+const simplePolicy = "policies:\n  - {name: plain, capacity: 100, rate: 100/second, failure_mode: closed}\n"
+
+func tlsDial(tc *tls.Config) func(string) (*grpc.ClientConn, error) {
+	return func(addr string) (*grpc.ClientConn, error) {
+		return grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
+	}
+}
+
+func checkOnce(conn *grpc.ClientConn) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	_, err := quotav1.NewAdmissionClient(conn).Check(ctx, &quotav1.CheckRequest{Subject: "s1", Policies: []string{"plain"}, Cost: 1})
+	return err
+}
+
+// TestRegionalTLS: the regional gRPC listener with TLS, and with mutual
+// TLS, accepts exactly the clients it should.
+func TestRegionalTLS(t *testing.T) {
+	dir := t.TempDir()
+	good, other := newCA(t, "quota-test-ca"), newCA(t, "intruder-ca")
+	sc, sk := good.issue(t, "regional")
+	scert, skey := writePair(t, dir, "server", sc, sk)
+	caFile := writeFile(t, filepath.Join(dir, "ca.pem"), good.pem)
+	ccert, ckey := good.issue(t, "client")
+	bcert, bkey := other.issue(t, "client")
+	pol := writePolicies(t, simplePolicy)
+	type client struct {
+		name string
+		dial func(string) (*grpc.ClientConn, error)
+		ok   bool
+	}
+	plaintext := func(addr string) (*grpc.ClientConn, error) {
+		return grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	}
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		clients []client
+	}{
+		{"tls", []string{"-tls-cert", scert, "-tls-key", skey}, []client{
+			{"trusting client", tlsDial(clientTLS(t, good, nil, nil)), true},
+			{"plaintext client", plaintext, false},
+			{"client not trusting the server's CA", tlsDial(clientTLS(t, other, nil, nil)), false},
+		}},
+		{"mtls", []string{"-tls-cert", scert, "-tls-key", skey, "-tls-client-ca", caFile}, []client{
+			{"client certificate from the CA", tlsDial(clientTLS(t, good, ccert, ckey)), true},
+			{"no client certificate", tlsDial(clientTLS(t, good, nil, nil)), false},
+			{"client certificate from another CA", tlsDial(clientTLS(t, good, bcert, bkey)), false},
+			{"plaintext client", plaintext, false},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := startNode(t, append([]string{"-policies", pol}, tc.args...), tlsDial(clientTLS(t, good, ccert, ckey)))
+			for _, c := range tc.clients {
+				conn, err := c.dial(n.grpcAddr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				err = checkOnce(conn)
+				conn.Close()
+				ok := err == nil
+				if ok != c.ok {
+					t.Errorf("%s: check error %v, want success %v", c.name, err, c.ok)
+				}
+				record(t, Entry{Kind: KindSecurity, Name: "regional " + tc.name + ": " + c.name, Injected: true,
+					Survived: ok == c.ok, Note: fmt.Sprintf("accepted=%v want=%v", ok, c.ok)})
+			}
+		})
+	}
+}
+
+// startCoordinator runs a coordinator on an embedded etcd with a token
+// file holding one read and one write token; extra configures TLS.
+func startCoordinator(t *testing.T, extra func(*coordinator.Config)) (*coordinator.Coordinator, *syncBuffer, string, string) {
+	t.Helper()
+	srv := etcdtest.Start(t)
+	logs := &syncBuffer{max: 8 << 20}
+	readTok, writeTok := "read-token-0123456789abcdef", "write-token-0123456789abcdef"
+	tf := writeFile(t, filepath.Join(t.TempDir(), "tokens"), []byte("read:"+readTok+"\nwrite:"+writeTok+"\n"))
+	cfg := coordinator.Config{EtcdEndpoints: srv.Endpoints, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
+		TokenFile: tf, Rebalance: rebalance.Config{Interval: time.Hour, SessionTTL: time.Second},
+		Logger: hclog.New(&hclog.LoggerOptions{Name: "coordinator", Output: logs, JSONFormat: true})}
+	if extra != nil {
+		extra(&cfg)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c, err := coordinator.Start(ctx, cfg)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		if err := c.Wait(); err != nil {
+			t.Errorf("coordinator: %v", err)
+		}
+	})
+	return c, logs, readTok, writeTok
+}
+
+func withToken(tok string) context.Context {
+	ctx := context.Background()
+	if tok != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tok)
+	}
+	return ctx
+}
+
+// operatorCalls are one read and one write.
+func operatorCall(op quotav1.OperatorClient, ctx context.Context, write bool) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if write {
+		_, err := op.ApplyPolicy(ctx, &quotav1.ApplyPolicyRequest{Filename: "plain.yaml", Document: []byte(simplePolicy)})
+		return err
+	}
+	_, err := op.ListPolicies(ctx, &quotav1.ListPoliciesRequest{})
+	return err
+}
+
+// TestOperatorAuth: unauthenticated operator calls are refused and
+// logged; a read credential reads but cannot write; a write credential
+// does both; by token and by client certificate.
+func TestOperatorAuth(t *testing.T) {
+	dir := t.TempDir()
+	good, other := newCA(t, "ops-ca"), newCA(t, "intruder-ca")
+	sc, sk := good.issue(t, "coordinator")
+	scert, skey := writePair(t, dir, "coord", sc, sk)
+	caFile := writeFile(t, filepath.Join(dir, "ca.pem"), good.pem)
+	c, logs, readTok, writeTok := startCoordinator(t, func(cfg *coordinator.Config) {
+		cfg.TLSCert, cfg.TLSKey, cfg.ClientCA, cfg.WriteNames = scert, skey, caFile, []string{"ops-admin"}
+	})
+	adminCert, adminKey := good.issue(t, "ops-admin")
+	viewCert, viewKey := good.issue(t, "ops-viewer")
+	evilCert, evilKey := other.issue(t, "ops-admin")
+	conn := func(tc *tls.Config) quotav1.OperatorClient {
+		cc, err := grpc.NewClient(c.GRPCAddr, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cc.Close() })
+		return quotav1.NewOperatorClient(cc)
+	}
+	anon := conn(clientTLS(t, good, nil, nil))
+	for _, tc := range []struct {
+		name        string
+		op          quotav1.OperatorClient
+		token       string
+		read, write codes.Code
+		logged      string
+	}{
+		{"no credential", anon, "", codes.Unauthenticated, codes.Unauthenticated, "refused unauthenticated operator call"},
+		{"unknown token", anon, "not-a-token-0123456789", codes.Unauthenticated, codes.Unauthenticated, "refused unauthenticated operator call"},
+		{"read token", anon, readTok, codes.OK, codes.PermissionDenied, "refused operator write with a read credential"},
+		{"write token", anon, writeTok, codes.OK, codes.OK, ""},
+		{"certificate with a write name", conn(clientTLS(t, good, adminCert, adminKey)), "", codes.OK, codes.OK, ""},
+		{"certificate without a write name", conn(clientTLS(t, good, viewCert, viewKey)), "", codes.OK, codes.PermissionDenied, "refused operator write with a read credential"},
+		// Go clients send no certificate the server's CA list does not name: anonymous.
+		{"certificate from another CA", conn(clientTLS(t, good, evilCert, evilKey)), "", codes.Unauthenticated, codes.Unauthenticated, "refused unauthenticated operator call"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := len(logs.String())
+			ok := true
+			for _, w := range []bool{false, true} {
+				want := tc.read
+				if w {
+					want = tc.write
+				}
+				got := status.Code(operatorCall(tc.op, withToken(tc.token), w))
+				if got != want {
+					ok = false
+					t.Errorf("write=%v: code %v, want %v", w, got, want)
+				}
+			}
+			if tc.logged != "" {
+				if !strings.Contains(logs.String()[before:], tc.logged) {
+					ok = false
+					t.Errorf("refusal not logged (%q)", tc.logged)
+				}
+			}
+			record(t, Entry{Kind: KindSecurity, Name: "operator API: " + tc.name, Injected: true, Survived: ok,
+				Note: fmt.Sprintf("read=%v write=%v", tc.read, tc.write)})
+		})
+	}
+	// The audit log names the actor by a token fingerprint, never the token.
+	if strings.Contains(logs.String(), writeTok) || strings.Contains(logs.String(), readTok) {
+		t.Errorf("a raw operator token appears in the coordinator's logs")
+	}
+}
+
+// TestCertificateReload: a certificate replaced on disk is served to new
+// connections without a restart. Neither listener reloads today: this
+// records the gap, and fails in the long run (make reliability).
+func TestCertificateReload(t *testing.T) {
+	good := newCA(t, "reload-ca")
+	for _, which := range []string{"regional", "coordinator"} {
+		t.Run(which, func(t *testing.T) {
+			dir := t.TempDir()
+			sc, sk := good.issue(t, which)
+			scert, skey := writePair(t, dir, "server", sc, sk)
+			var addr string
+			switch which {
+			case "regional":
+				addr = startNode(t, []string{"-policies", writePolicies(t, simplePolicy), "-tls-cert", scert, "-tls-key", skey},
+					tlsDial(clientTLS(t, good, nil, nil))).grpcAddr
+			default:
+				c, _, _, _ := startCoordinator(t, func(cfg *coordinator.Config) { cfg.TLSCert, cfg.TLSKey = scert, skey })
+				addr = c.GRPCAddr
+			}
+			tc := clientTLS(t, good, nil, nil)
+			first, err := servedSerial(t, addr, tc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			newCert, newKey := good.issue(t, which)
+			writePair(t, dir, "server", newCert, newKey)
+			reloaded := false
+			deadline := time.Now().Add(pick(2*time.Second, 5*time.Second))
+			for time.Now().Before(deadline) && !reloaded {
+				s, err := servedSerial(t, addr, tc)
+				if err != nil {
+					t.Fatal(err)
+				}
+				reloaded = s.Cmp(first) != 0
+				time.Sleep(100 * time.Millisecond)
+			}
+			note := "new certificate served without a restart"
+			if !reloaded {
+				note = "GAP: the listener keeps the certificate it loaded at start (tls.LoadX509KeyPair once, no GetCertificate)"
+				if long() {
+					t.Errorf("%s: %s", which, note)
+				} else {
+					t.Logf("%s: %s", which, note)
+				}
+			}
+			record(t, Entry{Kind: KindSecurity, Name: which + " TLS certificate reload", Injected: true, Survived: reloaded, Note: note})
+		})
+	}
+}
+
+// TestNoSecretsInKeysLogsMetrics drives API keys, client IPs and raw
+// identities through both APIs of a node on Redis (also while Redis is
+// down), then scans every Redis key (SCAN), the node's logs at debug level
+// with every decision logged, and /metrics for any of them.
+func TestNoSecretsInKeysLogsMetrics(t *testing.T) {
+	srv := redistest.Start(t)
+	pol := writePolicies(t, `policies:
+  - {name: per-key, subject: api_key, capacity: 5, rate: 5/second, failure_mode: closed}
+  - {name: per-ip, subject: ip, capacity: 5, rate: 5/second, failure_mode: open}
+  - {name: per-user, capacity: 5, rate: 5/second, failure_mode: local}
+`)
+	envoy := filepath.Join(filepath.Dir(pol), "envoy.yaml")
+	writeFile(t, envoy, []byte("domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: second, requests_per_unit: 5}\n  - key: api_key\n    rate_limit: {unit: second, requests_per_unit: 5}\n"))
+	n := startNode(t, []string{"-redis", srv.Addr, "-policies", filepath.Dir(pol), "-log-level", "trace",
+		"-decision-log-every", "1", "-store-timeout", "250ms", "-breaker-cooldown", "100ms", "-subject-salt", "s3cret-salt"}, nil)
+	rls := rlsv3.NewRateLimitServiceClient(n.conn)
+	secrets := []string{"sk_live_4eC39HqLyjWDarjtT1zdp7dc", "203.0.113.77", "alice@example.com", "198.51.100.23", "AKIAIOSFODNN7EXAMPLE", "s3cret-salt"}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	drive := func() {
+		for i := 0; i < 8; i++ {
+			for _, c := range []*quotav1.CheckRequest{
+				{Subject: secrets[0], Policies: []string{"per-key"}, Cost: 1},
+				{Subject: secrets[4], Policies: []string{"per-key"}, Cost: 1},
+				{Subject: secrets[1], Policies: []string{"per-ip"}, Cost: 1},
+				{Subject: secrets[2], HashSubject: true, Policies: []string{"per-user"}, Cost: 1},
+				{Subject: secrets[2], Policies: []string{"per-user"}, Cost: 1}, // rejected: not a valid subject
+			} {
+				_, _ = n.adm.Check(ctx, c)
+			}
+			_, _ = rls.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlcommon.RateLimitDescriptor{
+				{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "remote_address", Value: secrets[3]}}},
+				{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "api_key", Value: secrets[4]}}},
+			}})
+		}
+	}
+	drive()
+	srv.Stop() // degraded decisions log errors too
+	drive()
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	drive()
+
+	rc := srv.Client(t)
+	var keys []string
+	var cursor uint64
+	for {
+		ks, next, err := rc.Scan(ctx, cursor, "*", 1000).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, ks...)
+		if cursor = next; cursor == 0 || len(keys) > 100000 {
+			break
+		}
+	}
+	if len(keys) == 0 {
+		t.Fatal("no Redis key after the run: the scan proves nothing")
+	}
+	logs, metrics := n.out.String(), n.metrics(t)
+	if !strings.Contains(logs, `"decision"`) && !strings.Contains(logs, "decision") {
+		t.Fatal("no decision logged: the log scan proves nothing")
+	}
+	found := 0
+	for _, s := range secrets {
+		for what, text := range map[string]string{"redis keys": strings.Join(keys, "\n"), "logs": logs, "metrics": metrics} {
+			if strings.Contains(strings.ToLower(text), strings.ToLower(s)) {
+				found++
+				t.Errorf("%q appears in %s", s, what)
+			}
+		}
+	}
+	record(t, Entry{Kind: KindSecurity, Name: "no raw subject, API key or IP in Redis keys, logs, metrics", Injected: true,
+		Survived: found == 0, Note: fmt.Sprintf("%d keys, %d log bytes, %d metric bytes scanned", len(keys), len(logs), len(metrics))})
+}
+
+var _ = errors.Is
+var _ = os.Getenv
