@@ -69,7 +69,7 @@ type memShard struct {
 
 type entry struct {
 	key  Key
-	st   state
+	st   State
 	next *entry
 }
 
@@ -139,9 +139,9 @@ func (m *Memory) one(now time.Time, req Request, op byte) (Decision, error) {
 	sh := &m.shards[m.shardOf(&req.Key)]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	st, ok := m.load(sh, &req.Key, us)
-	o := decide(&p, op, &st, ok, float64(us), true)
-	if err := m.apply(sh, &req.Key, &p, &o, st.lastWrite, us); err != nil {
+	st := m.load(sh, &req.Key)
+	o, lw := st.step(&p, op, us, true)
+	if err := m.apply(sh, &req.Key, &p, &o, lw, us); err != nil {
 		return Decision{}, err
 	}
 	return decision(o.ok, p.lim, o.rem, o.retry, o.reset), nil
@@ -156,29 +156,29 @@ func (sh *memShard) find(k *Key) *entry {
 	return e
 }
 
-// load returns the bucket's state, treating an expired bucket as absent
-// (Redis would have dropped its key).
-func (m *Memory) load(sh *memShard, k *Key, us int64) (state, bool) {
-	e := sh.find(k)
-	if e == nil || us-e.st.lastWrite >= e.st.ttl {
-		return state{}, false
+// load returns a copy of the bucket's State (the zero State when absent;
+// State.step treats an expired one as absent, as Redis would have dropped
+// its key).
+func (m *Memory) load(sh *memShard, k *Key) State {
+	if e := sh.find(k); e != nil {
+		return e.st
 	}
-	return e.st, true
+	return State{}
 }
 
 func (m *Memory) apply(sh *memShard, k *Key, p *params, o *outcome, lastWrite, us int64) error {
 	switch o.w {
 	case writeSet:
-		o.next.ttl = p.ttl * 1000
-		o.next.lastWrite = max(lastWrite, us)
 		if e := sh.find(k); e != nil {
-			e.st = o.next
+			e.st.commit(p, o, lastWrite, us)
 			return nil
 		}
 		if err := m.reserve(sh, us); err != nil {
 			return err
 		}
-		sh.m[k.hash] = &entry{key: *k, st: o.next, next: sh.m[k.hash]}
+		e := &entry{key: *k, next: sh.m[k.hash]}
+		e.st.commit(p, o, lastWrite, us)
+		sh.m[k.hash] = e
 	case writeDel:
 		if sh.unlink(k.hash, func(e *entry) bool { return e.key == *k }) > 0 {
 			m.live.Add(-1)
@@ -273,15 +273,14 @@ func (m *Memory) TakeAllAt(now time.Time, reqs []Request) ([]Decision, error) {
 		}
 	}
 	us := now.UnixMicro()
-	var sts [MaxTakeAll]state
-	var exists [MaxTakeAll]bool
+	var sts [MaxTakeAll]State
 	charge := true
 	for i := range reqs {
-		sts[i], exists[i] = m.load(&m.shards[shardIdx[i]], &reqs[i].Key, us)
+		sts[i] = m.load(&m.shards[shardIdx[i]], &reqs[i].Key)
 	}
 	if len(reqs) > 1 {
 		for i := range reqs {
-			if !decide(&ps[i], opTake, &sts[i], exists[i], float64(us), false).ok {
+			if o, _ := sts[i].step(&ps[i], opTake, us, false); !o.ok {
 				charge = false
 				break
 			}
@@ -289,8 +288,8 @@ func (m *Memory) TakeAllAt(now time.Time, reqs []Request) ([]Decision, error) {
 	}
 	out := make([]Decision, len(reqs))
 	for i := range reqs {
-		o := decide(&ps[i], opTake, &sts[i], exists[i], float64(us), charge)
-		if err := m.apply(&m.shards[shardIdx[i]], &reqs[i].Key, &ps[i], &o, sts[i].lastWrite, us); err != nil {
+		o, lw := sts[i].step(&ps[i], opTake, us, charge)
+		if err := m.apply(&m.shards[shardIdx[i]], &reqs[i].Key, &ps[i], &o, lw, us); err != nil {
 			return nil, err
 		}
 		out[i] = decision(o.ok && charge, ps[i].lim, o.rem, o.retry, o.reset)
@@ -314,7 +313,7 @@ func (m *Memory) Sweep(now time.Time) int {
 
 func (m *Memory) sweepShard(sh *memShard, us int64) int {
 	n := 0
-	expired := func(e *entry) bool { return us-e.st.lastWrite >= e.st.ttl }
+	expired := func(e *entry) bool { return !e.st.live(us) }
 	for h, e := range sh.m {
 		for ; e != nil; e = e.next {
 			if expired(e) {
