@@ -1,0 +1,230 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/quotacoord/quota/internal/coordinator"
+	"github.com/quotacoord/quota/internal/coordinator/coordtest"
+	"github.com/quotacoord/quota/internal/etcdlayout"
+	"github.com/quotacoord/quota/internal/etcdtest"
+	"github.com/quotacoord/quota/rebalance"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const policyDoc = `policies:
+  - name: exports
+    capacity: 50
+    rate: 600/minute
+    min_share:
+      default: 0.05
+`
+
+type harness struct {
+	t        *testing.T
+	addr     string
+	tokens   string
+	readOnly string
+}
+
+func start(t *testing.T) *harness {
+	t.Helper()
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "tokens"), []byte("# test\nwrite:fedcba9876543210fedcba\nread:0123456789abcdef0123\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c, err := coordinator.Start(ctx, coordinator.Config{
+		EtcdEndpoints: srv.Endpoints, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
+		TokenFile: filepath.Join(dir, "tokens"), Logger: hclog.NewNullLogger(),
+		Rebalance: rebalance.Config{Interval: time.Hour, SessionTTL: time.Second},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		if err := c.Wait(); err != nil {
+			t.Errorf("coordinator: %v", err)
+		}
+	})
+	for _, n := range []string{"eu", "us"} {
+		r := coordtest.NewRegion(cli, etcdlayout.Layout{}, n)
+		if err := r.Register(ctx, time.Second); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(r.Kill)
+		if err := r.Report(ctx, time.Second, map[string]etcdlayout.PolicyDemand{"exports": {Offered: 3, Admitted: 3}}); err != nil {
+			t.Fatal(err)
+		}
+		actx, stopAck := context.WithCancel(context.Background())
+		wait := r.AutoAck(actx)
+		t.Cleanup(func() { stopAck(); wait() })
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for !c.Loop.IsLeader() {
+		if time.Now().After(deadline) {
+			t.Fatal("coordinator never led")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	ro := filepath.Join(dir, "read-only")
+	if err := os.WriteFile(ro, []byte("read:0123456789abcdef0123\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pf := filepath.Join(dir, "exports.yaml")
+	if err := os.WriteFile(pf, []byte(policyDoc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return &harness{t: t, addr: c.GRPCAddr, tokens: c.TokenFile, readOnly: ro}
+}
+
+func (h *harness) run(args ...string) (string, error) {
+	var out, errb bytes.Buffer
+	full := append([]string{"--coordinator", h.addr, "--token-file", h.tokens}, args...)
+	err := run(context.Background(), full, &out, &errb)
+	return out.String(), err
+}
+
+func (h *harness) must(args ...string) string {
+	h.t.Helper()
+	out, err := h.run(args...)
+	if err != nil {
+		h.t.Fatalf("quotactl %v: %v", args, err)
+	}
+	return out
+}
+
+func TestEveryCommand(t *testing.T) {
+	h := start(t)
+	dir := filepath.Dir(h.tokens)
+	if out := h.must("policy", "apply", "-f", filepath.Join(dir, "exports.yaml")); !strings.Contains(out, "exports") {
+		t.Fatalf("apply: %q", out)
+	}
+	if out := h.must("policy", "list"); !strings.Contains(out, "exports") || !strings.Contains(out, "NAME") {
+		t.Fatalf("list: %q", out)
+	}
+	var list struct {
+		Policies []struct {
+			Name            string
+			RefillPerSecond float64
+		}
+	}
+	if err := json.Unmarshal([]byte(h.must("policy", "list", "-o", "json")), &list); err != nil || len(list.Policies) != 1 || list.Policies[0].RefillPerSecond != 10 {
+		t.Fatalf("list json: %+v %v", list, err)
+	}
+	if out := h.must("policy", "show", "exports"); !strings.Contains(out, "rate: 600/minute") {
+		t.Fatalf("show: %q", out)
+	}
+	if _, err := h.run("policy", "show", "nope"); err == nil || !strings.Contains(err.Error(), "NotFound") {
+		t.Fatalf("show unknown: %v", err)
+	}
+	if out := h.must("rebalance", "now"); !strings.Contains(out, "exports@1") {
+		t.Fatalf("rebalance now: %q", out)
+	}
+	out := h.must("alloc", "show")
+	if !strings.Contains(out, "eu") || !strings.Contains(out, "0.5000") {
+		t.Fatalf("alloc show: %q", out)
+	}
+	var alloc struct {
+		Allocations []struct {
+			Policy  string
+			Epoch   string
+			Regions []struct {
+				Region string
+				Share  float64
+			}
+		}
+	}
+	if err := json.Unmarshal([]byte(h.must("alloc", "show", "exports", "-o", "json")), &alloc); err != nil || len(alloc.Allocations) != 1 || len(alloc.Allocations[0].Regions) != 2 {
+		t.Fatalf("alloc json: %+v %v", alloc, err)
+	}
+	if out := h.must("dry-run", "exports"); !strings.Contains(out, "PROPOSED") {
+		t.Fatalf("dry-run: %q", out)
+	}
+	if _, err := json.Marshal(h.must("dry-run", "exports", "-o", "json")); err != nil {
+		t.Fatal(err)
+	}
+	h.must("freeze", "exports")
+	if out := h.must("policy", "show", "exports"); !strings.Contains(out, "frozen:      true") {
+		t.Fatalf("show after freeze: %q", out)
+	}
+	if out := h.must("dry-run", "exports"); !strings.Contains(out, "frozen") {
+		t.Fatalf("dry-run of a frozen policy: %q", out)
+	}
+	h.must("unfreeze", "exports")
+	h.must("pin", "exports", "eu", "0.7")
+	if _, err := h.run("pin", "exports", "us", "0.5"); err == nil || !strings.Contains(err.Error(), "InvalidArgument") {
+		t.Fatalf("pins summing above 1: %v", err)
+	}
+	if _, err := h.run("pin", "exports", "us", "0.01"); err == nil || !strings.Contains(err.Error(), "below its minimum") {
+		t.Fatalf("pin below minimum: %v", err)
+	}
+	if out := h.must("rebalance", "now"); !strings.Contains(out, "exports@") {
+		t.Fatalf("rebalance after pin: %q", out)
+	}
+	h.must("unpin", "exports", "eu")
+	if _, err := h.run("unpin", "exports", "eu"); err == nil {
+		t.Fatal("unpin of an unpinned region succeeded")
+	}
+	h.must("weight", "exports", "us", "2")
+	if _, err := h.run("weight", "exports", "us", "-1"); err == nil {
+		t.Fatal("negative weight accepted")
+	}
+	h.must("minimum", "exports", "us", "0.2")
+	if _, err := h.run("minimum", "exports", "eu", "0.9"); err == nil || !strings.Contains(err.Error(), "more than 1") {
+		t.Fatalf("minimums summing above 1: %v", err)
+	}
+	out = h.must("audit", "list")
+	for _, a := range []string{"policy-apply", "freeze", "unfreeze", "pin", "unpin", "weight", "minimum", "rebalance-now"} {
+		if !strings.Contains(out, a) {
+			t.Errorf("audit list lacks %s:\n%s", a, out)
+		}
+	}
+	if !strings.Contains(out, "token:write:") {
+		t.Errorf("audit list lacks the actor:\n%s", out)
+	}
+	var audit struct{ Entries []struct{ Action string } }
+	if err := json.Unmarshal([]byte(h.must("audit", "list", "--limit", "2", "-o", "json")), &audit); err != nil || len(audit.Entries) != 2 || audit.Entries[0].Action != "minimum" {
+		t.Fatalf("audit json: %+v %v", audit, err)
+	}
+}
+
+func TestAuthentication(t *testing.T) {
+	h := start(t)
+	var out, errb bytes.Buffer
+	err := run(context.Background(), []string{"--coordinator", h.addr, "policy", "list"}, &out, &errb)
+	if err == nil || !strings.Contains(err.Error(), "Unauthenticated") {
+		t.Fatalf("no token: %v", err)
+	}
+	bad := filepath.Join(t.TempDir(), "bad")
+	if err := os.WriteFile(bad, []byte("write:not-a-known-token-at-all\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err = run(context.Background(), []string{"--coordinator", h.addr, "--token-file", bad, "policy", "list"}, &out, &errb)
+	if err == nil || !strings.Contains(err.Error(), "Unauthenticated") {
+		t.Fatalf("unknown token: %v", err)
+	}
+	if err := run(context.Background(), []string{"--coordinator", h.addr, "--token-file", h.readOnly, "policy", "list"}, &out, &errb); err != nil {
+		t.Fatalf("read token cannot read: %v", err)
+	}
+	err = run(context.Background(), []string{"--coordinator", h.addr, "--token-file", h.readOnly, "freeze", "exports"}, &out, &errb)
+	if err == nil || !strings.Contains(err.Error(), "PermissionDenied") {
+		t.Fatalf("read token wrote: %v", err)
+	}
+	info, err := os.Stat(h.tokens)
+	if err != nil || info.Mode().Perm() != 0o600 {
+		t.Fatalf("token file mode: %v %v", info.Mode(), err)
+	}
+}

@@ -1,0 +1,345 @@
+package coordinator
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/quotacoord/quota/internal/clock"
+	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
+	"github.com/quotacoord/quota/rebalance"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+)
+
+// ErrConfig wraps configuration errors.
+var ErrConfig = errors.New("coordinator: invalid config")
+
+// Config configures a coordinator process.
+type Config struct {
+	// EtcdEndpoints of an existing etcd; empty starts an embedded etcd.
+	EtcdEndpoints []string
+	// DataDir holds the embedded etcd's data. Default "coordinator-data".
+	DataDir string
+	// EmbeddedEtcdAddr is where the embedded etcd serves clients. Default
+	// 127.0.0.1:2379.
+	EmbeddedEtcdAddr string
+	// EmbeddedPeerAddr is the embedded etcd's peer address. Default a free
+	// loopback port.
+	EmbeddedPeerAddr string
+	// GRPCAddr serves the operator API, health and reflection. Default
+	// :8091.
+	GRPCAddr string
+	// HTTPAddr serves /metrics and /healthz. Default :8090.
+	HTTPAddr string
+	// TokenFile holds the operator tokens; created when absent. Default
+	// "operator-tokens" in DataDir (or the working directory with
+	// EtcdEndpoints).
+	TokenFile string
+	// TLSCert and TLSKey enable TLS on the operator API. ClientCA enables
+	// mTLS client certificates; WriteNames lists the common names allowed
+	// to write ("*" for all).
+	TLSCert, TLSKey, ClientCA string
+	WriteNames              []string
+	// Rebalance configures the loop; its Client, Name, Logger and
+	// Registerer are filled in.
+	Rebalance rebalance.Config
+	// AuditMax bounds the audit log. Default 1000.
+	AuditMax int
+	// Clock defaults to the real clock.
+	Clock clock.Clock
+	// Logger defaults to an hclog logger on stderr.
+	Logger hclog.Logger
+}
+
+// Coordinator is a running coordinator.
+type Coordinator struct {
+	// GRPCAddr and HTTPAddr are the bound addresses.
+	GRPCAddr, HTTPAddr string
+	// EtcdEndpoints are the etcd client URLs in use.
+	EtcdEndpoints []string
+	// TokenFile is the token file in use.
+	TokenFile string
+	// Loop is the rebalance loop.
+	Loop *rebalance.Loop
+
+	done chan struct{}
+	err  error
+}
+
+// Start starts everything and returns once the servers listen. It starts
+// goroutines that stop when ctx ends; Wait waits for them.
+func Start(ctx context.Context, cfg Config) (*Coordinator, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.New(&hclog.LoggerOptions{Name: "coordinator"})
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
+	}
+	if cfg.GRPCAddr == "" {
+		cfg.GRPCAddr = ":8091"
+	}
+	if cfg.HTTPAddr == "" {
+		cfg.HTTPAddr = ":8090"
+	}
+	if cfg.AuditMax <= 0 {
+		cfg.AuditMax = 1000
+	}
+	if cfg.DataDir == "" {
+		cfg.DataDir = "coordinator-data"
+	}
+	var cleanup []func()
+	fail := func(err error) (*Coordinator, error) {
+		for i := len(cleanup) - 1; i >= 0; i-- {
+			cleanup[i]()
+		}
+		return nil, err
+	}
+	log := cfg.Logger
+	c := &Coordinator{done: make(chan struct{})}
+	endpoints := cfg.EtcdEndpoints
+	if len(endpoints) == 0 {
+		e, err := startEmbedded(cfg)
+		if err != nil {
+			return fail(err)
+		}
+		cleanup = append(cleanup, func() { e.Close(); <-e.Server.StopNotify() })
+		endpoints = []string{"http://" + cfg.EmbeddedEtcdAddrOrDefault()}
+		log.Info("embedded etcd serving", "client_url", endpoints[0], "data_dir", cfg.DataDir)
+	}
+	c.EtcdEndpoints = endpoints
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return fail(fmt.Errorf("coordinator: etcd client: %w", err))
+	}
+	cleanup = append(cleanup, func() { _ = cli.Close() })
+	tokenFile := cfg.TokenFile
+	if tokenFile == "" {
+		tokenFile = "operator-tokens"
+		if len(cfg.EtcdEndpoints) == 0 {
+			tokenFile = cfg.DataDir + "/operator-tokens"
+		}
+	}
+	tokens, err := LoadTokenFile(tokenFile)
+	if err != nil {
+		return fail(err)
+	}
+	c.TokenFile = tokenFile
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	grpcLis, err := net.Listen("tcp", cfg.GRPCAddr)
+	if err != nil {
+		return fail(fmt.Errorf("coordinator: listen for gRPC: %w", err))
+	}
+	cleanup = append(cleanup, func() { _ = grpcLis.Close() })
+	httpLis, err := net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		return fail(fmt.Errorf("coordinator: listen for HTTP: %w", err))
+	}
+	cleanup = append(cleanup, func() { _ = httpLis.Close() })
+	c.GRPCAddr, c.HTTPAddr = grpcLis.Addr().String(), httpLis.Addr().String()
+	rc := cfg.Rebalance
+	rc.Client = cli
+	if rc.Name == "" {
+		rc.Name = c.GRPCAddr
+	}
+	rc.Logger = log.Named("rebalance")
+	rc.Registerer = reg
+	if rc.Clock == nil {
+		rc.Clock = cfg.Clock
+	}
+	loop, err := rebalance.New(rc)
+	if err != nil {
+		return fail(err)
+	}
+	c.Loop = loop
+	var opts []grpc.ServerOption
+	if cfg.TLSCert != "" || cfg.TLSKey != "" {
+		tc, err := serverTLS(cfg)
+		if err != nil {
+			return fail(err)
+		}
+		opts = append(opts, grpc.Creds(credentials.NewTLS(tc)))
+	} else if cfg.ClientCA != "" {
+		return fail(fmt.Errorf("%w: a client CA needs TLSCert and TLSKey", ErrConfig))
+	}
+	auth := newAuthorizer(tokens, cfg.WriteNames, log.Named("auth"))
+	opts = append(opts, grpc.ChainUnaryInterceptor(auth.unary), grpc.ChainStreamInterceptor(auth.stream))
+	gs := grpc.NewServer(opts...)
+	op := &operator{cli: cli, layout: rc.Layout, loop: loop, clock: cfg.Clock, log: log.Named("operator"), auditMax: cfg.AuditMax}
+	quotav1.RegisterOperatorServer(gs, op)
+	hs := health.NewServer()
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	hs.SetServingStatus(quotav1.Operator_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	healthpb.RegisterHealthServer(gs, hs)
+	reflection.Register(gs)
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		hctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if _, err := cli.Get(hctx, rc.Layout.Settings()); err != nil {
+			http.Error(w, "etcd unreachable: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		role := "follower"
+		if loop.IsLeader() {
+			role = "leader"
+		}
+		fmt.Fprintf(w, "ok %s\n", role)
+	})
+	hsrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	record := func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if c.err == nil {
+			c.err = err
+		}
+	}
+	rctx, stopLoop := context.WithCancel(ctx)
+	wg.Add(3)
+	go func() {
+		defer wg.Done()
+		if err := loop.Run(rctx); err != nil {
+			record(err)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		if err := gs.Serve(grpcLis); err != nil {
+			record(fmt.Errorf("coordinator: gRPC: %w", err))
+			stopLoop()
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		if err := hsrv.Serve(httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			record(fmt.Errorf("coordinator: HTTP: %w", err))
+			stopLoop()
+		}
+	}()
+	log.Info("coordinator started", "grpc", c.GRPCAddr, "http", c.HTTPAddr, "etcd", endpoints, "token_file", tokenFile)
+	go func() {
+		<-rctx.Done()
+		hs.Shutdown()
+		gs.GracefulStop()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = hsrv.Shutdown(sctx)
+		cancel()
+		wg.Wait()
+		for i := len(cleanup) - 1; i >= 0; i-- {
+			cleanup[i]()
+		}
+		close(c.done)
+	}()
+	return c, nil
+}
+
+// Wait blocks until the coordinator stopped and returns the first error a
+// server reported.
+func (c *Coordinator) Wait() error {
+	<-c.done
+	return c.err
+}
+
+// Run is Start followed by Wait.
+func Run(ctx context.Context, cfg Config) error {
+	c, err := Start(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	return c.Wait()
+}
+
+// EmbeddedEtcdAddrOrDefault returns the embedded etcd client address.
+func (cfg Config) EmbeddedEtcdAddrOrDefault() string {
+	if cfg.EmbeddedEtcdAddr == "" {
+		return "127.0.0.1:2379"
+	}
+	return cfg.EmbeddedEtcdAddr
+}
+
+func startEmbedded(cfg Config) (*embed.Etcd, error) {
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("coordinator: data dir: %w", err)
+	}
+	ec := embed.NewConfig()
+	ec.Dir = cfg.DataDir + "/etcd"
+	ec.Logger = "zap"
+	ec.LogLevel = "error"
+	cu, err := url.Parse("http://" + cfg.EmbeddedEtcdAddrOrDefault())
+	if err != nil {
+		return nil, fmt.Errorf("%w: embedded etcd address: %w", ErrConfig, err)
+	}
+	peer := cfg.EmbeddedPeerAddr
+	if peer == "" {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("coordinator: pick a peer port: %w", err)
+		}
+		peer = l.Addr().String()
+		_ = l.Close()
+	}
+	pu, err := url.Parse("http://" + peer)
+	if err != nil {
+		return nil, fmt.Errorf("%w: embedded peer address: %w", ErrConfig, err)
+	}
+	ec.ListenClientUrls = []url.URL{*cu}
+	ec.AdvertiseClientUrls = []url.URL{*cu}
+	ec.ListenPeerUrls = []url.URL{*pu}
+	ec.AdvertisePeerUrls = []url.URL{*pu}
+	ec.InitialCluster = ec.Name + "=" + pu.String()
+	e, err := embed.StartEtcd(ec)
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: start embedded etcd: %w", err)
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+		return e, nil
+	case <-time.After(60 * time.Second):
+		e.Close()
+		return nil, errors.New("coordinator: embedded etcd not ready after 60s")
+	}
+}
+
+func serverTLS(cfg Config) (*tls.Config, error) {
+	cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: load TLS key pair: %w", err)
+	}
+	tc := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if cfg.ClientCA != "" {
+		pem, err := os.ReadFile(cfg.ClientCA)
+		if err != nil {
+			return nil, fmt.Errorf("coordinator: read client CA: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("%w: client CA %s holds no PEM certificate", ErrConfig, cfg.ClientCA)
+		}
+		tc.ClientCAs = pool
+		tc.ClientAuth = tls.VerifyClientCertIfGiven
+	}
+	return tc, nil
+}
+

@@ -1,0 +1,24 @@
+// Package coordinator wires one coordinator process: an etcd client (or an
+// embedded etcd server in a data directory that regional nodes can join),
+// the rebalance loop, the operator gRPC API with health checking and
+// reflection, and an HTTP server for /metrics and /healthz.
+//
+// # Authentication
+//
+// Every operator call needs a credential; health and reflection do not.
+// A bearer token ("authorization: Bearer TOKEN") is looked up in the token
+// file, one "ROLE:TOKEN" per line, ROLE being read or write ('#' starts a
+// comment). When the file does not exist, Start creates it with mode 0600
+// and one random write token. A verified mTLS client certificate (when
+// ClientCA is set) grants read, and write when its common name is listed
+// in WriteNames ("*" lists every name). Reads are ListPolicies,
+// ShowPolicy, ShowAllocation, DryRun and ListAudit; everything else is a
+// write and is recorded in the audit log (at most AuditMax entries are
+// kept). Refused calls are logged with the method and peer.
+//
+// # Concurrency and zero values
+//
+// Start returns a running Coordinator; Wait blocks until the context given
+// to Start ends and everything stopped. Config's zero fields take the
+// defaults its field comments list; the zero Coordinator is not usable.
+package coordinator
