@@ -58,7 +58,7 @@ type Config struct {
 	// mTLS client certificates; WriteNames lists the common names allowed
 	// to write ("*" for all).
 	TLSCert, TLSKey, ClientCA string
-	WriteNames              []string
+	WriteNames                []string
 	// Rebalance configures the loop; its Client, Name, Logger and
 	// Registerer are filled in.
 	Rebalance rebalance.Config
@@ -342,4 +342,3 @@ func serverTLS(cfg Config) (*tls.Config, error) {
 	}
 	return tc, nil
 }
-

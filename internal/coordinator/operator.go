@@ -578,4 +578,3 @@ func (o *operator) ListAudit(ctx context.Context, req *quotav1.ListAuditRequest)
 	}
 	return out, nil
 }
-
