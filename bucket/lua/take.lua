@@ -27,11 +27,14 @@
 -- every bucket reports allowed 0 (only a token-bucket clamp is still
 -- written).
 --
--- Pruning: each write to a group hash samples PRUNE_SAMPLE random fields
--- (HRANDFIELD) and deletes those STALE for twice the TTL: such a field
--- reads as a full bucket already, and the second TTL keeps a Redis TIME
--- that steps back by less than one TTL (a failover) from reviving it.
-local PRUNE_SAMPLE = 3
+-- Pruning: each write that creates a field in a group hash samples
+-- PRUNE_SAMPLE random fields (HRANDFIELD) and deletes those STALE for twice
+-- the TTL: such a field reads as a full bucket already, and the second TTL
+-- keeps a Redis TIME that steps back by less than one TTL (a failover) from
+-- reviving it. Only a creation adds a field, so sampling on creations alone
+-- bounds the stale fields (bucket/doc.go) and costs nothing on the common
+-- write, an update of a live field.
+local PRUNE_SAMPLE = 4
 local op = ARGV[1]
 local now = now_us()
 local n = #KEYS
@@ -93,9 +96,11 @@ for i = 1, n do
     if val == false then
       redis.call('HDEL', KEYS[i], fields[i])
     elseif val then
-      redis.call('HSET', KEYS[i], fields[i], val)
+      local created = redis.call('HSET', KEYS[i], fields[i], val)
       redis.call('PEXPIRE', KEYS[i], ttls[i])
-      prune(KEYS[i], fields[i], STALE[ARGV[2 + (i - 1) * 6 + 1]], ttls[i] * 1000)
+      if created == 1 then
+        prune(KEYS[i], fields[i], STALE[ARGV[2 + (i - 1) * 6 + 1]], ttls[i] * 1000)
+      end
     end
   end
   local a = 0
