@@ -1,0 +1,98 @@
+package rebalance
+
+import (
+	"context"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/quotacoord/quota/internal/invariant"
+)
+
+// TestRandomDemandRestartsAndFailover drives random demand, lazy
+// acknowledgements, region restarts and a coordinator replaced while a
+// shrink may be pending, then replays etcd's history: the shares a region
+// may be enforcing never sum above 1 + ε.
+func TestRandomDemandRestartsAndFailover(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 7))
+	e := newEnv(t, "a", "b", "c")
+	ctx := context.Background()
+	cli1 := e.srv.Client(t)
+	l, stop := startLoop(t, Config{Client: cli1, Name: "c1", SkewMargin: 100 * time.Millisecond})
+	waitLeader(t, l)
+	const steps = 14
+	for step := range steps {
+		offered := map[string]float64{}
+		for n := range e.regions {
+			if rng.Float64() < 0.7 {
+				offered[n] = rng.Float64() * 20
+			}
+		}
+		e.demand(t, offered)
+		for n, r := range e.regions {
+			switch x := rng.Float64(); {
+			case x < 0.1:
+				if err := r.Stop(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if err := r.Register(ctx, time.Second); err != nil {
+					t.Fatal(err)
+				}
+				t.Logf("step %d: region %s restarted", step, n)
+			case x < 0.75:
+				if _, err := r.AckLatest(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if step == steps/2 {
+			// Kill the leader mid-protocol; a fresh coordinator takes over.
+			_ = cli1.Close()
+			stop()
+			l, _ = startLoop(t, Config{Client: e.srv.Client(t), Name: "c2", SkewMargin: 100 * time.Millisecond})
+			waitLeader(t, l)
+			t.Logf("step %d: coordinator replaced", step)
+		}
+		if _, err := l.RebalanceNow(ctx); err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+	}
+	rep := checkInvariant(t, e)
+	t.Logf("replayed %d revisions, %d epochs, %d acks; max Σ-ε %.6f", rep.Revisions, rep.Epochs, rep.Acks, rep.MaxSum)
+	if rep.Epochs < 3 {
+		t.Errorf("only %d epochs published: nothing moved", rep.Epochs)
+	}
+}
+
+// TestNaiveProtocolBreaksTheInvariant shows what the two-step protocol
+// prevents, and that the checker can fail: publishing growth before the
+// shrinking regions acknowledged lets the shares sum above 1.
+func TestNaiveProtocolBreaksTheInvariant(t *testing.T) {
+	e := newEnv(t, "a", "b", "c")
+	ctx := context.Background()
+	l, _ := startLoop(t, Config{Client: e.cli, Name: "c1", Protocol: ProtocolNaive})
+	waitLeader(t, l)
+	e.demand(t, map[string]float64{"a": 5, "b": 5, "c": 5})
+	roundStable(t, e, l)
+	for _, r := range e.regions {
+		if _, err := r.AckLatest(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.demand(t, map[string]float64{"a": 10})
+	if _, err := l.RebalanceNow(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	rep, err := invariant.Replay(rctx, e.cli, e.layout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.OK() {
+		t.Fatalf("naive publish without acknowledgements passed the checker: %+v", rep)
+	}
+	t.Logf("first violation: %v", rep.Violations[0])
+}
