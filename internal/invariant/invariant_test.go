@@ -24,7 +24,9 @@ func ack(region string, epoch uint64) etcdlayout.Ack {
 
 func TestHistory(t *testing.T) {
 	var l etcdlayout.Layout
-	reg := func(r string) ev { return ev{key: l.Region(r), value: etcdlayout.Registration{Region: r}, created: true} }
+	reg := func(r string) ev {
+		return ev{key: l.Region(r), value: etcdlayout.Registration{Region: r}, created: true}
+	}
 	even := alloc(1, etcdlayout.PhaseStable, map[string]float64{"a": 0.5, "b": 0.5})
 	shrink := alloc(2, etcdlayout.PhaseShrink, map[string]float64{"a": 0.5, "b": 0.2})
 	grown := alloc(3, etcdlayout.PhaseStable, map[string]float64{"a": 0.8, "b": 0.2})
