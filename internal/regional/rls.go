@@ -190,8 +190,8 @@ func (n *Node) overrideItem(domain string, entries []policy.Entry, o *rlcommon.R
 	if m := o.GetUnitMultiplier(); m != nil && m.GetValue() > 1 {
 		unit *= time.Duration(m.GetValue())
 	}
-	if o.GetRequestsPerUnit() == 0 {
-		return item{}, status.Error(codes.InvalidArgument, "limit override requests_per_unit is 0")
+	if o.GetRequestsPerUnit() == 0 || int64(o.GetRequestsPerUnit()) > bucket.MaxCapacity {
+		return item{}, status.Errorf(codes.InvalidArgument, "limit override requests_per_unit %d outside 1..%d", o.GetRequestsPerUnit(), bucket.MaxCapacity)
 	}
 	var b strings.Builder
 	b.WriteString(domain)
