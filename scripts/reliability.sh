@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# make reliability: the fault, load and security suites in their long form
+# (RELIABILITY_LONG=1, minutes), every existing fuzz target for FUZZTIME,
+# then the summary table. Every redis-server and etcd the suites need is
+# started by the tests themselves (internal/redistest, internal/etcdtest);
+# with-redis.sh installs redis-server if missing and provides REDIS_ADDR.
+# RELIABILITY_LONG=0 runs the short CI configuration instead.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+GO=${GO:-go}
+out=${RELIABILITY_OUT:-out/reliability}
+fuzztime=${FUZZTIME:-20s}
+mkdir -p "$out"
+report="$PWD/$out/report.jsonl"
+: > "$report"
+export RELIABILITY_LONG=${RELIABILITY_LONG:-1} RELIABILITY_REPORT="$report"
+status=0
+
+echo "== suites (RELIABILITY_LONG=$RELIABILITY_LONG), log in $out/suites.log"
+scripts/with-redis.sh "$GO" test -race -count=1 -timeout 40m -v ./internal/reliability/ >"$out/suites.log" 2>&1 || {
+  status=1
+  echo "suites failed:"; grep -E '^\s*(--- FAIL|FAIL|panic:)|_test.go:[0-9]+:' "$out/suites.log" | grep -v 'injected=true survived=true' | head -40
+}
+
+echo "== fuzz targets, $fuzztime each"
+while IFS=: read -r file name; do
+  dir=$(dirname "$file")
+  log="$out/fuzz-$(echo "$dir" | tr / _)-$name.log"
+  "$GO" test -run '^$' -fuzz "^${name}\$" -fuzztime "$fuzztime" "./$dir" >"$log" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] || status=1
+  echo "  $dir $name: exit $rc, $(grep -o 'execs: [0-9]*' "$log" | tail -1)"
+  "$GO" run ./cmd/reliability fuzz -report "$report" -name "$dir.$name" -log "$log" -exit $rc || status=1
+done < <(grep -rHo --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*' . | sed -e 's|^\./||' -e 's|:func |:|' | sort)
+
+echo
+"$GO" run ./cmd/reliability table -report "$report" || status=1
+exit $status
