@@ -6,7 +6,7 @@
 //
 // Capacities are cost units (tokens, requests); refill rates are cost units
 // per second; windows and TTLs are time.Duration. Every Policy in a Set has
-// passed Validate: capacity in [1, 2^50], a positive finite refill (token
+// passed Validate: capacity in [1, bucket.MaxCapacity], a positive finite refill (token
 // bucket) or a window in [1ms, 400 days] (window algorithms), an idle TTL
 // that covers a full refill or window (at least a minute), overcommit ε in
 // [0, 1], local_scale in (0, 1], minimum shares in [0, 1] whose listed

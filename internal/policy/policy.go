@@ -119,8 +119,9 @@ func (p *Policy) KeyVersion() uint32 {
 // Bounds on policy values, so that every derived quantity (full refill
 // time, TTLs, Redis arguments) stays finite and representable.
 const (
-	// MaxCapacity keeps capacities exact in a float64 and in Lua numbers.
-	MaxCapacity = int64(1) << 50
+	// MaxCapacity is the bucket engine's own bound, so a policy that loads
+	// is one the store accepts.
+	MaxCapacity = bucket.MaxCapacity
 	// MaxWindow is the longest window or idle TTL.
 	MaxWindow = 400 * 24 * time.Hour
 	// MinWindow is the shortest window.
@@ -185,6 +186,10 @@ func validateLimits(l bucket.Limits) error {
 	}
 	if l.IdleTTL > MaxWindow {
 		return fmt.Errorf("idle_ttl: %v is longer than %v", l.IdleTTL, MaxWindow)
+	}
+	// The store's own validation last: whatever passes here, a check can use.
+	if err := l.Validate(); err != nil {
+		return fmt.Errorf("limits: %w", err)
 	}
 	return nil
 }
