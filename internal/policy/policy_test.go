@@ -130,6 +130,7 @@ func TestParseErrors(t *testing.T) {
 		{"subject", "policies:\n  - name: e\n    subject: Tenant!\n    capacity: 1\n    rate: 1/s", "subject:"},
 		{"duplicate", "policies:\n  - name: e\n    capacity: 1\n    rate: 1/s\n  - name: e\n    capacity: 1\n    rate: 1/s", `duplicate: policy "e"`},
 		{"capacity huge", "policies:\n  - name: e\n    capacity: 9000000000000000000\n    rate: 1/s", "capacity: 9000000000000000000 is more than"},
+		{"capacity above the store bound", "policies:\n  - name: e\n    capacity: 600000000\n    rate: 1000000/s", "capacity: 600000000 is more than 500000000"},
 		{"envoy empty domain", "domain: \"\"", "domain: must not be empty"},
 		{"envoy unknown field", "domain: d\ndescriptors:\n  - key: a\n    limit: 1", "field limit not found"},
 		{"envoy empty key", "domain: d\ndescriptors:\n  - value: a", `descriptor "#1": key: must not be empty`},
