@@ -11,9 +11,7 @@ import (
 	"regexp"
 	"runtime"
 	"sort"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -270,9 +268,8 @@ func (c *counter) snapshot() map[string]int64 {
 	return out
 }
 
-var _ = strings.TrimSpace
-var _ atomic.Int64
-
 func itoa(n int64) string { return fmt.Sprint(n) }
 
 func ftoa(f float64) string { return fmt.Sprintf("%.4f", f) }
+
+func openFile(path string) (*os.File, error) { return os.Open(path) }

@@ -3,9 +3,7 @@ package reliability
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -345,6 +343,3 @@ func TestNoSecretsInKeysLogsMetrics(t *testing.T) {
 	record(t, Entry{Kind: KindSecurity, Name: "no raw subject, API key or IP in Redis keys, logs, metrics", Injected: true,
 		Survived: found == 0, Note: fmt.Sprintf("%d keys, %d log bytes, %d metric bytes scanned", len(keys), len(logs), len(metrics))})
 }
-
-var _ = errors.Is
-var _ = os.Getenv
