@@ -183,22 +183,33 @@ func (l *Loop) lead(ctx context.Context, sess *concurrency.Session, f fence) err
 	wregs := l.cfg.Client.Watch(lctx, l.cfg.Layout.RegionsPrefix(), clientv3.WithPrefix())
 	tick := time.NewTicker(l.cfg.Interval)
 	defer tick.Stop()
-	if _, err := l.round(lctx, f, true); errors.Is(err, ErrNotLeader) {
+	// recheck re-runs an acknowledgement round while growth waits (a
+	// skew margin runs out without any etcd event).
+	recheck := time.NewTimer(time.Hour)
+	recheck.Stop()
+	defer recheck.Stop()
+	recheckEvery := min(l.cfg.Interval, max(l.cfg.SkewMargin/4, 50*time.Millisecond))
+	res, err := l.round(lctx, f, true)
+	if errors.Is(err, ErrNotLeader) {
 		return err
 	}
 	for {
-		var err error
+		if len(res.Waiting) > 0 {
+			recheck.Reset(recheckEvery)
+		}
+		res, err = Result{}, nil
 		select {
+		case <-recheck.C:
+			res, err = l.round(lctx, f, false)
 		case <-ctx.Done():
 			return nil
 		case <-sess.Done():
 			return fmt.Errorf("%w: election session expired", ErrNotLeader)
 		case <-tick.C:
-			_, err = l.round(lctx, f, true)
+			res, err = l.round(lctx, f, true)
 		case req := <-l.reqs:
-			res, rerr := l.round(lctx, f, true)
-			req.reply <- roundReply{res, rerr}
-			err = rerr
+			res, err = l.round(lctx, f, true)
+			req.reply <- roundReply{res, err}
 		case wr, ok := <-wacks:
 			if !ok {
 				if ctx.Err() != nil {
@@ -209,7 +220,7 @@ func (l *Loop) lead(ctx context.Context, sess *concurrency.Session, f fence) err
 			if werr := wr.Err(); werr != nil {
 				return fmt.Errorf("rebalance: watch acknowledgements: %w", werr)
 			}
-			_, err = l.round(lctx, f, false)
+			res, err = l.round(lctx, f, false)
 		case wr, ok := <-wregs:
 			if !ok {
 				if ctx.Err() != nil {
@@ -220,7 +231,7 @@ func (l *Loop) lead(ctx context.Context, sess *concurrency.Session, f fence) err
 			if werr := wr.Err(); werr != nil {
 				return fmt.Errorf("rebalance: watch registrations: %w", werr)
 			}
-			_, err = l.round(lctx, f, false)
+			res, err = l.round(lctx, f, false)
 		}
 		if errors.Is(err, ErrNotLeader) {
 			return err
