@@ -39,9 +39,10 @@
 //
 // # Invariants
 //
-// Every bucket expires IdleTTL after its last write, and Limits.Validate
-// makes IdleTTL cover a full refill (or the window(s)), so an expired bucket
-// behaves exactly like a full one. With the coordinator's Σf ≤ 1+ε and the
+// Every bucket expires IdleTTL after its last write (for a token bucket in
+// Redis: reads as full from then on, and is deleted later, see Redis
+// layout), and Limits.Validate makes IdleTTL cover a full refill (or the
+// window(s)), so an expired bucket behaves exactly like a full one. With the coordinator's Σf ≤ 1+ε and the
 // clamp above, tokens summed over regions never exceed (1+ε)·C. Time that
 // steps backward adds nothing and takes nothing.
 //
@@ -50,10 +51,56 @@
 // Each algorithm is one Lua script (lua/*.lua, go:embed, with a header
 // listing KEYS, ARGV and the reply), assembled as common.lua + algorithm +
 // take.lua. Production scripts read Redis TIME only; tests pass a time in
-// ARGV[2] (never set outside tests) to drive the differential test. A token
-// bucket is one string of 12 bytes (two packed integers) with a PX TTL. The
-// keys are Key.String(): the subject is a hash tag, so one subject's buckets
-// share a Redis Cluster slot and TakeAll checks them in one script call.
+// ARGV[2] (never set outside tests) to drive the differential test.
+// DialRedis opens the client (host:port, redis:// or rediss:// URL, or
+// comma-separated Redis Cluster seeds), so no other package needs go-redis.
+//
+// # Redis layout
+//
+// A subject belongs to one of RedisConfig.Groups groups (FNV-1a of the
+// subject modulo Groups; DefaultGroups is 4096), and every Redis key of the
+// subject carries its group's hash tag {g.<group>}: all buckets of one
+// subject, whatever their policies and algorithms, share a Redis Cluster
+// slot, and TakeAll checks them in one script call.
+//
+//   - Token buckets: rl:v<version>:{g.<group>}:<policy> is a hash holding
+//     the token buckets of that policy version in that group; field = the
+//     subject (subjects over 48 bytes: "~" and a 32-character digest, so
+//     no field leaves the listpack encoding), value = 12 packed bytes
+//     (ts, tokens). A live token bucket costs about 30-40 bytes of Redis
+//     memory (used_memory over 100,000 buckets; TestRedisBytesPerBucket
+//     holds it under 100), where a key of its own cost 147: the per-key
+//     overhead of Redis (dict entry, key string, object, expires entry,
+//     about 120 bytes) is paid once per group instead of once per bucket.
+//   - Fixed window, sliding window and sliding log keep a string key of
+//     their own, rl:v<version>:{g.<group>}:<policy>:<subject>, with a PX
+//     TTL (their values are larger or, for the log, unbounded by the
+//     listpack limit; grouping them would save less).
+//
+// Key.String, "rl:v<version>:{<subject>}:<policy>", is the bucket's name
+// in logs, errors and caches; (*Redis).Location gives its Redis key and
+// field. All nodes that share a Redis must use the same Groups, as they use
+// the same policy version: another value puts the buckets under other keys,
+// where they start full. (Moving to this layout from the one key per bucket
+// of earlier versions likewise starts every bucket full once.)
+//
+// Expiry of token buckets: Redis 7.0 has no per-field TTL. Each write sets
+// the group's PEXPIRE to the policy's IdleTTL, so a group idle for its TTL
+// disappears (DBSIZE returns to its baseline). A field whose stored ts is
+// IdleTTL or more in the past reads exactly like a missing one (a full
+// bucket: Limits.Validate makes IdleTTL cover a full refill). Each write
+// that creates a field samples 4 random fields of its group (HRANDFIELD)
+// and deletes those idle for two TTLs or more (the second TTL keeps a
+// Redis TIME that steps back by less than one TTL from reviving a deleted
+// bucket). Only creations add fields, each adds one and removes 4·S/N
+// stale ones in expectation (S stale of N fields), so a group that keeps
+// receiving writes holds in expectation at most 4/3 of the subjects it
+// saw in the last two TTLs (TestRedisGroupPruneBound: 260 fields for 200
+// such subjects, where 2,000 subjects passed through), and a group that
+// stops receiving writes vanishes one TTL later. Callers that share a group
+// with different IdleTTLs (a rolling policy reload) change no decision when
+// the policy refills, since every valid IdleTTL covers a full refill; with
+// RefillPerSecond 0 the TTL is the allowance period, and they must agree.
 //
 // # Concurrency and zero values
 //

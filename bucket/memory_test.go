@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -222,6 +223,46 @@ func TestRedisCluster(t *testing.T) {
 		for _, d := range ds {
 			if d.Allowed != want {
 				t.Fatalf("TakeAll %d: %+v, want allowed=%v", i, ds, want)
+			}
+		}
+	}
+	// one subject, three algorithms (a group hash and two string keys):
+	// one slot, one call, through a client from DialRedis
+	dc, err := bucket.DialRedis(strings.Join(cl.Addrs, ","), bucket.DialOptions{ReadTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = dc.Close() })
+	dr := newRedis(t, dc)
+	mixed := []bucket.Limits{
+		{Capacity: 5, RefillPerSecond: 1, IdleTTL: time.Minute},
+		{Algorithm: bucket.FixedWindow, Capacity: 5, Window: time.Minute, IdleTTL: time.Minute},
+		{Algorithm: bucket.SlidingLog, Capacity: 5, Window: time.Minute, IdleTTL: time.Minute},
+	}
+	var mreqs []bucket.Request
+	slots := map[int64]bool{}
+	cc := cl.Client(t)
+	for i, lim := range mixed {
+		k, _ := bucket.NewKey(fmt.Sprintf("mixed%d", i), 1, "acme")
+		mreqs = append(mreqs, bucket.Request{Key: k, Limits: lim, Share: 1, Cost: 2})
+		key, _ := dr.Location(k, lim)
+		slot, err := cc.ClusterKeySlot(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		slots[slot] = true
+	}
+	if len(slots) != 1 {
+		t.Fatalf("one subject's buckets span slots %v", slots)
+	}
+	for i, want := range []bool{true, true, false} {
+		ds, err := dr.TakeAll(ctx, mreqs)
+		if err != nil {
+			t.Fatalf("mixed TakeAll %d on the cluster: %v", i, err)
+		}
+		for _, d := range ds {
+			if d.Allowed != want {
+				t.Fatalf("mixed TakeAll %d: %+v, want allowed=%v", i, ds, want)
 			}
 		}
 	}

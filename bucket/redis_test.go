@@ -38,8 +38,36 @@ func TestRedisSteps(t *testing.T) {
 // sequences of takes, peeks, refunds, TakeAlls, share changes and time
 // steps (forward, backward, beyond the idle TTL) and demands equal
 // decisions.
+//
+// It runs twice: with the default groups (the two subjects almost surely in
+// different group hashes) and with every bucket of a policy in one group
+// hash: eight subjects, subjects seen once, more steps and longer idle jumps
+// (past two TTLs), so that writes prune each other's stale fields:
+// pruning must never change a decision.
 func TestDifferential(t *testing.T) {
-	r := newRedis(t, redistest.Client(t))
+	for _, tc := range []struct {
+		name     string
+		groups   int
+		subjects []string
+		jump     int64 // microseconds, past the 30 s idle TTL
+		steps    int
+		churn    bool // add subjects seen once
+	}{
+		{"default groups", 0, []string{"a", "b"}, 31_000_000, 400, false},
+		{"one group", 1, []string{"a", "b", "c", "d", "e", "f", "g", "h"}, 61_000_000, 1000, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := bucket.NewRedis(bucket.RedisConfig{Client: redistest.Client(t), Groups: tc.groups})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = r.Close() })
+			differential(t, r, tc.subjects, tc.jump, tc.steps, tc.churn)
+		})
+	}
+}
+
+func differential(t *testing.T, r *bucket.Redis, subjects []string, jump int64, steps int, churn bool) {
 	var now int64
 	bucket.SetRedisNow(r, func() int64 { return now })
 	ctx := context.Background()
@@ -60,7 +88,7 @@ func TestDifferential(t *testing.T) {
 			}
 			u := redistest.Unique(t)
 			var keys []bucket.Key
-			for _, subj := range []string{"a", "b"} {
+			for _, subj := range subjects {
 				for _, pol := range []string{"p1", "p2"} {
 					k, err := bucket.NewKey(pol, 1, u+subj)
 					if err != nil {
@@ -79,7 +107,7 @@ func TestDifferential(t *testing.T) {
 			}
 			tally := map[bool]int{}
 			defer func() { t.Logf("allowed %d, denied %d", tally[true], tally[false]) }()
-			for step := 0; step < 400; step++ {
+			for step := 0; step < steps; step++ {
 				switch x := rng.IntN(100); {
 				case x < 30:
 					now += rng.Int64N(2000)
@@ -88,13 +116,26 @@ func TestDifferential(t *testing.T) {
 				case x < 43:
 					now -= rng.Int64N(500_000)
 				case x < 45:
-					now += 31_000_000 // past the idle TTL
+					now += jump // past the idle TTL
 				}
 				k := keys[rng.IntN(len(keys))]
 				if rng.IntN(10) == 0 {
 					share[k] = 0.05 + rng.Float64()*(0.95+lim.Overcommit)
 				}
 				at := time.UnixMicro(now)
+				if churn && rng.IntN(2) == 0 {
+					// a subject seen once: its field's creation prunes
+					ck, err := bucket.NewKey(k.Policy(), 1, fmt.Sprintf("%sc%d", u, step))
+					if err != nil {
+						t.Fatal(err)
+					}
+					cr := bucket.Request{Key: ck, Limits: lim, Share: 1, Cost: 1}
+					w, werr := m.TakeAt(at, cr)
+					g, gerr := r.Take(ctx, cr)
+					if werr != nil || gerr != nil || w != g {
+						t.Fatalf("step %d churn %s: memory %+v, %v; redis %+v, %v", step, ck, w, werr, g, gerr)
+					}
+				}
 				var want, got []bucket.Decision
 				var werr, gerr error
 				switch x := rng.IntN(100); {
@@ -117,7 +158,7 @@ func TestDifferential(t *testing.T) {
 					want, got = []bucket.Decision{w}, []bucket.Decision{g}
 				default:
 					// both policies of one subject, all or nothing
-					base := rng.IntN(2) * 2
+					base := rng.IntN(len(subjects)) * 2
 					rs := []bucket.Request{req(keys[base], rng.Int64N(lim.Capacity/2+1)), req(keys[base+1], rng.Int64N(lim.Capacity/2+1))}
 					want, werr = m.TakeAllAt(at, rs)
 					got, gerr = r.TakeAll(ctx, rs)

@@ -1,0 +1,154 @@
+package bucket
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ErrRedisSpec reports a Redis address DialRedis cannot use.
+var ErrRedisSpec = errors.New("bucket: invalid redis address")
+
+// RedisConn is a Redis client opened by DialRedis: pass it as
+// RedisConfig.Client, and Close it after the store that uses it. It is safe
+// for concurrent use.
+type RedisConn interface {
+	RedisClient
+	// Close closes every connection of the client.
+	Close() error
+}
+
+// DialOptions configure DialRedis. The zero value keeps go-redis's defaults
+// (or what a URL sets) for everything but retries.
+type DialOptions struct {
+	// TLS, when set, secures every connection, whatever the address form.
+	// A rediss:// URL without it uses a config with the URL's host as the
+	// server name.
+	TLS *tls.Config
+	// PoolSize is the most connections per Redis node; 0 keeps go-redis's
+	// default (10 per CPU).
+	PoolSize int
+	// DialTimeout, ReadTimeout and WriteTimeout bound one dial, one read
+	// and one write; 0 keeps the URL's value or go-redis's default (5 s,
+	// 3 s, 3 s). Context deadlines are honoured as well.
+	DialTimeout, ReadTimeout, WriteTimeout time.Duration
+	// Username and Password authenticate when the address does not carry
+	// credentials (host:port and cluster addresses; a URL's own win).
+	Username, Password string
+}
+
+// DialRedis returns a client for spec, which is one of:
+//
+//   - "host:port": one Redis server;
+//   - "redis://[user:password@]host:port[/db][?options]" or "rediss://..."
+//     (TLS): one Redis server, in go-redis's URL syntax;
+//   - "host1:port1,host2:port2,...": seed nodes of a Redis Cluster (a
+//     single seed is written with a trailing comma, "host:port,").
+//
+// The client honours context deadlines (ContextTimeoutEnabled), never
+// retries a command (a failure mode answers faster than a retry: the
+// caller decides) and tries a dial once. DialRedis does not connect: the
+// first command does, so an unreachable server shows as that command's
+// error.
+func DialRedis(spec string, opt DialOptions) (RedisConn, error) {
+	if opt.PoolSize < 0 || opt.DialTimeout < 0 || opt.ReadTimeout < 0 || opt.WriteTimeout < 0 {
+		return nil, fmt.Errorf("bucket: dial redis: negative PoolSize %d or timeout (%v, %v, %v)", opt.PoolSize, opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout)
+	}
+	spec = strings.TrimSpace(spec)
+	switch {
+	case spec == "":
+		return nil, fmt.Errorf("%w: empty", ErrRedisSpec)
+	case strings.Contains(spec, "://"):
+		if !strings.HasPrefix(spec, "redis://") && !strings.HasPrefix(spec, "rediss://") {
+			return nil, fmt.Errorf("%w: %s: want a redis:// or rediss:// URL", ErrRedisSpec, redactSpec(spec))
+		}
+		o, err := redis.ParseURL(spec)
+		if err != nil {
+			var ue *url.Error
+			if errors.As(err, &ue) {
+				err = ue.Err // its text repeats the URL, password included
+			}
+			return nil, fmt.Errorf("%w: %s: %w", ErrRedisSpec, redactSpec(spec), err)
+		}
+		if o.Username == "" && o.Password == "" {
+			o.Username, o.Password = opt.Username, opt.Password
+		}
+		o.ContextTimeoutEnabled, o.MaxRetries = true, -1
+		o.DialerRetries, o.DialerRetryTimeout = 1, time.Millisecond
+		if opt.TLS != nil {
+			o.TLSConfig = opt.TLS
+		}
+		setIf(&o.PoolSize, opt.PoolSize)
+		setIf(&o.DialTimeout, opt.DialTimeout)
+		setIf(&o.ReadTimeout, opt.ReadTimeout)
+		setIf(&o.WriteTimeout, opt.WriteTimeout)
+		return redis.NewClient(o), nil
+	case strings.Contains(spec, ","):
+		var addrs []string
+		for a := range strings.SplitSeq(spec, ",") {
+			if a = strings.TrimSpace(a); a == "" {
+				continue
+			}
+			if err := checkHostPort(a); err != nil {
+				return nil, err
+			}
+			addrs = append(addrs, a)
+		}
+		if len(addrs) == 0 {
+			return nil, fmt.Errorf("%w: %q names no cluster address", ErrRedisSpec, spec)
+		}
+		return redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs: addrs, Username: opt.Username, Password: opt.Password, TLSConfig: opt.TLS,
+			ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1, DialerRetryTimeout: time.Millisecond,
+			PoolSize: opt.PoolSize, DialTimeout: opt.DialTimeout, ReadTimeout: opt.ReadTimeout, WriteTimeout: opt.WriteTimeout,
+		}), nil
+	default:
+		if err := checkHostPort(spec); err != nil {
+			return nil, err
+		}
+		return redis.NewClient(&redis.Options{
+			Addr: spec, Username: opt.Username, Password: opt.Password, TLSConfig: opt.TLS,
+			ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1, DialerRetryTimeout: time.Millisecond,
+			PoolSize: opt.PoolSize, DialTimeout: opt.DialTimeout, ReadTimeout: opt.ReadTimeout, WriteTimeout: opt.WriteTimeout,
+		}), nil
+	}
+}
+
+func setIf[T comparable](dst *T, v T) {
+	var zero T
+	if v != zero {
+		*dst = v
+	}
+}
+
+// checkHostPort accepts "host:port" and "[v6]:port" with a port 1-65535.
+func checkHostPort(a string) error {
+	host, port, err := net.SplitHostPort(a)
+	if err != nil {
+		return fmt.Errorf("%w: %q: %w", ErrRedisSpec, a, err)
+	}
+	if host == "" {
+		return fmt.Errorf("%w: %q has no host", ErrRedisSpec, a)
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+		return fmt.Errorf("%w: %q: bad port %q", ErrRedisSpec, a, port)
+	}
+	return nil
+}
+
+// redactSpec hides the credentials of a URL for error messages.
+func redactSpec(s string) string {
+	if i := strings.LastIndex(s, "@"); i >= 0 {
+		if j := strings.Index(s, "://"); j >= 0 && j < i {
+			return s[:j+3] + "***" + s[i:]
+		}
+	}
+	return s
+}
