@@ -31,6 +31,11 @@ type CoordinatorConfig struct {
 	// RebalanceInterval, ReportInterval and RegionLeaseTTL go to the
 	// rebalance loop (the last two are published for the regions).
 	RebalanceInterval, ReportInterval, RegionLeaseTTL time.Duration
+	// SkewMargin is the wait after a region's lease expired before its
+	// share is handed over; default 500ms.
+	SkewMargin time.Duration
+	// MaxStep, DeadBand and Alpha go to the loop (zero: its defaults).
+	MaxStep, DeadBand, Alpha float64
 	// Log receives the coordinator's logs.
 	Log io.Writer
 }
@@ -92,10 +97,15 @@ func StartCoordinator(ctx context.Context, cfg CoordinatorConfig) (*Coordinator,
 		return nil, fmt.Errorf("demo: etcd client: %w", err)
 	}
 	reg := prometheus.NewRegistry()
+	skew := cfg.SkewMargin
+	if skew <= 0 {
+		skew = 500 * time.Millisecond
+	}
 	loop, err := rebalance.New(rebalance.Config{
 		Client: c.Client, Name: "demo-coordinator",
 		Interval: cfg.RebalanceInterval, ReportInterval: cfg.ReportInterval, RegionLeaseTTL: cfg.RegionLeaseTTL,
-		SkewMargin: 500 * time.Millisecond, SessionTTL: 2 * time.Second,
+		SkewMargin: skew, SessionTTL: 2 * time.Second,
+		MaxStep: cfg.MaxStep, DeadBand: cfg.DeadBand, Alpha: cfg.Alpha,
 		Logger:     hclog.New(&hclog.LoggerOptions{Name: "coordinator", Output: cfg.Log, Level: hclog.Info}),
 		Registerer: reg,
 	})

@@ -2,24 +2,13 @@ package demo
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
-
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
-	"github.com/quotacoord/quota/internal/regional"
-	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
 )
 
 // Config configures Run. Zero fields take the defaults listed.
@@ -102,79 +91,18 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	}
 	say := func(format string, a ...any) { fmt.Fprintf(cfg.Out, format+"\n", a...) }
 
-	dir, err := os.MkdirTemp("", "quota-demo-")
-	if err != nil {
-		return nil, fmt.Errorf("demo: temp dir: %w", err)
-	}
-	defer os.RemoveAll(dir)
-	logf, err := os.Create(filepath.Join(dir, "deployment.log"))
-	if err != nil {
-		return nil, fmt.Errorf("demo: log file: %w", err)
-	}
-	defer logf.Close()
-	log := &lockedWriter{w: logf}
-
-	// Stores: one redis-server per region when possible.
-	store := "embedded"
-	var redises []*Redis
-	defer func() {
-		for _, r := range redises {
-			r.Stop()
-		}
-	}()
-	if !cfg.Embedded {
-		root, _ := os.Getwd()
-		if bin := RedisServer(root, func(s string) { say("store: %s", s) }); bin != "" {
-			store = "redis-server"
-			for _, region := range story.Regions {
-				rd := filepath.Join(dir, "redis-"+region)
-				if err := os.Mkdir(rd, 0o755); err != nil {
-					return nil, fmt.Errorf("demo: %w", err)
-				}
-				r, err := StartRedis(ctx, bin, rd)
-				if err != nil {
-					return nil, err
-				}
-				redises = append(redises, r)
-			}
-		}
-	}
-	if store == "redis-server" {
-		var b strings.Builder
-		for i, r := range redises {
-			fmt.Fprintf(&b, " %s=%s(pid %d)", story.Regions[i], r.Addr, r.PID())
-		}
-		say("store: a real redis-server per region:%s", b.String())
-	} else {
-		say("store: the embedded in-process store (redis-server not available)")
-	}
-
-	coord, err := StartCoordinator(ctx, CoordinatorConfig{Dir: filepath.Join(dir, "etcd"),
-		RebalanceInterval: cfg.RebalanceInterval, ReportInterval: cfg.ReportInterval, RegionLeaseTTL: cfg.LeaseTTL, Log: log})
+	dep, err := Deploy(ctx, DeployConfig{Regions: story.Regions, Policies: PolicyDoc(story), Embedded: cfg.Embedded,
+		RebalanceInterval: cfg.RebalanceInterval, ReportInterval: cfg.ReportInterval, LeaseTTL: cfg.LeaseTTL, Say: say})
 	if err != nil {
 		return nil, err
 	}
-	defer coord.Stop()
-	say("coordinator: embedded etcd on %s, metrics on http://%s/metrics", coord.EtcdAddr, coord.HTTPAddr)
-	if err := coord.PutPolicy(ctx, "demo.yaml", PolicyDoc(story)); err != nil {
-		return nil, err
-	}
-
-	nodes, err := startNodes(ctx, story, redises, coord.EtcdAddr, cfg, log)
-	defer nodes.stopAll()
-	if err != nil {
-		return nil, err
-	}
+	defer dep.Close()
 	for i, r := range story.Regions {
-		say("region %-9s gRPC %s  HTTP http://%s", r, nodes.grpc[i], nodes.http[i])
+		say("region %-9s gRPC %s  HTTP http://%s", r, dep.GRPC[i], dep.HTTP[i])
 	}
-	checker, err := dialRegions(nodes.grpc)
-	if err != nil {
-		return nil, err
-	}
-	defer checker.Close()
-	say("logs: %s (removed at exit)", logf.Name())
+	say("logs: %s (removed at exit)", dep.LogPath)
 	say("story: %v, budget %.0f requests/s (burst %d) for subject %s under policy %s", story.Length(), story.RefillPerSecond, story.Capacity, story.Subject, story.Policy)
+	store, checker, coord := dep.Store, dep.Checks, dep.Coord
 
 	rec := NewRecorder(len(story.Regions), story.Length())
 	phaseEnds := make([]time.Duration, len(story.Phases))
@@ -196,9 +124,7 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 						rec.ClearShare(j)
 					}
 				}
-				if nodes.stop(r) {
-					fmt.Fprintf(log, "demo: stopped region %s's node at %v\n", r, time.Since(start))
-				}
+				dep.StopRegion(r)
 			}
 		}}
 	view := &View{Out: cfg.Out, Terminal: terminal, Story: story}
@@ -226,7 +152,7 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	events, dropped := rec.Events()
 	sum.Figures = Measure(events, story.Capacity, story.RefillPerSecond, OvershootWindows)
 	sum.Dropped = dropped
-	sum.Degraded = checker.degraded.Load()
+	sum.Degraded = checker.Degraded()
 	w := rec.Rates(0, story.Length())
 	for i := range w.Errors {
 		sum.Errors += w.Errors[i]
@@ -252,12 +178,12 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	if cfg.Serve {
 		say("serving until Ctrl-C:")
 		for i, r := range story.Regions {
-			if nodes.running(r) {
-				say("  %s: Admission and Envoy RLS gRPC on %s, metrics http://%s/metrics", r, nodes.grpc[i], nodes.http[i])
+			if dep.Running(r) {
+				say("  %s: Admission and Envoy RLS gRPC on %s, metrics http://%s/metrics", r, dep.GRPC[i], dep.HTTP[i])
 			}
 		}
 		say("  coordinator: etcd %s, metrics http://%s/metrics", coord.EtcdAddr, coord.HTTPAddr)
-		say("  try: go run ./cmd/quotacheck -addr %s -subject %s -policy %s", nodes.grpc[1], story.Subject, story.Policy)
+		say("  try: go run ./cmd/quotacheck -addr %s -subject %s -policy %s", dep.GRPC[1], story.Subject, story.Policy)
 		<-ctx.Done()
 	}
 	return sum, nil
@@ -302,150 +228,4 @@ func PolicyDoc(s *Story) []byte {
     min_share:
       default: 0.05
 `, s.Policy, s.Capacity, s.RefillPerSecond))
-}
-
-type lockedWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
-}
-
-// nodes are the regional nodes, run in this process by regional.Main.
-type nodes struct {
-	mu      sync.Mutex
-	names   []string
-	grpc    []string
-	http    []string
-	cancels []context.CancelFunc
-	done    []chan error
-}
-
-func startNodes(ctx context.Context, s *Story, redises []*Redis, etcdAddr string, cfg Config, log io.Writer) (*nodes, error) {
-	n := &nodes{names: s.Regions}
-	for i, region := range s.Regions {
-		gp, err := FreePort()
-		if err != nil {
-			return n, err
-		}
-		hp, err := FreePort()
-		if err != nil {
-			return n, err
-		}
-		g, h := "127.0.0.1:"+strconv.Itoa(gp), "127.0.0.1:"+strconv.Itoa(hp)
-		// A loaded laptop (or -race) can take longer than the production
-		// 5 ms store budget on loopback; the demo should show the
-		// coordination, not the failure mode.
-		args := []string{"-region", region, "-grpc-addr", g, "-http-addr", h, "-etcd", "http://" + etcdAddr,
-			"-report-interval", cfg.ReportInterval.String(), "-store-timeout", "100ms"}
-		if len(redises) > i {
-			args = append(args, "-redis", redises[i].Addr)
-		}
-		nctx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- regional.Main(nctx, args, nil, log) }()
-		n.grpc, n.http = append(n.grpc, g), append(n.http, h)
-		n.cancels, n.done = append(n.cancels, cancel), append(n.done, done)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for i, h := range n.http {
-		for {
-			select {
-			case err := <-n.done[i]:
-				n.done[i] <- err
-				return n, fmt.Errorf("demo: region %s's node exited at start: %v", s.Regions[i], err)
-			default:
-			}
-			resp, err := http.Get("http://" + h + "/readyz")
-			if err == nil {
-				resp.Body.Close()
-				if resp.StatusCode == http.StatusOK {
-					break
-				}
-			}
-			if time.Now().After(deadline) || ctx.Err() != nil {
-				return n, fmt.Errorf("demo: region %s's node not ready on http://%s/readyz: %v", s.Regions[i], h, errors.Join(err, ctx.Err()))
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
-	return n, nil
-}
-
-// stop stops region's node and waits for it; false if it was not running.
-func (n *nodes) stop(region string) bool {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	for i, r := range n.names {
-		if r == region && i < len(n.cancels) && n.cancels[i] != nil {
-			n.cancels[i]()
-			<-n.done[i]
-			n.cancels[i] = nil
-			return true
-		}
-	}
-	return false
-}
-
-func (n *nodes) running(region string) bool {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	for i, r := range n.names {
-		if r == region {
-			return i < len(n.cancels) && n.cancels[i] != nil
-		}
-	}
-	return false
-}
-
-func (n *nodes) stopAll() {
-	for _, r := range n.names {
-		n.stop(r)
-	}
-}
-
-// grpcChecker sends checks over the regions' real gRPC Admission API.
-type grpcChecker struct {
-	conns    []*grpc.ClientConn
-	clients  []quotav1.AdmissionClient
-	degraded atomic.Int64
-}
-
-func dialRegions(addrs []string) (*grpcChecker, error) {
-	c := &grpcChecker{}
-	for _, a := range addrs {
-		conn, err := grpc.NewClient(a, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			c.Close()
-			return nil, fmt.Errorf("demo: dial %s: %w", a, err)
-		}
-		c.conns = append(c.conns, conn)
-		c.clients = append(c.clients, quotav1.NewAdmissionClient(conn))
-	}
-	return c, nil
-}
-
-func (c *grpcChecker) Check(ctx context.Context, region int, policy, subject string, cost int64) (bool, float64, error) {
-	resp, err := c.clients[region].Check(ctx, &quotav1.CheckRequest{Subject: subject, Policies: []string{policy}, Cost: cost})
-	if err != nil {
-		return false, 0, err
-	}
-	if resp.Degraded != "" {
-		c.degraded.Add(1)
-	}
-	share := 0.0
-	if len(resp.Policies) > 0 {
-		share = resp.Policies[0].Share
-	}
-	return resp.Allowed, share, nil
-}
-
-func (c *grpcChecker) Close() {
-	for _, conn := range c.conns {
-		_ = conn.Close()
-	}
 }

@@ -29,48 +29,59 @@ func sortEvents(ev []Event) {
 }
 
 // Measure computes Figures over events (sorted by At) for a policy of
-// capacity c and refill r per second, for the windows given.
+// capacity c and refill r per second, for the windows given. Overshoot is
+// the largest over subjects; the ideal bucket is one per subject.
 //
 // The definitions are those of package sim (DESIGN.md "Simulation"); the
 // simulator does not export its measuring functions yet, so they are
 // restated here over exact arrival times instead of ticks.
 func Measure(events []Event, c int64, r float64, windows []time.Duration) Figures {
 	f := Figures{Overshoot: make(map[time.Duration]float64, len(windows))}
-	var adm []Event
+	bySubject := map[int32][]Event{}
 	for _, e := range events {
-		f.Offered += e.Cost
-		if e.Admitted {
-			f.Admitted += e.Cost
-			adm = append(adm, e)
-		}
+		bySubject[e.Subject] = append(bySubject[e.Subject], e)
 	}
 	for _, w := range windows {
-		limit := float64(c) + r*w.Seconds()
-		best := 0.0
-		var sum int64
-		lo := 0
-		for hi := range adm {
-			sum += adm[hi].Cost
-			for adm[lo].At < adm[hi].At-w {
-				sum -= adm[lo].Cost
-				lo++
-			}
-			if v := float64(sum) / limit; v > best {
-				best = v
+		f.Overshoot[w] = 0
+	}
+	for _, ev := range bySubject {
+		var adm []Event
+		for _, e := range ev {
+			f.Offered += e.Cost
+			if e.Admitted {
+				f.Admitted += e.Cost
+				adm = append(adm, e)
 			}
 		}
-		f.Overshoot[w] = math.Max(0, best-1)
-	}
-	// The ideal global bucket: full at the start, refilled continuously,
-	// deciding every arrival of the merged stream in order.
-	tokens := float64(c)
-	var last time.Duration
-	for _, e := range events {
-		tokens = math.Min(float64(c), tokens+r*(e.At-last).Seconds())
-		last = e.At
-		if tokens >= float64(e.Cost) {
-			tokens -= float64(e.Cost)
-			f.Ideal += e.Cost
+		for _, w := range windows {
+			limit := float64(c) + r*w.Seconds()
+			best := 0.0
+			var sum int64
+			lo := 0
+			for hi := range adm {
+				sum += adm[hi].Cost
+				for adm[lo].At < adm[hi].At-w {
+					sum -= adm[lo].Cost
+					lo++
+				}
+				if v := float64(sum) / limit; v > best {
+					best = v
+				}
+			}
+			f.Overshoot[w] = math.Max(f.Overshoot[w], best-1)
+		}
+		// The ideal global bucket: full at the start, refilled
+		// continuously, deciding every arrival of the merged stream in
+		// order.
+		tokens := float64(c)
+		var last time.Duration
+		for _, e := range ev {
+			tokens = math.Min(float64(c), tokens+r*(e.At-last).Seconds())
+			last = e.At
+			if tokens >= float64(e.Cost) {
+				tokens -= float64(e.Cost)
+				f.Ideal += e.Cost
+			}
 		}
 	}
 	if f.Ideal > 0 {

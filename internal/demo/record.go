@@ -6,11 +6,13 @@ import (
 )
 
 // Event is one decided request of the merged stream: when it arrived
-// (offset from the start of the story), in which region, and whether it
-// was admitted.
+// (offset from the start of the story), in which region, for which subject
+// (an index; the story's single subject is 0), and whether it was
+// admitted.
 type Event struct {
 	At       time.Duration
 	Region   int
+	Subject  int32
 	Cost     int64
 	Admitted bool
 }
