@@ -3,6 +3,7 @@ package reliability
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -81,4 +82,48 @@ func TestHostileIdentityFlood(t *testing.T) {
 	record(t, Entry{Kind: KindLoad, Name: "hostile identity flood (Redis maxmemory 1400kb, local cap 200)", Injected: true,
 		Survived: ok && !t.Failed(), Lost: lost, Decisions: got,
 		Note: fmt.Sprintf("%d new subjects; redis %d keys, %d bytes", flood+2*localCap, keys, used)})
+}
+
+// TestFloodCannotOpenTheBreaker: on a node without Redis (the in-process
+// store is the primary store), a flood of new subjects that fills
+// -local-max-buckets must not count as a store outage: otherwise the
+// breaker opens and a fail-open policy admits a subject it had denied.
+func TestFloodCannotOpenTheBreaker(t *testing.T) {
+	const localCap = 100
+	n := startNode(t, []string{"-policies", writePolicies(t, "policies:\n  - {name: sa-open, capacity: 2, rate: 2/hour, failure_mode: open}\n"),
+		"-local-max-buckets", fmt.Sprint(localCap), "-breaker-cooldown", "10s"}, nil)
+	ctx := context.Background()
+	checkCost := func(subject string, cost int64) (*quotav1.CheckResponse, error) {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		return n.adm.Check(cctx, &quotav1.CheckRequest{Subject: subject, Policies: []string{"sa-open"}, Cost: cost})
+	}
+	check := func(subject string) (*quotav1.CheckResponse, error) { return checkCost(subject, 1) }
+	// The victim empties its bucket in one admitted check (so no denial
+	// sits in the negative cache): its next check must be denied.
+	if r, err := checkCost("victim", 2); err != nil || !r.Allowed {
+		t.Fatalf("victim before the flood: %v, %v", r, err)
+	}
+	var lost int64
+	for i := 0; i < 2*localCap; i++ {
+		if _, err := check(fmt.Sprintf("flood-%d", i)); err != nil {
+			lost++
+		}
+	}
+	r, err := check("victim")
+	ok := err == nil && !r.Allowed && lost == 0
+	if err != nil {
+		t.Errorf("victim after the flood: %v", err)
+	} else if r.Allowed {
+		t.Errorf("the flood opened the breaker: the denied victim is admitted (degraded %q)", r.Degraded)
+	}
+	if lost > 0 {
+		t.Errorf("%d flood checks got no decision", lost)
+	}
+	if m := n.metrics(t); strings.Contains(m, "quota_regional_breaker_opens_total 1") || strings.Contains(m, "quota_regional_breaker_open 1") {
+		ok = false
+		t.Errorf("the breaker opened because the in-process store was full")
+	}
+	record(t, Entry{Kind: KindSecurity, Name: "identity flood cannot open the breaker (standalone node)", Injected: true,
+		Survived: ok && !t.Failed(), Lost: lost})
 }
