@@ -32,7 +32,7 @@ func (e *engine) handle(ev *event) error {
 		}
 	case evApply:
 		if e.up[ev.region] && ev.alloc.epoch > e.applied[ev.region].epoch {
-			e.applied[ev.region] = ev.alloc
+			e.setApplied(ev.region, ev.alloc)
 			e.checkSum()
 			e.push(&event{at: ev.at + e.delay(), kind: evAck, region: ev.region, alloc: ev.alloc})
 		}
@@ -58,7 +58,8 @@ func (e *engine) handle(ev *event) error {
 				for i := range safe.def {
 					safe.def[i] = e.cfg.MinShare
 				}
-				e.up[r], e.applied[r] = true, safe
+				e.up[r] = true
+				e.setApplied(r, safe)
 				latest := e.published
 				if e.shrink != nil {
 					latest = e.shrink
@@ -88,8 +89,8 @@ func (e *engine) collect(r int) *report {
 	}
 	var cands []cand
 	for _, j := range e.touched[r] {
-		if e.subDenied[r][j] > 0 {
-			cands = append(cands, cand{j, e.subDenied[r][j]})
+		if e.sub[r][j].denied > 0 {
+			cands = append(cands, cand{j, e.sub[r][j].denied})
 		}
 	}
 	sort.Slice(cands, func(a, b int) bool {
@@ -102,13 +103,13 @@ func (e *engine) collect(r int) *report {
 		cands = cands[:e.cfg.MaxOverrides]
 	}
 	for _, c := range cands {
-		rep.subjects[c.j] = float64(e.subOffered[r][c.j]) / secs
+		rep.subjects[c.j] = float64(e.sub[r][c.j].offered) / secs
 	}
 	for j := range e.applied[r].overrides {
-		rep.subjects[j] = float64(e.subOffered[r][j]) / secs
+		rep.subjects[j] = float64(e.sub[r][j].offered) / secs
 	}
 	for _, j := range e.touched[r] {
-		e.subOffered[r][j], e.subDenied[r][j] = 0, 0
+		e.sub[r][j].offered, e.sub[r][j].denied = 0, 0
 	}
 	e.touched[r] = e.touched[r][:0]
 	e.intOffered[r] = 0
@@ -347,35 +348,38 @@ func (e *engine) result() *Result {
 		Scenario: sc.Name, RebalanceIntervalS: c.RebalanceInterval.Seconds(), ReportIntervalS: c.ReportInterval.Seconds(),
 		Protocol: string(c.Protocol), Algorithm: string(c.Allocator.Algorithm), Overcommit: c.Allocator.Overcommit,
 		Seed: c.Seed, Regions: e.n, Subjects: sc.Subjects, DurationS: time.Duration(sc.Duration).Seconds(),
-		Offered: e.offered, MaxShareSum: round(e.maxSum), Epochs: e.epoch, BucketCalls: e.calls,
+		Offered: e.offered, MaxShareSum: round(e.maxSum), Epochs: e.epoch,
 		ConvergenceS: []float64{},
 	}
 	if res.Algorithm == "" {
 		res.Algorithm = string(allocator.MaxMinFair)
 	}
-	res.Figures = e.figures(e.sys)
-	if len(e.baselines) > 0 {
-		ideal := e.baselines[BaselineIdeal].admitted
-		res.IdealAdmitted = ideal
-		res.Baselines = map[string]Figures{}
-		for name, m := range e.baselines {
-			res.Baselines[name] = e.figures(m)
+	if e.sys != nil {
+		res.Figures = e.figures(e.sys)
+		res.BucketCalls = e.sys.calls
+	}
+	if b := e.base; b != nil {
+		res.IdealAdmitted = b.ideal.admitted
+		res.Baselines = map[string]Figures{
+			BaselineIdeal:       e.figures(b.ideal),
+			BaselineIndependent: e.figures(b.independent),
+			BaselineStaticEqual: e.figures(b.static),
 		}
 		for _, sh := range sc.Shifts {
 			res.ConvergenceS = append(res.ConvergenceS, e.convergence(time.Duration(sh)))
 		}
 		bin := float64(e.binTicks) * e.tick.Seconds()
-		s := &Series{BinSeconds: bin, Regions: make([][]float64, e.n), Total: make([]float64, len(e.seriesIdeal)), Ideal: make([]float64, len(e.seriesIdeal))}
+		s := &Series{BinSeconds: bin, Regions: make([][]float64, e.n), Total: make([]float64, len(b.seriesIdeal)), Ideal: make([]float64, len(b.seriesIdeal))}
 		for r := range s.Regions {
-			s.Regions[r] = make([]float64, len(e.seriesIdeal))
-			for b, v := range e.seriesRegion[r] {
-				s.Regions[r][b] = round(v / bin)
-				s.Total[b] += v
+			s.Regions[r] = make([]float64, len(b.seriesIdeal))
+			for k, v := range e.seriesRegion[r] {
+				s.Regions[r][k] = round(v / bin)
+				s.Total[k] += v
 			}
 		}
-		for b := range s.Total {
-			s.Total[b] = round(s.Total[b] / bin)
-			s.Ideal[b] = round(e.seriesIdeal[b] / bin)
+		for k := range s.Total {
+			s.Total[k] = round(s.Total[k] / bin)
+			s.Ideal[k] = round(b.seriesIdeal[k] / bin)
 		}
 		res.Series = s
 	}
@@ -385,8 +389,8 @@ func (e *engine) result() *Result {
 func (e *engine) figures(m *model) Figures {
 	o := m.win.overshoot()
 	f := Figures{Overshoot1s: round(o[0]), Overshoot10s: round(o[1]), Overshoot60s: round(o[2]), Admitted: m.admitted}
-	if b, ok := e.baselines[BaselineIdeal]; ok && b.admitted > 0 {
-		f.UnderAdmission = round(math.Max(0, 1-float64(m.admitted)/float64(b.admitted)))
+	if e.base != nil {
+		f.UnderAdmission = round(UnderAdmission(m.admitted, e.base.ideal.admitted))
 	}
 	return f
 }
@@ -400,7 +404,7 @@ func (e *engine) convergence(shift time.Duration) float64 {
 		var a, i int64
 		for k := s; k < s+w; k++ {
 			a += e.perSecondSys[k]
-			i += e.perSecondIdeal[k]
+			i += e.base.perSecondIdeal[k]
 		}
 		if i == 0 || float64(a) >= 0.95*float64(i) {
 			return float64(s - start)

@@ -1,12 +1,13 @@
 package sim
 
 import (
+	"cmp"
 	"container/heap"
 	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"sort"
+	"slices"
 	"time"
 
 	"github.com/quotacoord/quota/allocator"
@@ -274,30 +275,58 @@ type report struct {
 }
 
 // model is one set of buckets deciding the stream: the simulated system or
-// a baseline.
+// a baseline. It holds one bucket.State per store (region, or one global)
+// and subject: the very decision code bucket.Memory runs.
 type model struct {
-	stores   []*bucket.Memory // per region, or one
-	share    func(region int, subject int32) float64
+	states   [][]bucket.State // per store, per subject
 	win      *windows
 	admitted int64
+	calls    int64 // bucket decisions asked
+}
+
+func newModel(stores, subjects int, widths []int64, limits []float64) *model {
+	m := &model{states: make([][]bucket.State, stores), win: newWindows(subjects, widths, limits)}
+	for i := range m.states {
+		m.states[i] = make([]bucket.State, subjects)
+	}
+	return m
+}
+
+// baseRun is what the three baselines found on one request stream. With no
+// retries in the scenario it depends on the stream alone, so Sweep computes
+// it once and shares it between runs (rebalance intervals, protocols).
+type baseRun struct {
+	ideal, independent, static *model
+	perSecondIdeal             []int64
+	seriesIdeal                []float64
+}
+
+// subjectRegion is what the engine keeps per subject and region, together
+// so that a decision touches one cache line for it.
+type subjectRegion struct {
+	ovr     float64 // the applied override share; NaN: the region's default
+	offered int64   // this report interval
+	denied  int64
 }
 
 type engine struct {
-	cfg     Config
-	sc      *Scenario
-	rng     *rand.Rand
-	limits  bucket.Limits
-	keys    []bucket.Key
-	groups  []group
-	n       int
-	tick    time.Duration
-	now     time.Duration
-	seq     int64
-	events  eventHeap
-	up      []bool
-	downAt  []time.Duration
-	applied []*allocation
-	calls   int64
+	cfg      Config
+	sc       *Scenario
+	rng      *rand.Rand // control plane only; arrivals have their own
+	stream   *stream
+	prep     bucket.Prepared
+	capacity int64
+	maxShare float64
+	n        int
+	tick     time.Duration
+	now      time.Duration
+	nowT     time.Time
+	seq      int64
+	events   eventHeap
+	up       []bool
+	downAt   []time.Duration
+	applied  []*allocation
+	err      error
 
 	coordUp   bool
 	published *allocation // latest grow (or naive) allocation
@@ -310,26 +339,30 @@ type engine struct {
 	pressured map[int32]bool
 	maxSum    float64
 
-	sys       *model
-	baselines map[string]*model
-	offered   int64
+	sys      *model // nil when only the baselines run
+	base     *baseRun
+	baseOwn  bool // base is decided here, on this run's stream
+	offered  int64
+	windowsW []int64
+	windowsL []float64
 
-	// per-tick batches per region
-	tickCnt     [][]int64
-	tickTouched [][]int32
-	retryOf     []int               // per subject: retries its clients make
-	retryQ      []map[int32][]int64 // per region: subject → pending retries by attempt
-	retryKeys   []int32
+	// retries of clients that ignore Retry-After, per region
+	retryOf   []int     // per subject: retries its clients make
+	maxRetry  int       // max of retryOf
+	retry     [][]int64 // per region: subject j's pending retries by attempt at [j*(maxRetry+1)+a]
+	retryList [][]int32 // per region: subjects that may have retries pending
+	listed    [][]bool
+	freshAt   []int64 // per subject: 1 + the tick·regions+region it last had fresh arrivals
+	retryKeys []int32
+	nextRetry []int64
 	// per-interval counters per region
 	intOffered []int64
-	subOffered [][]int64
-	subDenied  [][]int64
+	sub        [][]subjectRegion // per region and subject
 	touched    [][]int32
 
-	perSecondSys, perSecondIdeal []int64
-	seriesRegion                 [][]float64
-	seriesIdeal                  []float64
-	binTicks                     int64
+	perSecondSys []int64
+	seriesRegion [][]float64
+	binTicks     int64
 }
 
 // Run simulates one configuration. It is deterministic: the same Config
@@ -339,7 +372,14 @@ func Run(cfg Config) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	e, err := newEngine(cfg)
+	return run(cfg, nil, true)
+}
+
+// run simulates cfg (already defaulted). base, when not nil, is the
+// baselines of cfg's stream from an earlier run; sys false runs only the
+// baselines.
+func run(cfg Config, base *baseRun, sys bool) (*Result, error) {
+	e, err := newEngine(cfg, base, sys)
 	if err != nil {
 		return nil, err
 	}
@@ -349,36 +389,35 @@ func Run(cfg Config) (*Result, error) {
 	return e.result(), nil
 }
 
-func newEngine(cfg Config) (*engine, error) {
+func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 	sc := cfg.Scenario
 	n := sc.Regions
+	prep, err := bucket.Prepare(idealLimits(sc.Capacity, sc.RefillPerSecond, cfg.Allocator.Overcommit))
+	if err != nil {
+		return nil, fmt.Errorf("sim: scenario %q limits: %w", sc.Name, err)
+	}
 	e := &engine{
-		cfg: cfg, sc: sc, n: n,
-		rng:       rand.New(rand.NewPCG(cfg.Seed, 0x5eed51)),
-		tick:      time.Duration(sc.Tick),
-		up:        make([]bool, n),
-		downAt:    make([]time.Duration, n),
-		applied:   make([]*allocation, n),
-		acked:     make([]int, n),
-		coordUp:   true,
-		sOffered:  make([]float64, n),
-		sSubject:  map[int32][]float64{},
-		pressured: map[int32]bool{},
-		baselines: map[string]*model{},
-		limits: bucket.Limits{Capacity: sc.Capacity, RefillPerSecond: sc.RefillPerSecond,
-			IdleTTL:    time.Duration(float64(time.Second)*float64(sc.Capacity)/sc.RefillPerSecond) + time.Minute,
-			Overcommit: cfg.Allocator.Overcommit},
+		cfg: cfg, sc: sc, n: n, prep: prep, capacity: sc.Capacity, maxShare: 1 + cfg.Allocator.Overcommit,
+		rng:        rand.New(rand.NewPCG(cfg.Seed, 0x5eed51)),
+		stream:     newStream(sc, cfg.Seed),
+		tick:       time.Duration(sc.Tick),
+		up:         make([]bool, n),
+		downAt:     make([]time.Duration, n),
+		applied:    make([]*allocation, n),
+		sub:        make([][]subjectRegion, n),
+		acked:      make([]int, n),
+		coordUp:    true,
+		sOffered:   make([]float64, n),
+		sSubject:   map[int32][]float64{},
+		pressured:  map[int32]bool{},
 		intOffered: make([]int64, n),
+		base:       base,
 	}
-	e.keys = make([]bucket.Key, sc.Subjects)
-	for j := range e.keys {
-		k, err := bucket.NewKey("sim", 1, fmt.Sprintf("s%07d", j))
-		if err != nil {
-			return nil, fmt.Errorf("sim: subject key: %w", err)
-		}
-		e.keys[j] = k
+	tickS := e.tick.Seconds()
+	for _, s := range windowSeconds {
+		e.windowsW = append(e.windowsW, int64(s/tickS+0.5))
+		e.windowsL = append(e.windowsL, float64(sc.Capacity)+sc.RefillPerSecond*s)
 	}
-	e.groups = compileGroups(sc, sc.Subjects)
 	first := &allocation{def: make([]float64, n), overrides: map[int32][]float64{}}
 	if cfg.InitialShares != nil && len(cfg.InitialShares) != n {
 		return nil, fmt.Errorf("sim: %d initial shares for %d regions", len(cfg.InitialShares), n)
@@ -389,69 +428,78 @@ func newEngine(cfg Config) (*engine, error) {
 			first.def[i] = cfg.InitialShares[i]
 		}
 		e.up[i] = true
+		e.sub[i] = make([]subjectRegion, sc.Subjects)
+		for j := range e.sub[i] {
+			e.sub[i][j].ovr = math.NaN()
+		}
 		e.applied[i] = first
 	}
 	e.published = first
-	e.tickCnt = make([][]int64, n)
-	e.tickTouched = make([][]int32, n)
-	e.retryQ = make([]map[int32][]int64, n)
 	e.retryOf = make([]int, sc.Subjects)
-	for _, g := range e.groups {
+	for _, g := range compileGroups(sc, sc.Subjects) {
 		for j := 0; j < g.n; j++ {
 			e.retryOf[j] = max(e.retryOf[j], g.Retries)
+			e.maxRetry = max(e.maxRetry, g.Retries)
 		}
 	}
-	e.subOffered = make([][]int64, n)
-	e.subDenied = make([][]int64, n)
+	e.retry = make([][]int64, n)
+	e.retryList = make([][]int32, n)
+	e.listed = make([][]bool, n)
+	if e.maxRetry > 0 {
+		for i := 0; i < n; i++ {
+			e.retry[i] = make([]int64, sc.Subjects*(e.maxRetry+1))
+			e.listed[i] = make([]bool, sc.Subjects)
+		}
+		e.freshAt = make([]int64, sc.Subjects)
+		e.nextRetry = make([]int64, e.maxRetry+1)
+	}
 	e.touched = make([][]int32, n)
 	for i := 0; i < n; i++ {
-		e.subOffered[i] = make([]int64, sc.Subjects)
-		e.subDenied[i] = make([]int64, sc.Subjects)
-		e.tickCnt[i] = make([]int64, sc.Subjects)
-		e.retryQ[i] = map[int32][]int64{}
 	}
-	tickS := e.tick.Seconds()
-	newModel := func(stores int, share func(int, int32) float64) (*model, error) {
-		m := &model{share: share, win: newWindows(sc.Subjects, tickS, sc.Capacity, sc.RefillPerSecond)}
-		for i := 0; i < stores; i++ {
-			st, err := bucket.NewMemory(bucket.MemoryConfig{MaxBuckets: sc.Subjects + 16})
-			if err != nil {
-				return nil, fmt.Errorf("sim: bucket store: %w", err)
-			}
-			m.stores = append(m.stores, st)
-		}
-		return m, nil
-	}
-	var err error
-	if e.sys, err = newModel(n, func(r int, j int32) float64 { return e.applied[r].share(r, j) }); err != nil {
-		return nil, err
-	}
-	if !cfg.NoBaselines {
-		specs := []struct {
-			name   string
-			stores int
-			share  float64
-		}{{BaselineIdeal, 1, 1}, {BaselineIndependent, n, 1}, {BaselineStaticEqual, n, 1 / float64(n)}}
-		for _, s := range specs {
-			share := s.share
-			if e.baselines[s.name], err = newModel(s.stores, func(int, int32) float64 { return share }); err != nil {
-				return nil, err
-			}
-		}
+	if sys {
+		e.sys = newModel(n, sc.Subjects, e.windowsW, e.windowsL)
 	}
 	seconds := int(time.Duration(sc.Duration)/time.Second) + 1
-	e.perSecondSys = make([]int64, seconds)
-	e.perSecondIdeal = make([]int64, seconds)
 	ticks := int64(time.Duration(sc.Duration) / e.tick)
 	e.binTicks = max(1, (ticks+int64(cfg.SeriesBins)-1)/int64(cfg.SeriesBins))
 	bins := int((ticks + e.binTicks - 1) / e.binTicks)
+	if !cfg.NoBaselines && e.base == nil {
+		e.baseOwn = true
+		e.base = &baseRun{
+			ideal:          newModel(1, sc.Subjects, e.windowsW, e.windowsL),
+			independent:    newModel(n, sc.Subjects, e.windowsW, e.windowsL),
+			static:         newModel(n, sc.Subjects, e.windowsW, e.windowsL),
+			perSecondIdeal: make([]int64, seconds),
+			seriesIdeal:    make([]float64, bins),
+		}
+	}
+	e.perSecondSys = make([]int64, seconds)
 	e.seriesRegion = make([][]float64, n)
 	for i := range e.seriesRegion {
 		e.seriesRegion[i] = make([]float64, bins)
 	}
-	e.seriesIdeal = make([]float64, bins)
 	e.checkSum()
 	return e, nil
+}
+
+// setApplied makes a the allocation region r enforces.
+func (e *engine) setApplied(r int, a *allocation) {
+	sub := e.sub[r]
+	for j := range e.applied[r].overrides {
+		sub[j].ovr = math.NaN()
+	}
+	for j, o := range a.overrides {
+		sub[j].ovr = o[r]
+	}
+	e.applied[r] = a
+}
+
+// share returns the share region r enforces for subject j.
+func (e *engine) share(r int, j int32) float64 {
+	if s := e.sub[r][j].ovr; s == s { // not NaN
+		return s
+	}
+	return e.applied[r].def[r]
 }
 
 func (e *engine) push(ev *event) {
@@ -468,112 +516,147 @@ func (e *engine) delay() time.Duration {
 
 func (e *engine) run() error {
 	dur := time.Duration(e.sc.Duration)
-	for i := 0; i < e.n; i++ {
-		e.push(&event{at: e.cfg.ReportInterval, kind: evReport, region: i})
+	if e.sys != nil {
+		for i := 0; i < e.n; i++ {
+			e.push(&event{at: e.cfg.ReportInterval, kind: evReport, region: i})
+		}
+		e.push(&event{at: e.cfg.RebalanceInterval, kind: evRebalance})
 	}
-	e.push(&event{at: e.cfg.RebalanceInterval, kind: evRebalance})
 	for _, ev := range e.sc.Events {
 		e.push(&event{at: time.Duration(ev.At), kind: evScenario, sc: ev})
 	}
 	ticks := int64(dur / e.tick)
-	w := make([]float64, e.n)
-	tickS := e.tick.Seconds()
+	epoch := time.Unix(0, 0)
 	for t := int64(0); t < ticks; t++ {
 		e.now = time.Duration(t) * e.tick
+		e.nowT = epoch.Add(e.now)
 		for len(e.events) > 0 && e.events[0].at <= e.now {
 			if err := e.handle(heap.Pop(&e.events).(*event)); err != nil {
 				return err
 			}
 		}
+		e.stream.next(t)
 		for r := 0; r < e.n; r++ {
 			if !e.up[r] {
-				clear(e.retryQ[r])
+				e.clearRetries(r)
 				continue
 			}
-			cnt, touched := e.tickCnt[r], e.tickTouched[r][:0]
-			for gi := range e.groups {
-				g := &e.groups[gi]
-				g.weights(e.now, e.up, w)
-				for k := poisson(e.rng, g.total*w[r]*tickS); k > 0; k-- {
-					var j int
-					if g.alias != nil {
-						j = g.alias.sample(e.rng)
-					} else {
-						j = e.rng.IntN(g.n)
-					}
-					if cnt[j] == 0 {
-						touched = append(touched, int32(j))
-					}
-					cnt[j]++
+			fresh := e.stream.out[r]
+			if e.maxRetry == 0 {
+				for _, b := range fresh {
+					e.decide(r, t, b.subject, b.n)
+				}
+				continue
+			}
+			stamp := t*int64(e.n) + int64(r) + 1
+			for _, b := range fresh {
+				e.freshAt[b.subject] = stamp
+			}
+			// Subjects with retries pending but no fresh arrival come after
+			// the fresh ones, in subject order.
+			keys, list := e.retryKeys[:0], e.retryList[r][:0]
+			for _, j := range e.retryList[r] {
+				if !e.pendingRetries(r, j) {
+					e.listed[r][j] = false
+					continue
+				}
+				list = append(list, j)
+				if e.freshAt[j] != stamp {
+					keys = append(keys, j)
 				}
 			}
-			// Subjects with retries pending but no fresh arrival.
-			e.retryKeys = e.retryKeys[:0]
-			for j := range e.retryQ[r] {
-				if cnt[j] == 0 {
-					e.retryKeys = append(e.retryKeys, j)
-				}
+			e.retryList[r] = list
+			slices.Sort(keys)
+			e.retryKeys = keys
+			for _, b := range fresh {
+				e.decide(r, t, b.subject, b.n)
 			}
-			sort.Slice(e.retryKeys, func(a, b int) bool { return e.retryKeys[a] < e.retryKeys[b] })
-			touched = append(touched, e.retryKeys...)
-			e.tickTouched[r] = touched
-			for _, j := range touched {
-				e.decide(r, t, j)
+			for _, j := range keys {
+				e.decide(r, t, j, 0)
 			}
+		}
+		if e.err != nil {
+			return e.err
 		}
 	}
 	return nil
 }
 
-// decide runs one subject's batch of this tick in region r through the
-// system and every baseline.
-func (e *engine) decide(r int, t int64, j int32) {
-	fresh := e.tickCnt[r][j]
-	e.tickCnt[r][j] = 0
-	hist := e.retryQ[r][j]
+// retries returns subject j's pending retries in region r by attempt
+// (index 1..maxRetry), or nil when no group retries.
+func (e *engine) retries(r int, j int32) []int64 {
+	if e.maxRetry == 0 {
+		return nil
+	}
+	w := e.maxRetry + 1
+	return e.retry[r][int(j)*w : (int(j)+1)*w]
+}
+
+func (e *engine) pendingRetries(r int, j int32) bool {
+	for _, v := range e.retries(r, j) {
+		if v > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// clearRetries drops region r's pending retries (the region is down).
+func (e *engine) clearRetries(r int) {
+	for _, j := range e.retryList[r] {
+		clear(e.retries(r, j))
+		e.listed[r][j] = false
+	}
+	e.retryList[r] = e.retryList[r][:0]
+}
+
+// decide runs one subject's batch of this tick in region r (fresh
+// arrivals plus pending retries) through the system and, when they are
+// decided here, the baselines.
+func (e *engine) decide(r int, t int64, j int32, fresh int64) {
+	hist := e.retries(r, j)
 	n := fresh
 	for _, h := range hist {
 		n += h
 	}
 	if n == 0 {
-		delete(e.retryQ[r], j)
 		return
 	}
 	e.offered += n
-	a := e.take(e.sys, r, r, t, j, n)
-	if e.perSecondSys != nil {
-		sec := int(e.now / time.Second)
+	sec := int(e.now / time.Second)
+	bin := t / e.binTicks
+	a := n
+	if e.sys != nil {
+		a = e.take(e.sys, r, e.share(r, j), t, j, n)
 		e.perSecondSys[sec] += a
-		e.seriesRegion[r][t/e.binTicks] += float64(a)
+		e.seriesRegion[r][bin] += float64(a)
 	}
-	for name, m := range e.baselinesOrdered() {
-		store := r
-		if len(m.stores) == 1 {
-			store = 0
-		}
-		b := e.take(m, r, store, t, j, n)
-		if name == 0 {
-			e.perSecondIdeal[int(e.now/time.Second)] += b
-			e.seriesIdeal[t/e.binTicks] += float64(b)
-		}
+	if e.baseOwn {
+		b := e.take(e.base.ideal, 0, 1, t, j, n)
+		e.base.perSecondIdeal[sec] += b
+		e.base.seriesIdeal[bin] += float64(b)
+		e.take(e.base.independent, r, 1, t, j, n)
+		e.take(e.base.static, r, 1/float64(e.n), t, j, n)
+	}
+	if e.sys == nil {
+		return
 	}
 	d := n - a
-	if e.subOffered[r][j] == 0 {
+	sr := &e.sub[r][j]
+	if sr.offered == 0 {
 		e.touched[r] = append(e.touched[r], j)
 	}
-	e.subOffered[r][j] += n
-	e.subDenied[r][j] += d
+	sr.offered += n
+	sr.denied += d
 	e.intOffered[r] += n
 	R := e.retryOf[j]
 	if R == 0 {
 		return
 	}
 	// Admitted requests are the oldest: retries by attempt, highest first.
-	if hist == nil {
-		hist = make([]int64, R+1)
-	}
+	next := e.nextRetry
+	clear(next)
 	left := a
-	next := make([]int64, R+1)
 	for at := R; at >= 1; at-- {
 		take := min(left, hist[at])
 		left -= take
@@ -584,51 +667,25 @@ func (e *engine) decide(r int, t int64, j int32) {
 	if den := fresh - min(left, fresh); den > 0 {
 		next[1] += den
 	}
-	any := false
-	for _, v := range next {
-		any = any || v > 0
-	}
-	if any {
-		e.retryQ[r][j] = next
-	} else {
-		delete(e.retryQ[r], j)
+	copy(hist, next)
+	if !e.listed[r][j] && e.pendingRetries(r, j) {
+		e.listed[r][j] = true
+		e.retryList[r] = append(e.retryList[r], j)
 	}
 }
 
-// baselinesOrdered returns the baselines in a fixed order; index 0 is the
-// ideal global bucket.
-func (e *engine) baselinesOrdered() []*model {
-	if len(e.baselines) == 0 {
-		return nil
-	}
-	return []*model{e.baselines[BaselineIdeal], e.baselines[BaselineIndependent], e.baselines[BaselineStaticEqual]}
-}
-
-// take decides n unit requests of subject j arriving together: exactly as
-// n requests of cost 1 one after the other, it admits min(n, ⌊tokens⌋).
-func (e *engine) take(m *model, r, store int, t int64, j int32, n int64) int64 {
-	share := m.share(r, j)
+// take decides n unit requests of subject j arriving together in store
+// at share (takeBatch). A share above 1+ε (float rounding in the
+// allocator) is clamped to it.
+func (e *engine) take(m *model, store int, share float64, t int64, j int32, n int64) int64 {
 	if share <= 0 {
 		return 0
 	}
-	now := time.Unix(0, 0).Add(e.now)
-	req := bucket.Request{Key: e.keys[j], Limits: e.limits, Share: share, Cost: n}
-	e.calls++
-	d, err := m.stores[store].TakeAt(now, req)
-	a := int64(0)
-	switch {
-	case err != nil:
-		// Cannot happen with validated limits; count as denied.
-	case d.Allowed:
-		a = n
-	default:
-		if k := int64(math.Floor(d.Remaining + 1e-9)); k > 0 {
-			req.Cost = min(k, n)
-			e.calls++
-			if d2, err := m.stores[store].TakeAt(now, req); err == nil && d2.Allowed {
-				a = req.Cost
-			}
-		}
+	a, calls, err := takeBatch(&m.states[store][j], &e.prep, e.nowT, min(share, e.maxShare), e.capacity, n)
+	m.calls += calls
+	if err != nil {
+		e.err = cmp.Or(e.err, fmt.Errorf("sim: bucket decision at %v: %w", e.now, err))
+		return 0
 	}
 	if a > 0 {
 		m.admitted += a

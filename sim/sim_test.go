@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"context"
 	"math"
 	"testing"
 	"time"
@@ -69,27 +70,35 @@ func TestStaticEqualSplitUnderAdmits(t *testing.T) {
 }
 
 // TestTwoStepNeverOvershoots runs every built-in scenario, shortened, with
-// both protocols: two-step stays within ε, naive exceeds it on at least one.
+// both protocols, rebalancing every second while messages take 2.5 to 7.5 s:
+// two-step stays within ε, naive exceeds it on at least one. (Naive
+// overshoot is small in this model: a shrunk bucket's tokens are clamped
+// and a grown one gains only refill, so Σ shares above 1 shows only as
+// extra refill over the windows while it lasts.)
 func TestTwoStepNeverOvershoots(t *testing.T) {
-	worstNaive, worstScenario := 0.0, ""
+	var cfgs []Config
 	for _, name := range Builtin() {
 		sc, err := LoadScenario(name)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, p := range []Protocol{TwoStep, Naive} {
-			res, err := Run(Config{Scenario: sc, Subjects: 200, Duration: 25 * time.Minute, Seed: 11, Protocol: p,
-				RebalanceInterval: time.Second, PropagationDelay: 2 * time.Second, Allocator: &allocator.Params{MaxStep: 1}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			worst := max(res.Overshoot1s, res.Overshoot10s, res.Overshoot60s)
-			if p == TwoStep && (worst > 0 || res.MaxShareSum > 1+1e-9) {
-				t.Errorf("%s two-step: overshoot %v, max Σ shares %v", name, worst, res.MaxShareSum)
-			}
-			if p == Naive && worst > worstNaive {
-				worstNaive, worstScenario = worst, name
-			}
+			cfgs = append(cfgs, Config{Scenario: sc, Subjects: 200, Duration: 25 * time.Minute, Seed: 11, Protocol: p,
+				RebalanceInterval: time.Second, PropagationDelay: 5 * time.Second, Allocator: &allocator.Params{MaxStep: 1}})
+		}
+	}
+	results, err := Sweep(context.Background(), cfgs, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	worstNaive, worstScenario := 0.0, ""
+	for _, res := range results {
+		worst := max(res.Overshoot1s, res.Overshoot10s, res.Overshoot60s)
+		if res.Protocol == string(TwoStep) && (worst > 0 || res.MaxShareSum > 1+1e-9) {
+			t.Errorf("%s two-step: overshoot %v, max Σ shares %v", res.Scenario, worst, res.MaxShareSum)
+		}
+		if res.Protocol == string(Naive) && worst > worstNaive {
+			worstNaive, worstScenario = worst, res.Scenario
 		}
 	}
 	if worstNaive == 0 {

@@ -78,22 +78,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	bar := isTerminal(stderr)
-	var results []*sim.Result
-	for i, c := range cfgs {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
+	if bar {
+		progress(stderr, 0, len(cfgs))
+	}
+	results, err := sim.Sweep(ctx, cfgs, func(done, total int) {
 		if bar {
-			progress(stderr, i, len(cfgs), c.Scenario.Name)
+			progress(stderr, done, total)
 		}
-		res, err := sim.Run(c)
-		if err != nil {
-			return err
-		}
-		results = append(results, res)
+	})
+	if err != nil {
+		return err
 	}
 	if bar {
-		progress(stderr, len(cfgs), len(cfgs), "done")
 		fmt.Fprintln(stderr)
 	}
 	if err := sim.WriteTable(stdout, results); err != nil {
@@ -106,10 +102,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-func progress(w io.Writer, done, total int, what string) {
+func progress(w io.Writer, done, total int) {
 	const width = 30
 	n := done * width / max(total, 1)
-	fmt.Fprintf(w, "\r[%s%s] %d/%d %-14s", strings.Repeat("#", n), strings.Repeat(".", width-n), done, total, what)
+	fmt.Fprintf(w, "\r[%s%s] %d/%d runs", strings.Repeat("#", n), strings.Repeat(".", width-n), done, total)
 }
 
 // isTerminal reports whether w is a character device (a terminal).
