@@ -48,13 +48,15 @@ type Config struct {
 	// Layout places the keys; the zero value uses etcdlayout.DefaultPrefix.
 	Layout etcdlayout.Layout
 	// LeaseTTL is the TTL of the region's lease, rounded up to whole
-	// seconds. Default 10 s.
+	// seconds. Zero follows the coordinator: each new lease takes the
+	// TTL published in etcd's settings (Settings.LeaseTTLSeconds, read
+	// just before the grant), or 10 s when none is published.
 	LeaseTTL time.Duration
 	// ReportInterval is how often demand is reported when etcd's settings
 	// do not say. Default 5 s.
 	ReportInterval time.Duration
 	// RequestTimeout bounds every etcd call. Default 2 s, at most a third
-	// of LeaseTTL.
+	// of the lease TTL in use.
 	RequestTimeout time.Duration
 	// Recorder supplies demand reports; nil writes none.
 	Recorder *demand.Recorder

@@ -62,5 +62,8 @@
 // # Units
 //
 // Shares are fractions. LeaseTTL is rounded up to whole seconds (etcd
-// grants leases in seconds). Demand reports carry cost per second.
+// grants leases in seconds); left zero, each lease takes the TTL the
+// coordinator publishes in settings (rebalance's RegionLeaseTTL), read
+// before the grant, so one flag on the coordinator sets every region's
+// TTL. A changed setting applies from the next lease on. Demand reports carry cost per second.
 package regionsync

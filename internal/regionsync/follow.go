@@ -30,7 +30,7 @@ func (s *Syncer) follow(ctx context.Context, key string, prefix bool, resync <-c
 		watchOpts = append(watchOpts, clientv3.WithPrefix())
 	}
 	for ctx.Err() == nil {
-		cctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
+		cctx, cancel := context.WithTimeout(ctx, s.requestTimeout())
 		resp, err := s.cfg.Client.Get(cctx, key, getOpts...)
 		cancel()
 		if err != nil {

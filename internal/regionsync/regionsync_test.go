@@ -507,3 +507,54 @@ func TestLostLeaseFallsBackAndRecovers(t *testing.T) {
 		})
 	})
 }
+
+func TestLeaseTTLFollowsSettings(t *testing.T) {
+	tests := []struct {
+		name     string
+		settings *etcdlayout.Settings
+		raw      string
+		cfgTTL   time.Duration
+		wantTTL  int64
+	}{
+		{name: "published TTL", settings: &etcdlayout.Settings{LeaseTTLSeconds: 2}, wantTTL: 2},
+		{name: "none published: default", wantTTL: 10},
+		{name: "configured TTL wins", settings: &etcdlayout.Settings{LeaseTTLSeconds: 2}, cfgTTL: 3 * time.Second, wantTTL: 3},
+		{name: "published TTL out of range: default", settings: &etcdlayout.Settings{LeaseTTLSeconds: 7200}, wantTTL: 10},
+		{name: "unreadable settings: default", raw: "{", wantTTL: 10},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := etcdtest.Start(t)
+			c := srv.Client(t)
+			if tt.settings != nil {
+				putJSON(t, c, lay.Settings(), tt.settings)
+			}
+			if tt.raw != "" {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				if _, err := c.Put(ctx, lay.Settings(), tt.raw); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s, _ := start(t, srv, Config{LeaseTTL: tt.cfgTTL})
+			waitFor(t, 5*time.Second, "never ready", s.Ready)
+			var reg etcdlayout.Registration
+			found, lease := getJSON(t, c, lay.Region("eu"), &reg)
+			if !found || reg.LeaseTTLSeconds != tt.wantTTL {
+				t.Fatalf("registration %+v, want lease TTL %ds", reg, tt.wantTTL)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			ttl, err := c.TimeToLive(ctx, clientv3.LeaseID(lease))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ttl.GrantedTTL != tt.wantTTL {
+				t.Fatalf("granted TTL %ds, want %ds", ttl.GrantedTTL, tt.wantTTL)
+			}
+			if got, want := s.requestTimeout(), min(DefaultRequestTimeout, time.Duration(tt.wantTTL)*time.Second/3); got != want {
+				t.Fatalf("request timeout %v, want %v", got, want)
+			}
+		})
+	}
+}

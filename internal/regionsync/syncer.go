@@ -41,6 +41,12 @@ type Syncer struct {
 	// lastOK is when (Clock, unix nanos) the last successful keepalive or
 	// grant of the current lease was sent.
 	lastOK atomic.Int64
+	// ttl is the TTL (nanos) of the current lease, or of the next one
+	// before the first grant.
+	ttl atomic.Int64
+	// followTTL: Config.LeaseTTL was zero; every lease takes the TTL of
+	// etcd's settings.
+	followTTL bool
 
 	losses        atomic.Uint64
 	policiesReady atomic.Bool
@@ -61,12 +67,14 @@ type Syncer struct {
 // New validates cfg and returns a Syncer at the safe shares. It starts
 // nothing; call Run.
 func New(cfg Config) (*Syncer, error) {
+	followTTL := cfg.LeaseTTL == 0
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}
 	s := &Syncer{
 		cfg:        cfg,
+		followTTL:  followTTL,
 		log:        cfg.Logger.Named("regionsync").With("region", cfg.Region),
 		lost:       true,
 		allocs:     map[string]*policyShares{},
@@ -74,8 +82,18 @@ func New(cfg Config) (*Syncer, error) {
 		settingsCh: make(chan struct{}, 1),
 		resyncCh:   make(chan chan struct{}),
 	}
+	s.ttl.Store(int64(cfg.LeaseTTL))
 	s.tab.Store(build(true, s.allocs))
 	return s, nil
+}
+
+// leaseTTL is the TTL of the current lease.
+func (s *Syncer) leaseTTL() time.Duration { return time.Duration(s.ttl.Load()) }
+
+// requestTimeout bounds one etcd call: Config.RequestTimeout, at most a
+// third of the current lease TTL.
+func (s *Syncer) requestTimeout() time.Duration {
+	return min(s.cfg.RequestTimeout, s.leaseTTL()/3)
 }
 
 // Share returns the share f the region enforces for subject under policy.
@@ -198,7 +216,7 @@ type kaResult struct {
 
 // session grants leases and keeps them alive until ctx is done.
 func (s *Syncer) session(ctx context.Context) {
-	bo := newBackoff(s.cfg.LeaseTTL / 4)
+	bo := newBackoff(s.leaseTTL() / 4)
 	for ctx.Err() == nil {
 		id, err := s.establish(ctx)
 		if err != nil {
@@ -215,16 +233,27 @@ func (s *Syncer) session(ctx context.Context) {
 
 // establish grants a lease and registers under it.
 func (s *Syncer) establish(ctx context.Context) (clientv3.LeaseID, error) {
+	ttl := s.cfg.LeaseTTL
+	if s.followTTL {
+		t, err := s.publishedTTL(ctx)
+		if err != nil {
+			return 0, err
+		}
+		if t > 0 {
+			ttl = t
+		}
+	}
+	s.ttl.Store(int64(ttl))
 	sent := s.now()
-	cctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
+	cctx, cancel := context.WithTimeout(ctx, s.requestTimeout())
 	defer cancel()
-	lr, err := s.cfg.Client.Grant(cctx, int64(s.cfg.LeaseTTL/time.Second))
+	lr, err := s.cfg.Client.Grant(cctx, int64(ttl/time.Second))
 	if err != nil {
 		return 0, fmt.Errorf("grant lease: %w", err)
 	}
 	reg, err := json.Marshal(etcdlayout.Registration{
 		Region: s.cfg.Region, Addr: s.cfg.Addr,
-		LeaseTTLSeconds: int64(s.cfg.LeaseTTL / time.Second), StartedAt: sent,
+		LeaseTTLSeconds: int64(ttl / time.Second), StartedAt: sent,
 	})
 	if err != nil {
 		return 0, fmt.Errorf("encode registration: %w", err)
@@ -234,15 +263,38 @@ func (s *Syncer) establish(ctx context.Context) (clientv3.LeaseID, error) {
 	}
 	s.lastOK.Store(sent.UnixNano())
 	s.lease.Store(int64(lr.ID))
-	s.log.Info("registered", "lease", fmt.Sprintf("%x", lr.ID), "ttl", s.cfg.LeaseTTL)
+	s.log.Info("registered", "lease", fmt.Sprintf("%x", lr.ID), "ttl", ttl)
 	return lr.ID, nil
+}
+
+// publishedTTL reads the lease TTL of etcd's settings: 0 when none is
+// published or it is outside [1s, 1h].
+func (s *Syncer) publishedTTL(ctx context.Context) (time.Duration, error) {
+	cctx, cancel := context.WithTimeout(ctx, s.requestTimeout())
+	defer cancel()
+	r, err := s.cfg.Client.Get(cctx, s.cfg.Layout.Settings())
+	if err != nil {
+		return 0, fmt.Errorf("read settings for the lease TTL: %w", err)
+	}
+	if len(r.Kvs) == 0 {
+		return 0, nil
+	}
+	var st etcdlayout.Settings
+	if err := json.Unmarshal(r.Kvs[0].Value, &st); err != nil {
+		s.log.Warn("unreadable settings; using the default lease TTL", "error", err)
+		return 0, nil
+	}
+	if st.LeaseTTLSeconds < 1 || st.LeaseTTLSeconds > int64(time.Hour/time.Second) {
+		return 0, nil
+	}
+	return time.Duration(st.LeaseTTLSeconds) * time.Second, nil
 }
 
 // keepAlive keeps lease id alive until it is lost or ctx is done. It asks
 // the allocation follower for a fresh read and leaves the safe shares only
 // when that read completes while id is still alive.
 func (s *Syncer) keepAlive(ctx context.Context, id clientv3.LeaseID) {
-	ttl := s.cfg.LeaseTTL
+	ttl := s.leaseTTL()
 	every := ttl / 3
 	check := min(ttl/20, 100*time.Millisecond)
 	tick := time.NewTicker(check)
@@ -303,7 +355,7 @@ func (s *Syncer) keepAlive(ctx context.Context, id clientv3.LeaseID) {
 }
 
 func (s *Syncer) stale() bool {
-	return s.now().Sub(time.Unix(0, s.lastOK.Load())) > s.cfg.LeaseTTL
+	return s.now().Sub(time.Unix(0, s.lastOK.Load())) > s.leaseTTL()
 }
 
 func leaseGone(err error) bool {

@@ -93,7 +93,7 @@ func (s *Syncer) putLeased(ctx context.Context, id clientv3.LeaseID, key string,
 	if err != nil {
 		return fmt.Errorf("encode %s: %w", key, err)
 	}
-	cctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
+	cctx, cancel := context.WithTimeout(ctx, s.requestTimeout())
 	defer cancel()
 	if _, err := s.cfg.Client.Put(cctx, key, string(b), clientv3.WithLease(id)); err != nil {
 		if leaseGone(err) {
