@@ -30,6 +30,9 @@
 //     expires the lease, so the coordinator (which waits for the expiry
 //     plus a skew margin) never hands them to another region while this one
 //     still enforces them.
+//   - When Run returns (a graceful stop), every share becomes the safe
+//     share and then the lease is revoked, so the coordinator can hand the
+//     region's shares to others without waiting for the TTL.
 //   - A region that lost its lease goes back to the published shares only
 //     after it was granted a new lease, registered under it, and read every
 //     allocation afresh. A keepalive or a leased write answered "lease not

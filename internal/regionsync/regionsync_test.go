@@ -355,8 +355,7 @@ func TestDemandReportsLiveUnderTheLease(t *testing.T) {
 		t.Fatalf("report %+v", rep)
 	}
 
-	// The region stops; a last flush still lands under the live lease.
-	stop()
+	// The region is stopping: a last flush lands under the live lease.
 	rec.Record("flushed", "t", 1, true, false)
 	if err := s.Flush(context.Background()); err != nil {
 		t.Fatalf("flush: %v", err)
@@ -365,14 +364,18 @@ func TestDemandReportsLiveUnderTheLease(t *testing.T) {
 	if _, ok := rep.Policies["flushed"]; !found || !ok {
 		t.Fatalf("flushed report %+v", rep)
 	}
-	// Then the lease expires and takes the report, ack and registration.
-	waitFor(t, 2*time.Second+3*time.Second, "report outlived the lease", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		r, err := c.Get(ctx, lay.Demand("eu"))
-		r2, err2 := c.Get(ctx, lay.Region("eu"))
-		return err == nil && err2 == nil && len(r.Kvs) == 0 && len(r2.Kvs) == 0
-	})
+	// Then Run returns and revokes the lease, which takes the report and
+	// the registration with it; a flush after that has no lease.
+	stop()
+	for _, key := range []string{lay.Demand("eu"), lay.Region("eu")} {
+		var v map[string]any
+		if found, _ := getJSON(t, c, key, &v); found {
+			t.Fatalf("%s outlived the revoked lease", key)
+		}
+	}
+	if err := s.Flush(context.Background()); !errors.Is(err, ErrNoLease) {
+		t.Fatalf("flush after Run returned: %v, want ErrNoLease", err)
+	}
 }
 
 func TestSettingsAndPolicies(t *testing.T) {
@@ -556,5 +559,41 @@ func TestLeaseTTLFollowsSettings(t *testing.T) {
 				t.Fatalf("request timeout %v, want %v", got, want)
 			}
 		})
+	}
+}
+
+func TestGracefulStopRevokesTheLease(t *testing.T) {
+	srv := etcdtest.Start(t)
+	c := srv.Client(t)
+	putJSON(t, c, lay.Alloc("p"), alloc("p", 1, map[string]float64{"eu": 0.7, "us": 0.3}, map[string]float64{"eu": 0.2, "us": 0.2}, nil))
+	s, stop := start(t, srv, Config{LeaseTTL: 30 * time.Second})
+	waitFor(t, 5*time.Second, "never ready", s.Ready)
+	waitFor(t, 3*time.Second, "no ack", func() bool {
+		var a etcdlayout.Ack
+		found, _ := getJSON(t, c, lay.Ack("eu"), &a)
+		return found && a.Epochs["p"] == 1
+	})
+	var reg etcdlayout.Registration
+	_, lease := getJSON(t, c, lay.Region("eu"), &reg)
+	stop()
+	// Safe share first, then no lease: nothing of the region is left in
+	// etcd although its TTL (30 s) is far from over.
+	if got := s.Share("p", "x"); got != 0.2 || !s.Lost() {
+		t.Fatalf("after Run returned: share %v lost %v, want the safe share 0.2", got, s.Lost())
+	}
+	for _, key := range []string{lay.Region("eu"), lay.Ack("eu")} {
+		var v map[string]any
+		if found, _ := getJSON(t, c, key, &v); found {
+			t.Fatalf("%s still there after a graceful stop", key)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ttl, err := c.TimeToLive(ctx, clientv3.LeaseID(lease))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ttl.TTL != -1 {
+		t.Fatalf("lease %x still alive (TTL %ds) after a graceful stop", lease, ttl.TTL)
 	}
 }

@@ -176,8 +176,12 @@ func (s *Syncer) publishLocked() {
 // lease and the loss check, the allocation, policy and settings watches,
 // acknowledgements and demand reports, each on a goroutine Run starts and
 // waits for. It returns nil once ctx is done, or ErrRunning when called a
-// second time. The lease is not revoked on return: what the region wrote
-// stays until it expires, so a last Flush still lands.
+// second time. On return every share is the safe share and the lease is
+// revoked (best effort, within the request timeout), which deletes the
+// registration, acknowledgements and demand report at once: a region that
+// stops gracefully frees its share without making the coordinator wait
+// for the lease TTL. Call Flush for a last demand report before cancelling
+// ctx; after Run returns there is no lease to write under.
 func (s *Syncer) Run(ctx context.Context) error {
 	if !s.running.CompareAndSwap(false, true) {
 		return ErrRunning
@@ -204,7 +208,31 @@ func (s *Syncer) Run(ctx context.Context) error {
 		goRun(func() { s.reportLoop(ctx) })
 	}
 	wg.Wait()
+	s.release()
 	return nil
+}
+
+// release switches to the safe shares, then revokes the lease, in that
+// order: once the registration is gone the coordinator may hand the shares
+// above Safe to other regions.
+func (s *Syncer) release() {
+	s.mu.Lock()
+	id := clientv3.LeaseID(s.lease.Swap(0))
+	if !s.lost {
+		s.lost = true
+		s.publishLocked()
+	}
+	s.mu.Unlock()
+	if id == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.requestTimeout())
+	defer cancel()
+	if _, err := s.cfg.Client.Revoke(ctx, id); err != nil && !leaseGone(err) {
+		s.log.Warn("lease not revoked on shutdown; it expires by its TTL", "lease", fmt.Sprintf("%x", id), "error", err)
+		return
+	}
+	s.log.Info("lease revoked on shutdown", "lease", fmt.Sprintf("%x", id))
 }
 
 // ---- lease ----
