@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -61,18 +62,43 @@ func TestMainWithEtcd(t *testing.T) {
 	if err != nil || !r.Allowed || r.Limit != 10 || r.Policies[0].Share != 0.2 {
 		t.Fatalf("check: %v, %v", r, err)
 	}
+	// The last report is written on shutdown, just before the region's
+	// lease is revoked (which deletes it): watch for the write.
+	wctx, wcancel := context.WithCancel(context.Background())
+	defer wcancel()
+	watch := cli.Watch(wctx, l.Demand("eu-west"), clientv3.WithRev(r0(t, cli)+1))
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	get, err := cli.Get(context.Background(), l.Demand("eu-west"))
-	if err != nil || len(get.Kvs) != 1 {
-		t.Fatalf("demand report: %v, %v", get, err)
+	var last []byte
+	timeout := time.After(10 * time.Second)
+	for last == nil {
+		select {
+		case wr := <-watch:
+			for _, ev := range wr.Events {
+				if ev.Type == clientv3.EventTypePut {
+					last = ev.Kv.Value
+				}
+			}
+		case <-timeout:
+			t.Fatal("no demand report written")
+		}
 	}
 	var rep etcdlayout.DemandReport
-	if err := json.Unmarshal(get.Kvs[0].Value, &rep); err != nil {
+	if err := json.Unmarshal(last, &rep); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := rep.Policies["exports"]; !ok {
-		t.Fatalf("demand report without exports: %s", get.Kvs[0].Value)
+		t.Fatalf("demand report without exports: %s", last)
 	}
+}
+
+// r0 is the store's current revision.
+func r0(t *testing.T, cli *clientv3.Client) int64 {
+	t.Helper()
+	g, err := cli.Get(context.Background(), "r0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g.Header.Revision
 }

@@ -19,7 +19,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/propagation"
@@ -331,39 +330,17 @@ func Main(ctx context.Context, args, env []string, stdout io.Writer) error {
 	return runErr
 }
 
-// redisClient builds a client for addr: host:port, a URL, or several
-// comma-separated cluster addresses. The client honours context deadlines
-// (the store time budget) and never retries: the failure mode is faster
-// than a retry.
-func redisClient(addr string, budget time.Duration) (redis.UniversalClient, error) {
-	timeout := 10 * budget
-	if timeout < 100*time.Millisecond {
-		timeout = 100 * time.Millisecond
+// redisClient dials the store's Redis. The client honours context
+// deadlines (the store time budget) and never retries: the failure mode is
+// faster than a retry. Its own timeouts are a backstop at ten times the
+// budget, at least 100 ms.
+func redisClient(spec string, budget time.Duration) (bucket.RedisConn, error) {
+	timeout := max(10*budget, 100*time.Millisecond)
+	rc, err := bucket.DialRedis(spec, bucket.DialOptions{DialTimeout: timeout, ReadTimeout: timeout, WriteTimeout: timeout})
+	if err != nil {
+		return nil, fmt.Errorf("regional: -redis: %w", err)
 	}
-	switch {
-	case strings.Contains(addr, "://"):
-		opt, err := redis.ParseURL(addr)
-		if err != nil {
-			return nil, fmt.Errorf("regional: -redis: %w", err)
-		}
-		opt.ContextTimeoutEnabled = true
-		opt.MaxRetries = -1
-		opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = timeout, timeout, timeout
-		opt.DialerRetries, opt.DialerRetryTimeout = 1, time.Millisecond
-		return redis.NewClient(opt), nil
-	case strings.Contains(addr, ","):
-		var addrs []string
-		for _, a := range strings.Split(addr, ",") {
-			if a = strings.TrimSpace(a); a != "" {
-				addrs = append(addrs, a)
-			}
-		}
-		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true, MaxRetries: -1,
-			DialTimeout: timeout, ReadTimeout: timeout, WriteTimeout: timeout, DialerRetries: 1, DialerRetryTimeout: time.Millisecond}), nil
-	default:
-		return redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1,
-			DialTimeout: timeout, ReadTimeout: timeout, WriteTimeout: timeout, DialerRetries: 1, DialerRetryTimeout: time.Millisecond}), nil
-	}
+	return rc, nil
 }
 
 // redactURL hides a password in a redis URL for logs.

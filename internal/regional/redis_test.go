@@ -10,14 +10,13 @@ import (
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/quotacoord/quota/bucket"
 	"github.com/quotacoord/quota/internal/redistest"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
 )
 
-func redisStore(t testing.TB, c redis.UniversalClient) bucket.Store {
+func redisStore(t testing.TB, c bucket.RedisConn) bucket.Store {
 	t.Helper()
 	s, err := bucket.NewRedis(bucket.RedisConfig{Client: c})
 	if err != nil {
