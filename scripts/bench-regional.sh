@@ -127,13 +127,19 @@ load node-c1 "127.0.0.1:$GP" -c 1 -subjects 10000
 load node-c50-d10 "127.0.0.1:$GP" -c 50 -subjects 10000 -descriptors 10
 
 # Bare EVALSHA of the token-bucket script as the node calls it for one
-# bucket: take, Redis TIME, 'tb', capacity 100 tokens (units of 1/1000),
-# refill 100/s (0.1 units per microsecond), cost 1 token, idle TTL 60 s.
+# bucket (the script text comes from the bucket package itself): take,
+# Redis TIME, 'tb', capacity 100 tokens (units of 1/1000), refill 100/s
+# (0.1 units per microsecond), cost 1 token, idle TTL 60 s, field 'bench'
+# of a group hash.
 echo "run redis-benchmark EVALSHA ..."
-SHA=$(cat bucket/lua/common.lua bucket/lua/token_bucket.lua bucket/lua/take.lua | redis-cli -p "$RP" -x SCRIPT LOAD)
-redis-cli -p "$RP" EVALSHA "$SHA" 1 'rl:v1:{probe}:bench' t '' tb 100000 0.1 1000 60000 >/dev/null
+SHA=$(go run ./bucket/internal/tbscript | redis-cli -p "$RP" -x SCRIPT LOAD)
+one=$(redis-cli -p "$RP" EVALSHA "$SHA" 1 'rl:v1:{g.0}:bench' t '' tb 100000 0.1 1000 60000 bench)
+if [ "$(printf '%s\n' "$one" | grep -cE '^-?[0-9]+$')" -ne 5 ]; then
+	echo "bench-regional: the bare EVALSHA does not reply 5 integers: $one" >&2
+	exit 1
+fi
 EVAL=$(taskset -c 1 redis-benchmark -h 127.0.0.1 -p "$RP" -c 50 -P 16 -n 1000000 -r 10000 --csv \
-	EVALSHA "$SHA" 1 'rl:v1:{__rand_int__}:bench' t '' tb 100000 0.1 1000 60000 |
+	EVALSHA "$SHA" 1 'rl:v1:{g.__rand_int__}:bench' t '' tb 100000 0.1 1000 60000 bench |
 	awk -F'","' 'NR==2 {print $2}')
 EVAL=${EVAL//\"/}
 
