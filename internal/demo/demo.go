@@ -150,7 +150,9 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	sum.PhaseShares[len(story.Phases)-1] = rec.Rates(0, 1).Share
 
 	events, dropped := rec.Events()
-	sum.Figures = Measure(events, story.Capacity, story.RefillPerSecond, OvershootWindows)
+	if sum.Figures, err = Measure(events, story.Capacity, story.RefillPerSecond, OvershootWindows); err != nil {
+		return sum, err
+	}
 	sum.Dropped = dropped
 	sum.Degraded = checker.Degraded()
 	w := rec.Rates(0, story.Length())

@@ -54,15 +54,28 @@ func TestMeasure(t *testing.T) {
 		{"nothing", nil, 10, 1, 0, 0, 0, 0, 0},
 		{"a full burst is no overshoot", burst(10, 0, true), 10, 1, 0, 0, 10, 10, 1e-12},
 		// 22 at once against C + r·1s = 11: overshoot 1.
-		{"twice the burst", burst(22, 0, true), 10, 1, 1, -1.2, 10, 22, 1e-12},
+		// More than the ideal bucket: under-admission is floored at 0.
+		{"twice the burst", burst(22, 0, true), 10, 1, 1, 0, 10, 22, 1e-12},
 		// The ideal bucket admits 10 of 20; the regions admitted 5.
 		{"half of ideal", append(burst(5, 0, true), burst(15, 0, false)...), 10, 1, 0, 0.5, 10, 5, 1e-12},
+		// Two subjects each with a full burst: per-subject budgets, no
+		// overshoot, both ideal.
+		{"per subject", append(burst(10, 0, true), func() []Event {
+			ev := burst(10, 0, true)
+			for i := range ev {
+				ev[i].Subject = 1
+			}
+			return ev
+		}()...), 10, 1, 0, 0, 20, 20, 1e-12},
 		// Refill: 10 at 0 and 10 at 10s are both ideal.
 		{"refill", append(burst(10, 0, true), burst(10, 10*time.Second, true)...), 10, 1, 0, 0, 20, 20, 1e-12},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			f := Measure(tc.events, tc.c, tc.r, OvershootWindows)
+			f, err := Measure(tc.events, tc.c, tc.r, OvershootWindows)
+			if err != nil {
+				t.Fatal(err)
+			}
 			if math.Abs(f.Overshoot[time.Second]-tc.over1s) > tc.tolerance {
 				t.Errorf("overshoot(1s) = %v, want %v", f.Overshoot[time.Second], tc.over1s)
 			}
@@ -79,7 +92,10 @@ func TestMeasure(t *testing.T) {
 // TestMeasureWindowIsClosed: admissions exactly W apart fall in one window.
 func TestMeasureWindowIsClosed(t *testing.T) {
 	ev := []Event{{At: 0, Cost: 6, Admitted: true}, {At: time.Second, Cost: 6, Admitted: true}}
-	f := Measure(ev, 5, 1, []time.Duration{time.Second})
+	f, err := Measure(ev, 5, 1, []time.Duration{time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
 	// 12 in [0, 1s] against 5 + 1 = 6.
 	if got := f.Overshoot[time.Second]; math.Abs(got-1) > 1e-12 {
 		t.Errorf("overshoot(1s) = %v, want 1", got)
@@ -185,7 +201,10 @@ func TestDriverPlaysStory(t *testing.T) {
 			t.Errorf("region %d admitted %d, want 5 to 10", r, adm[r])
 		}
 	}
-	f := Measure(ev, st.Capacity, st.RefillPerSecond, OvershootWindows)
+	f, err := Measure(ev, st.Capacity, st.RefillPerSecond, OvershootWindows)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if f.Overshoot[10*time.Second] != 0 {
 		t.Errorf("half shares overshoot: %v", f.Overshoot)
 	}

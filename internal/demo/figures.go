@@ -1,21 +1,22 @@
 package demo
 
 import (
-	"math"
+	"fmt"
 	"sort"
 	"time"
+
+	"github.com/quotacoord/quota/sim"
 )
 
 // Figures are the simulator's two measures, taken on a real admitted
-// stream of one subject.
+// stream.
 type Figures struct {
-	// Overshoot maps a window W to max over closed windows [t−W, t] of
-	// admitted / (C + r·W) − 1, floored at 0: what no single global bucket
-	// could ever have admitted.
+	// Overshoot maps a window W to max over subjects and closed windows
+	// [t−W, t] of admitted / (C + r·W) − 1, floored at 0: what no single
+	// global bucket could ever have admitted.
 	Overshoot map[time.Duration]float64
 	// UnderAdmission is 1 − admitted / admitted-by-an-ideal-global-bucket
-	// on the same merged request stream (negative when the regions
-	// together admitted more than the ideal bucket).
+	// on the same merged request stream, floored at 0.
 	UnderAdmission float64
 	// Offered, Admitted and Ideal are the costs of the stream.
 	Offered, Admitted, Ideal int64
@@ -29,63 +30,42 @@ func sortEvents(ev []Event) {
 }
 
 // Measure computes Figures over events (sorted by At) for a policy of
-// capacity c and refill r per second, for the windows given. Overshoot is
-// the largest over subjects; the ideal bucket is one per subject.
-//
-// The definitions are those of package sim (DESIGN.md "Simulation"); the
-// simulator does not export its measuring functions yet, so they are
-// restated here over exact arrival times instead of ticks.
-func Measure(events []Event, c int64, r float64, windows []time.Duration) Figures {
+// capacity c and refill r per second per subject, for the windows given,
+// with package sim's own code: sim.Measure for overshoot on the exact
+// admission instants, and sim.IdealBucket (one global bucket per subject,
+// full at offset 0) deciding the merged stream for under-admission. The
+// simulator's figures and the live run's are thus measured alike.
+func Measure(events []Event, c int64, r float64, windows []time.Duration) (Figures, error) {
 	f := Figures{Overshoot: make(map[time.Duration]float64, len(windows))}
-	bySubject := map[int32][]Event{}
+	ideal, err := sim.NewIdealBucket(c, r)
+	if err != nil {
+		return f, fmt.Errorf("demo: measure: %w", err)
+	}
+	adm := make([]sim.Admission, 0, len(events))
 	for _, e := range events {
-		bySubject[e.Subject] = append(bySubject[e.Subject], e)
-	}
-	for _, w := range windows {
-		f.Overshoot[w] = 0
-	}
-	for _, ev := range bySubject {
-		var adm []Event
-		for _, e := range ev {
-			f.Offered += e.Cost
-			if e.Admitted {
-				f.Admitted += e.Cost
-				adm = append(adm, e)
-			}
+		f.Offered += e.Cost
+		if e.Admitted {
+			f.Admitted += e.Cost
+			adm = append(adm, sim.Admission{At: e.At, Subject: int(e.Subject), Count: e.Cost})
 		}
+		if _, err := ideal.Take(e.At, int(e.Subject), e.Cost); err != nil {
+			return f, fmt.Errorf("demo: measure: %w", err)
+		}
+	}
+	f.Ideal = ideal.Admitted()
+	f.UnderAdmission = sim.UnderAdmission(f.Admitted, f.Ideal)
+	if len(adm) == 0 {
 		for _, w := range windows {
-			limit := float64(c) + r*w.Seconds()
-			best := 0.0
-			var sum int64
-			lo := 0
-			for hi := range adm {
-				sum += adm[hi].Cost
-				for adm[lo].At < adm[hi].At-w {
-					sum -= adm[lo].Cost
-					lo++
-				}
-				if v := float64(sum) / limit; v > best {
-					best = v
-				}
-			}
-			f.Overshoot[w] = math.Max(f.Overshoot[w], best-1)
+			f.Overshoot[w] = 0
 		}
-		// The ideal global bucket: full at the start, refilled
-		// continuously, deciding every arrival of the merged stream in
-		// order.
-		tokens := float64(c)
-		var last time.Duration
-		for _, e := range ev {
-			tokens = math.Min(float64(c), tokens+r*(e.At-last).Seconds())
-			last = e.At
-			if tokens >= float64(e.Cost) {
-				tokens -= float64(e.Cost)
-				f.Ideal += e.Cost
-			}
-		}
+		return f, nil
 	}
-	if f.Ideal > 0 {
-		f.UnderAdmission = 1 - float64(f.Admitted)/float64(f.Ideal)
+	m, err := sim.Measure(adm, float64(c), r, windows)
+	if err != nil {
+		return f, fmt.Errorf("demo: measure: %w", err)
 	}
-	return f
+	for k, w := range m.Windows {
+		f.Overshoot[w] = m.Overshoot[k]
+	}
+	return f, nil
 }
