@@ -11,7 +11,7 @@ GO=${GO:-go}
 out=${RELIABILITY_OUT:-out/reliability}
 fuzztime=${FUZZTIME:-20s}
 mkdir -p "$out"
-report="$PWD/$out/report.jsonl"
+report="$(cd "$out" && pwd)/report.jsonl"
 : > "$report"
 export RELIABILITY_LONG=${RELIABILITY_LONG:-1} RELIABILITY_REPORT="$report"
 status=0
