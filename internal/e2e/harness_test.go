@@ -30,29 +30,29 @@ import (
 	"github.com/quotacoord/quota/internal/invariant"
 	"github.com/quotacoord/quota/internal/redistest"
 	"github.com/quotacoord/quota/internal/regional"
-	"github.com/quotacoord/quota/rebalance"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
+	"github.com/quotacoord/quota/rebalance"
 )
 
 // The deployment every test runs. The policy is 600 per minute (10/s) per
 // subject with a burst of 60 and a minimum share of 0.02 per region, so a
 // region alone can reach 0.96 of the budget.
 const (
-	policyName   = "exports"
-	globalRate   = 10.0 // 600 per minute
-	minShare     = 0.02
-	hotSubject   = "tenant-hot"
-	rebalanceIv  = time.Second
-	reportIv     = 300 * time.Millisecond
-	regionTTL    = 2 * time.Second
-	skewMargin   = 500 * time.Millisecond
-	sessionTTL   = 2 * time.Second
+	policyName  = "exports"
+	globalRate  = 10.0 // 600 per minute
+	minShare    = 0.02
+	hotSubject  = "tenant-hot"
+	rebalanceIv = time.Second
+	reportIv    = 300 * time.Millisecond
+	regionTTL   = 2 * time.Second
+	skewMargin  = 500 * time.Millisecond
+	sessionTTL  = 2 * time.Second
 	// alpha and maxStep are the coordinator's demand smoothing and step
 	// per round. With rebalance's defaults (0.5 and 0.3) a subject's
 	// override that moves from one region to another passes 0.8 after
 	// about 5.0 intervals, right at the bound; these reach it in about 3.
-	alpha   = 0.8
-	maxStep = 0.5
+	alpha        = 0.8
+	maxStep      = 0.5
 	offeredRate  = 3 * globalRate // what a region with demand offers
 	checkTimeout = 2 * time.Second
 	maxEvents    = 4096 // share transitions kept per region
