@@ -77,6 +77,8 @@ type env struct {
 	cli    *clientv3.Client
 	logs   *lineLog
 	token  string
+	// tokenFile is the coordinators' operator token file.
+	tokenFile string
 	coords []*coord
 	// regions in name order.
 	regions []*region
@@ -93,6 +95,7 @@ func newEnv(t *testing.T, nCoords int, names ...string) *env {
 	e.logs = newLineLog(t)
 	dir := t.TempDir()
 	tokenFile := filepath.Join(dir, "operator-tokens")
+	e.tokenFile = tokenFile
 	e.token = "e2e-write-token-0123456789"
 	if err := os.WriteFile(tokenFile, []byte("write:"+e.token+"\n"), 0o600); err != nil {
 		t.Fatal(err)
