@@ -72,14 +72,14 @@ var layout etcdlayout.Layout
 
 // env is one deployment: etcd, coordinators and regions on loopback.
 type env struct {
-	t      *testing.T
-	etcd   *etcdtest.Server
-	cli    *clientv3.Client
-	logs   *lineLog
-	token  string
+	t     *testing.T
+	etcd  *etcdtest.Server
+	cli   *clientv3.Client
+	logs  *lineLog
+	token string
 	// tokenFile is the coordinators' operator token file.
 	tokenFile string
-	coords []*coord
+	coords    []*coord
 	// regions in name order.
 	regions []*region
 }
