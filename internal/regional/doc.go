@@ -52,6 +52,14 @@
 // store out for BreakerCooldown, then lets one probe through; while it is
 // open a dead Redis costs no time.
 //
+// # At the in-process store's bucket cap
+//
+// The local buckets of local policies hold at most a fixed number of
+// buckets (-local-max-buckets). During an outage, a check that needs a new
+// local bucket is denied with a retry-after, marked degraded "local" and
+// counted in quota_regional_memory_full_total; subjects that already have
+// a local bucket keep deciding from it.
+//
 // A negative cache remembers buckets that denied with retry-after t and
 // denies the same or larger cost locally until t, so a client ignoring
 // Retry-After cannot push its traffic onto Redis. It only ever denies what

@@ -21,6 +21,7 @@ type metrics struct {
 	breakerOpens prometheus.Counter
 	breakerOpen  prometheus.Gauge
 	reloads      *prometheus.CounterVec // result
+	memoryFull   *prometheus.CounterVec // store: primary or local
 	policies     prometheus.Gauge
 }
 
@@ -75,19 +76,23 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		breakerOpen: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "quota", Subsystem: "regional", Name: "breaker_open",
-			Help: "1 while the store circuit breaker is open or half-open.",
+			Help: "Whether the store circuit breaker is open or half-open (1) or closed (0).",
 		}),
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "quota", Subsystem: "regional", Name: "policy_reloads_total",
 			Help: "Policy reloads by result (ok, error).",
 		}, []string{"result"}),
+		memoryFull: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "quota", Subsystem: "regional", Name: "memory_full_total",
+			Help: "Checks denied because the in-process store (primary or local) was at its bucket cap and the check needed a new bucket.",
+		}, []string{"store"}),
 		policies: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "quota", Subsystem: "regional", Name: "policies",
 			Help: "Policies in the loaded set.",
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.decisions, m.storeLatency, m.storeErrors, m.degraded,
-		m.retryAfter, m.shares, m.negHits, m.replays, m.breakerOpens, m.breakerOpen, m.reloads, m.policies} {
+		m.retryAfter, m.shares, m.negHits, m.replays, m.breakerOpens, m.breakerOpen, m.reloads, m.memoryFull, m.policies} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("regional: register metrics: %w", err)
 		}

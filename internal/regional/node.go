@@ -379,6 +379,8 @@ func (n *Node) callStore(ctx context.Context, now time.Time, reqs []bucket.Reque
 // degrade decides items[idx] by their failure modes. Any closed policy
 // denies the whole check (charging nothing); otherwise local policies take
 // from the in-process store at share × local scale and open ones admit.
+// When the in-process store is at its bucket cap and the check needs a new
+// bucket, the local policies deny with a retry-after, as closed ones do.
 func (n *Node) degrade(ctx context.Context, now time.Time, items []item, idx []int) ([]bucket.Decision, policy.FailureMode, error) {
 	decs := make([]bucket.Decision, len(idx))
 	retry := n.brk.retryIn(now)
@@ -421,7 +423,17 @@ func (n *Node) degrade(ctx context.Context, now time.Time, items []item, idx []i
 		ldecs = denyAll(merged)
 	} else {
 		var err error
-		if ldecs, err = n.cfg.Local.TakeAll(ctx, merged); err != nil {
+		ldecs, err = n.cfg.Local.TakeAll(ctx, merged)
+		switch {
+		case errors.Is(err, bucket.ErrMemoryFull):
+			// The local buckets are at -local-max-buckets: the check
+			// needs a new one, so it is denied as fail-closed denies.
+			for _, j := range local {
+				decs[j] = bucket.Decision{Allowed: false, Limit: items[idx[j]].limit(), RetryAfter: retry, ResetAfter: retry}
+			}
+			n.m.memoryFull.WithLabelValues("local").Inc()
+			return decs, policy.FailLocal, nil
+		case err != nil:
 			return nil, "", fmt.Errorf("regional: local bucket: %w", err)
 		}
 	}
