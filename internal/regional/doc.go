@@ -54,11 +54,15 @@
 //
 // # At the in-process store's bucket cap
 //
-// The local buckets of local policies hold at most a fixed number of
-// buckets (-local-max-buckets). During an outage, a check that needs a new
-// local bucket is denied with a retry-after, marked degraded "local" and
-// counted in quota_regional_memory_full_total; subjects that already have
-// a local bucket keep deciding from it.
+// The in-process store (the primary store of a node without Redis, and the
+// local buckets of local policies) holds at most a fixed number of buckets
+// (-local-max-buckets). A check that needs a new bucket there is denied
+// with a retry-after of one BreakerCooldown, marked degraded ("closed" for
+// the primary store, "local" for local buckets) and counted in
+// quota_regional_memory_full_total; subjects that already have a bucket
+// keep deciding from it. Being full is not a store failure: it never
+// counts towards the breaker, so a flood of new identities cannot switch
+// a fail-open policy to admitting everyone.
 //
 // A negative cache remembers buckets that denied with retry-after t and
 // denies the same or larger cost locally until t, so a client ignoring

@@ -1,6 +1,7 @@
 package regional
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -66,5 +67,59 @@ policies:
 	}
 	if got := counterValue(t, h.reg, "quota_regional_degraded_decisions_total"); got != 10 {
 		t.Errorf("degraded_decisions_total = %v, want 10", got)
+	}
+}
+
+// TestPrimaryMemoryFullKeepsBreakerClosed: on a node whose primary store
+// is the in-process one, a flood of new subjects at the bucket cap is
+// denied check by check (degraded closed, with a retry-after) and never
+// opens the breaker, so a fail-open policy keeps denying a subject whose
+// bucket is empty.
+func TestPrimaryMemoryFullKeepsBreakerClosed(t *testing.T) {
+	const maxBuckets = 5
+	h := startNode(t, Config{Store: cappedMemory(t, maxBuckets), BreakerThreshold: 2, BreakerCooldown: 10 * time.Second},
+		map[string]string{"p.yaml": "policies:\n  - {name: op, capacity: 2, rate: 2/hour, failure_mode: open}\n"})
+	ctx := ctxT(t)
+	check := func(subject string, cost int64) *quotav1.CheckResponse {
+		t.Helper()
+		r, err := h.adm.Check(ctx, &quotav1.CheckRequest{Subject: subject, Policies: []string{"op"}, Cost: cost})
+		if err != nil {
+			t.Fatalf("%s: %v", subject, err)
+		}
+		return r
+	}
+	if r := check("victim", 2); !r.Allowed || r.Degraded != "" {
+		t.Fatalf("victim's first check: %v", r)
+	}
+	denied := 0
+	for i := 0; i < 3*maxBuckets; i++ {
+		r := check(fmt.Sprintf("flood-%d", i), 1)
+		switch {
+		case i < maxBuckets-1:
+			if !r.Allowed || r.Degraded != "" {
+				t.Errorf("flood %d below the cap: %v", i, r)
+			}
+		default:
+			denied++
+			if r.Allowed || r.Degraded != "closed" || r.RetryAfter.AsDuration() <= 0 {
+				t.Errorf("flood %d at the cap: allowed=%v degraded=%q retry=%v, want a closed denial with a retry-after",
+					i, r.Allowed, r.Degraded, r.RetryAfter.AsDuration())
+			}
+		}
+	}
+	if r := check("victim", 1); r.Allowed || r.Degraded != "" {
+		t.Errorf("victim after the flood: allowed=%v degraded=%q, want a normal denial", r.Allowed, r.Degraded)
+	}
+	if r := check("flood-0", 1); !r.Allowed || r.Degraded != "" {
+		t.Errorf("an existing bucket after the flood: %v", r)
+	}
+	if opens := h.node.brk.opens.Load(); opens != 0 || h.node.brk.isOpen() {
+		t.Errorf("breaker opened %d times because the in-process store was full", opens)
+	}
+	if got := counterValue(t, h.reg, "quota_regional_store_errors_total"); got != 0 {
+		t.Errorf("store_errors_total = %v, want 0", got)
+	}
+	if got := counterValue(t, h.reg, "quota_regional_memory_full_total"); got != float64(denied) {
+		t.Errorf("memory_full_total = %v, want %d", got, denied)
 	}
 }

@@ -246,6 +246,12 @@ func (n *Node) take(ctx context.Context, now time.Time, items []item, idx []int)
 		if isInputError(err) {
 			return nil, "", err
 		}
+		if errors.Is(err, bucket.ErrMemoryFull) {
+			// The in-process primary store is at its bucket cap: a check
+			// that needs a new bucket is denied, existing buckets keep
+			// deciding, and the breaker is not involved.
+			return n.denyFull(now, items, idx, err), policy.FailClosed, nil
+		}
 		storeErr = err
 	}
 	decs, mode, err := n.degrade(ctx, now, items, idx)
@@ -352,7 +358,10 @@ func (n *Node) callStore(ctx context.Context, now time.Time, reqs []bucket.Reque
 			n.log.Info("store answered the breaker's probe; breaker closed")
 		}
 		return decs, nil
-	case ctx.Err() != nil || isInputError(err):
+	case ctx.Err() != nil || isInputError(err) || errors.Is(err, bucket.ErrMemoryFull):
+		// Not a store failure: the caller went away, the input was bad, or
+		// the in-process store is at its bucket cap (a flood of new
+		// subjects must never open the breaker).
 		span.End()
 		n.brk.release(probe)
 		return nil, err
@@ -442,6 +451,24 @@ func (n *Node) degrade(ctx context.Context, now time.Time, items []item, idx []i
 		decs[j] = ldecs[k]
 	}
 	return decs, policy.FailLocal, nil
+}
+
+// denyFull answers items[idx] when the in-process primary store is at its
+// bucket cap (err wraps bucket.ErrMemoryFull): each is denied with a
+// retry-after of one breaker cooldown, counted as a degraded closed
+// decision, and logged at a bounded rate. The store charged nothing that
+// this denial must give back, except as bucket.Memory.TakeAll documents.
+func (n *Node) denyFull(now time.Time, items []item, idx []int, err error) []bucket.Decision {
+	retry := n.cfg.BreakerCooldown
+	decs := make([]bucket.Decision, len(idx))
+	for j, i := range idx {
+		it := &items[i]
+		decs[j] = bucket.Decision{Allowed: false, Limit: it.limit(), RetryAfter: retry, ResetAfter: retry}
+		n.m.degraded.WithLabelValues(it.label, n.cfg.Region, string(policy.FailClosed)).Inc()
+	}
+	n.m.memoryFull.WithLabelValues("primary").Inc()
+	n.logDegraded(now, policy.FailClosed, err)
+	return decs
 }
 
 // fullAfter is how long an empty bucket with limits l takes to be full
