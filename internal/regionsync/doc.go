@@ -39,10 +39,13 @@
 //     found" counts as a loss too.
 //   - An allocation that does not parse or holds an impossible share is
 //     enforced at the safe share and its epoch is not acknowledged.
-//   - A check that read its share just before a shrink was applied may
-//     still finish at the old share; an epoch is acknowledged only after the
-//     table holding it was published, so every check that starts after the
-//     acknowledgement uses it.
+//   - An epoch is acknowledged only once every check uses it: after the
+//     table holding it was published (so every check that starts later
+//     reads it) and after every check that pinned an older table with
+//     Begin called End (so none still takes tokens at a share the region
+//     gave up). A caller that reads shares with Share instead of Begin
+//     gets only the first half: a check in flight at the switch may finish
+//     at the old share.
 //
 // Timers (keepalive pacing, the loss check, report intervals, back-off)
 // run on real time; what they measure (lease age, report timestamps) is
@@ -58,7 +61,8 @@
 // # Concurrency and goroutines
 //
 // Run starts every goroutine of a Syncer and returns only after all of them
-// ended; it may be called once. Share, Ready, Lost, Epoch and Flush are
+// ended; it may be called once. Share, Begin (and the Pin's Share and End),
+// Ready, Lost, Epoch and Flush are
 // safe for concurrent use, before, during and after Run. The zero Syncer is
 // not usable; build one with New.
 //

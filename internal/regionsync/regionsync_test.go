@@ -597,3 +597,57 @@ func TestGracefulStopRevokesTheLease(t *testing.T) {
 		t.Fatalf("lease %x still alive (TTL %ds) after a graceful stop", lease, ttl.TTL)
 	}
 }
+
+func TestAckWaitsForPinnedChecks(t *testing.T) {
+	srv := etcdtest.Start(t)
+	c := srv.Client(t)
+	safe := map[string]float64{"eu": 0.1, "us": 0.1}
+	putJSON(t, c, lay.Alloc("p"), alloc("p", 1, map[string]float64{"eu": 0.7, "us": 0.3}, safe, nil))
+	s, _ := start(t, srv, Config{LeaseTTL: 3 * time.Second})
+	acked := func(epoch uint64) func() bool {
+		return func() bool {
+			var a etcdlayout.Ack
+			found, _ := getJSON(t, c, lay.Ack("eu"), &a)
+			return found && a.Epochs["p"] == epoch
+		}
+	}
+	waitFor(t, 5*time.Second, "epoch 1 not acked", acked(1))
+
+	// A check pins epoch 1; a shrink to 0.4 is published meanwhile.
+	pin := s.Begin()
+	shrink := alloc("p", 2, map[string]float64{"eu": 0.4, "us": 0.3}, safe, nil)
+	shrink.Phase = etcdlayout.PhaseShrink
+	putJSON(t, c, lay.Alloc("p"), shrink)
+	waitFor(t, 3*time.Second, "epoch 2 not applied", func() bool { return s.Share("p", "x") == 0.4 })
+	if got := pin.Share("p", "x"); got != 0.7 {
+		t.Fatalf("pinned check sees %v, want its table's 0.7", got)
+	}
+	// Not acknowledged while the check may still take tokens at 0.7.
+	time.Sleep(300 * time.Millisecond)
+	if acked(2)() {
+		t.Fatal("epoch 2 acknowledged while a check still used epoch 1")
+	}
+	// A check that starts now uses epoch 2 and does not hold the ack.
+	later := s.Begin()
+	if got := later.Share("p", "x"); got != 0.4 {
+		t.Fatalf("new check sees %v, want 0.4", got)
+	}
+	pin.End()
+	took := waitFor(t, 3*time.Second, "epoch 2 not acked after the pinned check ended", acked(2))
+	later.End()
+	t.Logf("epoch 2 acknowledged %v after the last check on epoch 1 ended", took)
+}
+
+func TestBeginDoesNotAllocate(t *testing.T) {
+	s := syncerWithTable(t, 10)
+	allocs := testing.AllocsPerRun(1000, func() {
+		p := s.Begin()
+		if p.Share("p", "s3") != 0.5 {
+			t.Fatal("wrong share")
+		}
+		p.End()
+	})
+	if allocs != 0 {
+		t.Fatalf("Begin/Share/End allocate %v times", allocs)
+	}
+}

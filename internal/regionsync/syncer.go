@@ -35,6 +35,9 @@ type Syncer struct {
 	mu     sync.Mutex
 	lost   bool
 	allocs map[string]*policyShares
+	// retired are replaced tables that checks still pin. Each holds at
+	// least one pin, so there are never more than checks in flight.
+	retired []*table
 
 	// lease is the current lease, 0 while there is none.
 	lease atomic.Int64
@@ -97,9 +100,46 @@ func (s *Syncer) requestTimeout() time.Duration {
 }
 
 // Share returns the share f the region enforces for subject under policy.
-// It is lock-free and allocation-free.
+// It is lock-free and allocation-free. A check that reads several shares,
+// or that must not outlive the acknowledgement of a newer epoch, uses
+// Begin instead.
 func (s *Syncer) Share(policy, subject string) float64 {
-	t := s.tab.Load()
+	return s.shareIn(s.tab.Load(), policy, subject)
+}
+
+// Pin is one check's view of the shares: every Share through it reads the
+// same table, and the epochs newer than that table are acknowledged only
+// after End. The zero Pin is not usable; get one from Begin.
+type Pin struct {
+	s *Syncer
+	t *table
+}
+
+// Begin pins the current shares for one check. Call End once the check's
+// bucket calls returned: until then no epoch published after Begin is
+// acknowledged, so the coordinator never grows another region's share
+// while this check may still take tokens at a share the region gave up.
+// It is lock-free and allocation-free.
+func (s *Syncer) Begin() Pin {
+	for {
+		t := s.tab.Load()
+		t.inflight.Add(1)
+		// A table replaced between the load and the count may already
+		// have been found drained by the ack loop: pin the new one.
+		if s.tab.Load() == t {
+			return Pin{s: s, t: t}
+		}
+		t.inflight.Add(-1)
+	}
+}
+
+// Share is Syncer.Share on the pinned table.
+func (p Pin) Share(policy, subject string) float64 { return p.s.shareIn(p.t, policy, subject) }
+
+// End releases the pin; call it exactly once.
+func (p Pin) End() { p.t.inflight.Add(-1) }
+
+func (s *Syncer) shareIn(t *table, policy, subject string) float64 {
 	ps := t.allocs[policy]
 	if ps == nil {
 		return s.minShare(policy)
@@ -163,9 +203,22 @@ func (s *Syncer) Policies() []string {
 
 func (s *Syncer) now() time.Time { return s.cfg.Clock.Now() }
 
-// publish stores a new table from the state; call with mu held.
+// publish stores a new table from the state; call with mu held. The
+// table it replaces is kept, while checks pin it, so that the ack loop can
+// wait for them.
 func (s *Syncer) publishLocked() {
-	s.tab.Store(build(s.lost, s.allocs))
+	old := s.tab.Swap(build(s.lost, s.allocs))
+	kept := s.retired[:0]
+	for _, t := range s.retired {
+		if t.inflight.Load() > 0 {
+			kept = append(kept, t)
+		}
+	}
+	clear(s.retired[len(kept):])
+	s.retired = kept
+	if old != nil && old.inflight.Load() > 0 {
+		s.retired = append(s.retired, old)
+	}
 	select {
 	case s.ackCh <- struct{}{}:
 	default:

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync/atomic"
 
 	"github.com/quotacoord/quota/internal/etcdlayout"
 )
@@ -15,6 +16,9 @@ var ErrBadAllocation = errors.New("regionsync: bad allocation")
 
 // table is what the hot path reads. It is never modified once published.
 type table struct {
+	// inflight counts the checks that pinned this table (Begin) and did
+	// not End yet.
+	inflight atomic.Int64
 	// lost: no lease, or no fresh read of the allocations under the
 	// current lease; every share is the safe share.
 	lost   bool

@@ -27,6 +27,19 @@ func (s *Syncer) ackLoop(ctx context.Context) {
 			// Leaving the safe shares publishes again, which acks.
 			continue
 		}
+		if !s.drained(ctx, t) {
+			// Checks pinned an older table for longer than a request
+			// timeout: try again later rather than ack under them.
+			if ctx.Err() == nil {
+				s.log.Warn("checks still use older shares; acknowledgement postponed")
+			}
+			bo.wait(ctx)
+			select {
+			case s.ackCh <- struct{}{}:
+			default:
+			}
+			continue
+		}
 		err := s.putLeased(ctx, id, s.cfg.Layout.Ack(s.cfg.Region), etcdlayout.Ack{Region: s.cfg.Region, Epochs: t.epochs, At: s.now()})
 		if err != nil {
 			if ctx.Err() == nil {
@@ -102,4 +115,28 @@ func (s *Syncer) putLeased(ctx context.Context, id clientv3.LeaseID, key string,
 		return fmt.Errorf("write %s under lease %x: %w", key, id, err)
 	}
 	return nil
+}
+
+// drained waits, at most one request timeout, until no check pins a table
+// older than t: from then on every check uses t's epochs.
+func (s *Syncer) drained(ctx context.Context, t *table) bool {
+	deadline := time.Now().Add(s.requestTimeout())
+	for {
+		s.mu.Lock()
+		busy := false
+		for _, old := range s.retired {
+			if old != t && old.inflight.Load() > 0 {
+				busy = true
+				break
+			}
+		}
+		s.mu.Unlock()
+		if !busy {
+			return true
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
