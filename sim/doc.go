@@ -9,33 +9,42 @@
 // Time is virtual: a loop over ticks (Scenario.Tick, default 100 ms) and a
 // heap of control-plane events (reports, report arrivals, rebalances, epoch
 // applications, acknowledgements, failures), ordered by time and then by
-// insertion. Randomness comes from one math/rand/v2 PCG seeded by
-// Config.Seed; nothing reads the wall clock, starts a goroutine or touches
-// the network, so a Config always gives the same Result.
+// insertion. Randomness comes from two math/rand/v2 PCGs seeded by
+// Config.Seed: one draws the arrivals, the other the control plane
+// (message delays, lost and late reports). Nothing reads the wall clock or
+// touches the network, and a run starts no goroutine, so a Config always
+// gives the same Result.
 //
-// Arrivals: per tick, region and group, a Poisson count with mean
-// rate·r·subjects·weight(region, t)·tick, each arrival assigned to a
-// subject uniformly or by a Zipf law (Poisson splitting keeps every
-// subject's stream Poisson). A subject's arrivals in one tick arrive
+// Arrivals (Arrivals exports them): per tick, region and group, a Poisson
+// count with mean rate·r·subjects·weight(region, t)·tick, each arrival
+// assigned to a subject uniformly or by a Zipf law (Poisson splitting keeps
+// every subject's stream Poisson). A subject's arrivals in one tick arrive
 // together at the tick's start; they are decided exactly as that many unit
-// requests one after the other: one bucket.Memory TakeAt of cost n, and on
-// denial a second of cost ⌊remaining⌋.
+// requests one after the other: a bucket.State TakeAt of cost n (in chunks
+// of at most C), and on denial a second of cost ⌊remaining⌋. The stream
+// depends on the scenario, seed, regions, subjects and duration only, not
+// on the rebalance interval, protocol or any decision; clients that ignore
+// Retry-After (Group.Retries) add their retries on top.
 //
-// The system: each region has its own bucket.Memory and enforces the share
-// of the latest allocation it applied (the policy default, or a per-subject
-// override for the most pressured subjects, at most MaxOverrides). Regions
-// report offered demand every ReportInterval (reports may be lost or late);
-// the coordinator smooths it (allocator.Smooth), calls allocator.Split each
+// The system: each region holds one bucket.State per subject (the decision
+// code bucket.Memory runs, with the limits validated once by
+// bucket.Prepare) and enforces the share of the latest allocation it
+// applied (the policy default, or a per-subject override for the most
+// pressured subjects, at most MaxOverrides). Regions report offered demand
+// every ReportInterval (reports may be lost or late); the coordinator
+// smooths it (allocator.Smooth), calls allocator.Split each
 // RebalanceInterval and publishes with TwoStep (min(old,new), then the new
-// shares once every live region acknowledged) or Naive (new shares at once).
-// Every message takes PropagationDelay·U[0.5,1.5). A region that goes down
-// serves nothing and its traffic moves to the live regions; it returns at
-// its safe share. The coordinator counts a down region as holding its share
-// until LeaseTTL+SkewMargin after it went down.
+// shares once every live region acknowledged) or Naive (new shares at
+// once). Every message takes PropagationDelay·U[0.5,1.5). A region that
+// goes down serves nothing and its traffic moves to the live regions; it
+// returns at its safe share. The coordinator counts a down region as
+// holding its share until LeaseTTL+SkewMargin after it went down.
 //
 // Baselines decide the very same stream: an ideal global bucket per
 // subject, independent full-budget buckets per region, and a static equal
-// split.
+// split. As they do not depend on the control plane, Sweep decides them
+// once per stream and shares them between the runs of a sweep (except for
+// scenarios with retries, whose stream depends on the system's denials).
 //
 // # Figures
 //
@@ -44,10 +53,14 @@
 // under-admission = 1 − admitted/admitted by the ideal bucket; convergence
 // after each scenario shift; per-region admitted rate series; and
 // MaxShareSum, the largest Σ of shares regions enforced at one instant.
+// Measure, UnderAdmission and IdealBucket compute the same figures, with
+// the same code, for a stream measured elsewhere (a live run replaying
+// Arrivals).
 //
 // # Concurrency and zero values
 //
 // Run is safe for concurrent use with different Configs; an engine is used
-// by one goroutine. The zero Config is invalid (it needs a Scenario); every
-// other zero field takes the default its doc states.
+// by one goroutine. Sweep runs independent Configs on up to GOMAXPROCS
+// goroutines and waits for them. The zero Config is invalid (it needs a
+// Scenario); every other zero field takes the default its doc states.
 package sim

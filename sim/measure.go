@@ -77,18 +77,13 @@ func Measure(admitted []Admission, capacity, refillPerSecond float64, windows []
 		}
 		total += a.Count
 	}
-	over := make([]float64, 0, len(windows))
-	for lo := 0; lo < len(windows); lo += maxTrackWindows {
-		hi := min(lo+maxTrackWindows, len(windows))
-		w := newWindows(len(dense), widths[lo:hi], limits[lo:hi])
-		for _, i := range idx {
-			if a := admitted[i]; a.Count > 0 {
-				w.add(dense[a.Subject], int64(a.At), a.Count)
-			}
+	w := newWindows(len(dense), widths, limits)
+	for _, i := range idx {
+		if a := admitted[i]; a.Count > 0 {
+			w.add(dense[a.Subject], int64(a.At), a.Count)
 		}
-		over = append(over, w.overshoot()...)
 	}
-	return Measured{Windows: append([]time.Duration(nil), windows...), Overshoot: over, Admitted: total}, nil
+	return Measured{Windows: append([]time.Duration(nil), windows...), Overshoot: w.overshoot(), Admitted: total}, nil
 }
 
 // UnderAdmission returns 1 − admitted/idealAdmitted, floored at 0: the part

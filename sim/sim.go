@@ -202,7 +202,7 @@ type Result struct {
 	// 10 s reached 95% of the ideal bucket's again; −1 if never.
 	ConvergenceS []float64 `json:"convergence_s"`
 	Epochs       int       `json:"epochs"`
-	// BucketCalls counts decisions asked of the in-memory buckets.
+	// BucketCalls counts the bucket decisions the system (not the baselines) asked for.
 	BucketCalls int64              `json:"bucket_calls"`
 	Baselines   map[string]Figures `json:"baselines,omitempty"`
 	Series      *Series            `json:"series,omitempty"`

@@ -3,24 +3,11 @@ package sim
 // Windows over which the simulator measures overshoot, in seconds.
 var windowSeconds = [3]float64{1, 10, 60}
 
-// maxTrackWindows is the most window lengths one tracker follows (Measure
-// runs several trackers for more).
-const maxTrackWindows = 4
-
-// mark is one instant at which a subject had admissions.
+// mark is one admission in a tracker's time-ordered queue.
 type mark struct {
-	at        int64 // in the tracker's time unit (ticks, or nanoseconds)
-	cumBefore int64 // admitted before this instant
-}
-
-// subjectWindows is one subject's admissions still inside the longest
-// window, with its window pointers inline (one cache line).
-type subjectWindows struct {
-	marks   []mark // oldest first; marks[:head] are dead
-	cum     int64  // admitted so far
-	headCum int64  // marks[head].cumBefore: cum − headCum bounds every window's count
-	head    int32
-	ptr     [maxTrackWindows]int32 // per window: first mark possibly inside it
+	at      int64 // in the tracker's time unit (ticks, or nanoseconds)
+	n       int64
+	subject int32
 }
 
 // windows finds, for every subject and each window length W, the largest
@@ -28,86 +15,70 @@ type subjectWindows struct {
 // closed window of length W holds the most when it ends at an admission).
 // It is the one implementation behind the simulator's figures and Measure.
 //
-// Cost per add: amortised O(1), and usually O(1) without reading old marks:
-// cum − headCum (everything since the first mark the longest window may
-// still hold) bounds every window's count, so while it cannot beat the
-// best count of any window nothing is counted. Otherwise the longest
-// window is counted first (its count bounds the shorter ones') and the
-// dead marks are dropped. Memory: the marks since head, per subject.
+// Admissions enter one queue in time order (across subjects). Per window
+// there is a running count per subject (a prefix sum over the queue minus
+// what has left the window) and a pointer to the first queued admission
+// still inside it; moving time forward subtracts what leaves. Cost per
+// admission: O(windows), touching the queue's end, its pointers (both
+// sequential) and one counter per window (subjects × 8 bytes per window,
+// small enough to stay in cache). Memory: the admissions within the
+// longest window, plus the counters.
 type windows struct {
-	subj    []subjectWindows
-	width   []int64   // window lengths in the time unit
-	limit   []float64 // C + r·W
-	best    []int64   // largest count seen per window
-	minBest int64     // min(best)
-	longest int       // index of the longest window
+	width []int64   // window lengths in the time unit
+	limit []float64 // C + r·W
+	best  []int64   // largest count seen per window
+	count [][]int64 // per window, per subject: admitted inside the window
+	queue []mark    // time order; queue[:head] have left every window
+	ptr   []int     // per window: first queue index inside it
+	head  int
+	last  int64
 }
 
-// newWindows tracks up to maxTrackWindows windows for subjects.
 func newWindows(subjects int, widths []int64, limits []float64) *windows {
-	w := &windows{subj: make([]subjectWindows, subjects), width: widths, limit: limits, best: make([]int64, len(widths))}
-	for i, v := range widths {
-		if v > widths[w.longest] {
-			w.longest = i
-		}
+	w := &windows{width: widths, limit: limits, best: make([]int64, len(widths)),
+		count: make([][]int64, len(widths)), ptr: make([]int, len(widths))}
+	for k := range w.count {
+		w.count[k] = make([]int64, subjects)
 	}
 	return w
 }
 
-// count returns s's admissions in [t−width[k], t] and advances the
-// window's pointer.
-func (w *windows) count(s *subjectWindows, k int, t int64) int64 {
-	p := max(s.ptr[k], s.head)
-	from := t - w.width[k]
-	for s.marks[p].at < from {
-		p++
+// add records n > 0 admissions of subject j at t; t never decreases.
+func (w *windows) add(j int, t int64, n int64) {
+	if t != w.last || len(w.queue) == w.head {
+		w.advance(t)
 	}
-	s.ptr[k] = p
-	return s.cum - s.marks[p].cumBefore
+	w.queue = append(w.queue, mark{at: t, n: n, subject: int32(j)})
+	for k, c := range w.count {
+		v := c[j] + n
+		c[j] = v
+		if v > w.best[k] {
+			w.best[k] = v
+		}
+	}
 }
 
-// add records n > 0 admissions of subject j at t (t never decreases per
-// subject).
-func (w *windows) add(j int, t int64, n int64) {
-	s := &w.subj[j]
-	if l := int32(len(s.marks)); l == s.head || s.marks[l-1].at != t {
-		s.marks = append(s.marks, mark{at: t, cumBefore: s.cum})
-	}
-	s.cum += n
-	if s.cum-s.headCum <= w.minBest && int32(len(s.marks))-s.head < 64 {
-		return
-	}
-	c := w.count(s, w.longest, t)
-	raised := false
-	for k := range w.best {
-		ck := c
-		if k != w.longest {
-			if c <= w.best[k] {
-				continue
-			}
-			ck = w.count(s, k, t)
+// advance moves every window to end at t: admissions before t−W leave it.
+func (w *windows) advance(t int64) {
+	w.last = t
+	head := len(w.queue)
+	for k, c := range w.count {
+		p, from := w.ptr[k], t-w.width[k]
+		for ; p < len(w.queue) && w.queue[p].at < from; p++ {
+			c[w.queue[p].subject] -= w.queue[p].n
 		}
-		if ck > w.best[k] {
-			w.best[k], raised = ck, true
-		}
+		w.ptr[k] = p
+		head = min(head, p)
 	}
-	if raised {
-		w.minBest = w.best[0]
-		for _, b := range w.best {
-			w.minBest = min(w.minBest, b)
+	w.head = head
+	if head > 1024 && head*2 > len(w.queue) {
+		n := copy(w.queue, w.queue[head:])
+		w.queue = w.queue[:n]
+		for k := range w.ptr {
+			w.ptr[k] -= head
 		}
+		w.head = 0
 	}
-	// The longest window's pointer marks what is still needed.
-	s.head = s.ptr[w.longest]
-	if s.head > 32 && int(s.head)*2 > len(s.marks) {
-		n := int32(copy(s.marks, s.marks[s.head:]))
-		s.marks = s.marks[:n]
-		for k := range s.ptr {
-			s.ptr[k] = max(0, s.ptr[k]-s.head)
-		}
-		s.head = 0
-	}
-	s.headCum = s.marks[s.head].cumBefore
 }
 
 // overshoot returns best/limit − 1 per window, floored at 0.
