@@ -2,31 +2,23 @@ package demo
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
-	"net/url"
-	"os"
-	"path/filepath"
 	"strconv"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 
+	"github.com/quotacoord/quota/internal/coordinator"
 	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/rebalance"
 )
 
 // CoordinatorConfig says how the demo's coordinator runs.
 type CoordinatorConfig struct {
-	// Dir holds the embedded etcd's data.
+	// Dir holds the embedded etcd's data and the operator token file.
 	Dir string
 	// RebalanceInterval, ReportInterval and RegionLeaseTTL go to the
 	// rebalance loop (the last two are published for the regions).
@@ -40,96 +32,62 @@ type CoordinatorConfig struct {
 	Log io.Writer
 }
 
-// Coordinator is an embedded etcd plus the rebalance loop that leads
-// through it, with /metrics and /healthz on HTTPAddr.
+// Coordinator is the real coordinator process (package
+// internal/coordinator: embedded etcd, the rebalance loop, the operator
+// gRPC API that quotactl talks to, /metrics and /healthz), run in this
+// process on loopback, plus an etcd client for the demo itself.
 type Coordinator struct {
+	// EtcdAddr is the embedded etcd's client address (host:port).
 	EtcdAddr string
-	HTTPAddr string
-	Client   *clientv3.Client
-	etcd     *embed.Etcd
-	http     *http.Server
-	cancel   context.CancelFunc
-	done     chan error
+	// GRPCAddr is the operator API (quotactl -coordinator); HTTPAddr
+	// serves /metrics and /healthz.
+	GRPCAddr, HTTPAddr string
+	// TokenFile holds the operator write token (quotactl -token-file).
+	TokenFile string
+	// Client is the demo's own etcd client.
+	Client *clientv3.Client
+	c      *coordinator.Coordinator
+	cancel context.CancelFunc
 }
 
-// StartCoordinator starts embedded etcd on free loopback ports and the
-// rebalance loop on it. The loop runs in a goroutine until Stop.
+// StartCoordinator starts the coordinator on free loopback ports with its
+// data in cfg.Dir. It runs goroutines until Stop.
 func StartCoordinator(ctx context.Context, cfg CoordinatorConfig) (*Coordinator, error) {
 	cport, err := FreePort()
 	if err != nil {
 		return nil, err
 	}
-	pport, err := FreePort()
-	if err != nil {
-		return nil, err
-	}
-	hport, err := FreePort()
-	if err != nil {
-		return nil, err
-	}
-	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
-		return nil, fmt.Errorf("demo: %w", err)
-	}
-	ec := embed.NewConfig()
-	ec.Dir = cfg.Dir
-	ec.Logger = "zap"
-	ec.LogLevel = "error"
-	ec.LogOutputs = []string{filepath.Join(cfg.Dir, "etcd.log")}
-	cu, _ := url.Parse("http://127.0.0.1:" + strconv.Itoa(cport))
-	pu, _ := url.Parse("http://127.0.0.1:" + strconv.Itoa(pport))
-	ec.ListenClientUrls, ec.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
-	ec.ListenPeerUrls, ec.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
-	ec.InitialCluster = ec.Name + "=" + pu.String()
-	e, err := embed.StartEtcd(ec)
-	if err != nil {
-		return nil, fmt.Errorf("demo: start embedded etcd: %w", err)
-	}
-	select {
-	case <-e.Server.ReadyNotify():
-	case <-time.After(30 * time.Second):
-		e.Close()
-		return nil, errors.New("demo: embedded etcd not ready after 30s")
-	}
-	c := &Coordinator{EtcdAddr: cu.Host, etcd: e, done: make(chan error, 1)}
-	c.Client, err = clientv3.New(clientv3.Config{Endpoints: []string{cu.String()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		e.Close()
-		return nil, fmt.Errorf("demo: etcd client: %w", err)
-	}
-	reg := prometheus.NewRegistry()
 	skew := cfg.SkewMargin
 	if skew <= 0 {
 		skew = 500 * time.Millisecond
 	}
-	loop, err := rebalance.New(rebalance.Config{
-		Client: c.Client, Name: "demo-coordinator",
-		Interval: cfg.RebalanceInterval, ReportInterval: cfg.ReportInterval, RegionLeaseTTL: cfg.RegionLeaseTTL,
-		SkewMargin: skew, SessionTTL: 2 * time.Second,
-		MaxStep: cfg.MaxStep, DeadBand: cfg.DeadBand, Alpha: cfg.Alpha,
-		Logger:     hclog.New(&hclog.LoggerOptions{Name: "coordinator", Output: cfg.Log, Level: hclog.Info}),
-		Registerer: reg,
+	cctx, cancel := context.WithCancel(ctx)
+	c, err := coordinator.Start(cctx, coordinator.Config{
+		DataDir:          cfg.Dir,
+		EmbeddedEtcdAddr: "127.0.0.1:" + strconv.Itoa(cport),
+		GRPCAddr:         "127.0.0.1:0",
+		HTTPAddr:         "127.0.0.1:0",
+		Rebalance: rebalance.Config{
+			Name:     "demo-coordinator",
+			Interval: cfg.RebalanceInterval, ReportInterval: cfg.ReportInterval, RegionLeaseTTL: cfg.RegionLeaseTTL,
+			SkewMargin: skew, SessionTTL: 2 * time.Second,
+			MaxStep: cfg.MaxStep, DeadBand: cfg.DeadBand, Alpha: cfg.Alpha,
+		},
+		Logger: hclog.New(&hclog.LoggerOptions{Name: "coordinator", Output: cfg.Log, Level: hclog.Info}),
 	})
 	if err != nil {
-		c.Client.Close()
-		e.Close()
-		return nil, fmt.Errorf("demo: rebalance loop: %w", err)
+		cancel()
+		return nil, fmt.Errorf("demo: start coordinator: %w", err)
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
-	hl, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(hport))
+	co := &Coordinator{EtcdAddr: "127.0.0.1:" + strconv.Itoa(cport), GRPCAddr: c.GRPCAddr, HTTPAddr: c.HTTPAddr,
+		TokenFile: c.TokenFile, c: c, cancel: cancel}
+	co.Client, err = clientv3.New(clientv3.Config{Endpoints: c.EtcdEndpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
-		c.Client.Close()
-		e.Close()
-		return nil, fmt.Errorf("demo: coordinator HTTP: %w", err)
+		cancel()
+		_ = c.Wait()
+		return nil, fmt.Errorf("demo: etcd client: %w", err)
 	}
-	c.HTTPAddr = hl.Addr().String()
-	c.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = c.http.Serve(hl) }()
-	lctx, cancel := context.WithCancel(ctx)
-	c.cancel = cancel
-	go func() { c.done <- loop.Run(lctx) }()
-	return c, nil
+	return co, nil
 }
 
 // PutPolicy stores a policy document where the coordinator and the regions
@@ -143,12 +101,10 @@ func (c *Coordinator) PutPolicy(ctx context.Context, name string, doc []byte) er
 	return nil
 }
 
-// Stop ends the loop, the HTTP server and etcd, and waits for them.
+// Stop stops the coordinator (servers, loop, embedded etcd) and waits for
+// it.
 func (c *Coordinator) Stop() {
-	c.cancel()
-	<-c.done
-	_ = c.http.Close()
 	_ = c.Client.Close()
-	c.etcd.Close()
-	<-c.etcd.Server.StopNotify()
+	c.cancel()
+	_ = c.c.Wait()
 }

@@ -29,10 +29,12 @@ type Config struct {
 	// is the regions' demand report interval; default 500ms. LeaseTTL is
 	// the regions' lease; default 3s.
 	RebalanceInterval, ReportInterval, LeaseTTL time.Duration
-	// StopOnPhase names, per phase index, regions whose node is stopped
-	// when the phase starts (a real failover). Default for the default
-	// story: us-east's node stops when it fails over.
-	StopOnPhase map[int][]string
+	// FailOnPhase names, per phase index, regions that fail when the
+	// phase starts: the node is cut off from etcd (Deployment.CrashRegion),
+	// so its share moves only after its lease TTL plus the skew margin, as
+	// in a real regional failure. Default for the default story: us-east
+	// fails when its traffic fails over.
+	FailOnPhase map[int][]string
 }
 
 // Summary is what a run measured.
@@ -78,8 +80,8 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	if story == nil {
 		s := PartnerStory(cfg.Duration, 100)
 		story = &s
-		if cfg.StopOnPhase == nil {
-			cfg.StopOnPhase = map[int][]string{2: {"us-east"}}
+		if cfg.FailOnPhase == nil {
+			cfg.FailOnPhase = map[int][]string{2: {"us-east"}}
 		}
 	}
 	if err := story.Validate(); err != nil {
@@ -91,8 +93,12 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	}
 	say := func(format string, a ...any) { fmt.Fprintf(cfg.Out, format+"\n", a...) }
 
+	// The failover phase must be long enough to show the share moving:
+	// lease TTL + skew margin + a round. The demo uses short ones.
+	const skewMargin = 500 * time.Millisecond
 	dep, err := Deploy(ctx, DeployConfig{Regions: story.Regions, Policies: PolicyDoc(story), Embedded: cfg.Embedded,
-		RebalanceInterval: cfg.RebalanceInterval, ReportInterval: cfg.ReportInterval, LeaseTTL: cfg.LeaseTTL, Say: say})
+		RebalanceInterval: cfg.RebalanceInterval, ReportInterval: cfg.ReportInterval, LeaseTTL: cfg.LeaseTTL,
+		SkewMargin: skewMargin, Say: say})
 	if err != nil {
 		return nil, err
 	}
@@ -101,8 +107,20 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 		say("region %-9s gRPC %s  HTTP http://%s", r, dep.GRPC[i], dep.HTTP[i])
 	}
 	say("logs: %s (removed at exit)", dep.LogPath)
+	say("timing: rebalance every %v, demand reports every %v, region lease %v + skew margin %v before a dead region's share moves (short, so the failover shows)",
+		cfg.RebalanceInterval, cfg.ReportInterval, cfg.LeaseTTL, skewMargin)
 	say("story: %v, budget %.0f requests/s (burst %d) for subject %s under policy %s", story.Length(), story.RefillPerSecond, story.Capacity, story.Subject, story.Policy)
 	store, checker, coord := dep.Store, dep.Checks, dep.Coord
+
+	// Start from the equal split the coordinator reaches with no demand
+	// (the first allocation follows the regions' registrations).
+	equal := make([]float64, len(story.Regions))
+	for i := range equal {
+		equal[i] = 1 / float64(len(story.Regions))
+	}
+	if _, err := dep.Settle(ctx, story.Policy, equal, 0.05, 0); err != nil {
+		say("shares did not settle before the story: %v", err)
+	}
 
 	rec := NewRecorder(len(story.Regions), story.Length())
 	phaseEnds := make([]time.Duration, len(story.Phases))
@@ -113,21 +131,32 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	}
 	sum := &Summary{Store: store, PhaseShares: make([][]float64, len(story.Phases))}
 	start := time.Now()
+	view := &View{Out: cfg.Out, Terminal: terminal, Story: story}
+	// Shares as the coordinator published them for the story's subject.
+	shareCtx, shareCancel := context.WithCancel(ctx)
+	shareDone := make(chan struct{})
+	go func() {
+		defer close(shareDone)
+		dep.WatchShares(shareCtx, story.Policy, story.Subject, rec.SetShares)
+	}()
+	defer func() { shareCancel(); <-shareDone }()
 	drv := &Driver{Story: *story, Checker: checker, Recorder: rec,
 		OnPhase: func(i int, p Phase) {
+			view.SetNote("")
 			if i > 0 {
 				sum.PhaseShares[i-1] = rec.Rates(0, 1).Share
 			}
-			for _, r := range cfg.StopOnPhase[i] {
-				for j, name := range story.Regions {
-					if name == r {
-						rec.ClearShare(j)
-					}
+			for _, r := range cfg.FailOnPhase[i] {
+				now := time.Since(start)
+				if err := dep.CrashRegion(r); err != nil {
+					view.SetNote(err.Error())
+					continue
 				}
-				dep.StopRegion(r)
+				fmt.Fprintf(cfg.Out, "%s fails at t=%.1fs: its node is cut off from etcd; its share moves once its lease (%v) expired plus the skew margin (%v) and a round (%v): by about t=%.1fs\n",
+					r, now.Seconds(), cfg.LeaseTTL, skewMargin, cfg.RebalanceInterval, (now + cfg.LeaseTTL + skewMargin + cfg.RebalanceInterval).Seconds())
+				view.SetNote(fmt.Sprintf("%s failed at t=%.0fs; its share moves after lease %v + skew %v", r, now.Seconds(), cfg.LeaseTTL, skewMargin))
 			}
 		}}
-	view := &View{Out: cfg.Out, Terminal: terminal, Story: story}
 	viewDone := make(chan struct{})
 	viewCtx, viewCancel := context.WithCancel(ctx)
 	go func() {
@@ -178,14 +207,22 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 		return sum, runErr
 	}
 	if cfg.Serve {
+		for _, rs := range cfg.FailOnPhase {
+			for _, r := range rs {
+				if err := dep.HealRegion(r); err == nil {
+					say("%s is reconnected to etcd", r)
+				}
+			}
+		}
 		say("serving until Ctrl-C:")
 		for i, r := range story.Regions {
 			if dep.Running(r) {
 				say("  %s: Admission and Envoy RLS gRPC on %s, metrics http://%s/metrics", r, dep.GRPC[i], dep.HTTP[i])
 			}
 		}
-		say("  coordinator: etcd %s, metrics http://%s/metrics", coord.EtcdAddr, coord.HTTPAddr)
+		say("  coordinator: operator API %s, etcd %s, metrics http://%s/metrics", coord.GRPCAddr, coord.EtcdAddr, coord.HTTPAddr)
 		say("  try: go run ./cmd/quotacheck -addr %s -subject %s -policy %s", dep.GRPC[1], story.Subject, story.Policy)
+		say("       go run ./cmd/quotactl -coordinator %s -token-file %s alloc show %s", coord.GRPCAddr, coord.TokenFile, story.Policy)
 		<-ctx.Done()
 	}
 	return sum, nil

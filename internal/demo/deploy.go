@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/quotacoord/quota/internal/etcdlayout"
+	"github.com/quotacoord/quota/internal/faultproxy"
 	"github.com/quotacoord/quota/internal/regional"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
 )
@@ -87,6 +88,9 @@ type Deployment struct {
 	log     io.Writer
 	redises []*Redis
 	nodes   *nodes
+	// proxies stand between each node and etcd, so a region can be cut
+	// off from the control plane (CrashRegion).
+	proxies []*faultproxy.Proxy
 }
 
 // Deploy starts, on loopback: a redis-server per region (when one is
@@ -150,9 +154,17 @@ func Deploy(ctx context.Context, cfg DeployConfig) (d *Deployment, err error) {
 	if err != nil {
 		return d, err
 	}
-	say("coordinator: embedded etcd on %s, metrics on http://%s/metrics", d.Coord.EtcdAddr, d.Coord.HTTPAddr)
+	say("coordinator: operator API %s (token file %s), embedded etcd %s, metrics http://%s/metrics",
+		d.Coord.GRPCAddr, d.Coord.TokenFile, d.Coord.EtcdAddr, d.Coord.HTTPAddr)
 	if err := d.Coord.PutPolicy(ctx, "demo.yaml", cfg.Policies); err != nil {
 		return d, err
+	}
+	for range cfg.Regions {
+		p, err := faultproxy.Start(faultproxy.Config{Target: d.Coord.EtcdAddr})
+		if err != nil {
+			return d, fmt.Errorf("demo: etcd proxy: %w", err)
+		}
+		d.proxies = append(d.proxies, p)
 	}
 	d.nodes, err = startNodes(ctx, d, cfg)
 	if err != nil {
@@ -174,6 +186,32 @@ func (d *Deployment) StopRegion(region string) bool {
 	return d.nodes.stop(region)
 }
 
+// CrashRegion cuts region's node off from etcd (its connections hang, as
+// in a partition or a crash): the node keeps its shares until its lease
+// TTL runs out and then falls back to its safe share; the coordinator
+// hands the share over once the lease expired plus the skew margin. A
+// graceful StopRegion instead revokes the lease at once.
+func (d *Deployment) CrashRegion(region string) error {
+	return d.setProxy(region, faultproxy.Blackhole)
+}
+
+// HealRegion reconnects region's node to etcd.
+func (d *Deployment) HealRegion(region string) error {
+	return d.setProxy(region, faultproxy.Pass)
+}
+
+func (d *Deployment) setProxy(region string, m faultproxy.Mode) error {
+	for i, r := range d.Regions {
+		if r == region && i < len(d.proxies) {
+			if err := d.proxies[i].SetMode(m); err != nil {
+				return fmt.Errorf("demo: region %s: %w", region, err)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("demo: no region %q", region)
+}
+
 // Running says whether region's node runs.
 func (d *Deployment) Running(region string) bool {
 	return d.nodes != nil && d.nodes.running(region)
@@ -186,9 +224,17 @@ func (d *Deployment) Close() {
 		d.Checks.Close()
 		d.Checks = nil
 	}
+	// Heal partitions first so that nodes stop gracefully and fast.
+	for _, p := range d.proxies {
+		_ = p.SetMode(faultproxy.Pass)
+	}
 	if d.nodes != nil {
 		d.nodes.stopAll()
 	}
+	for _, p := range d.proxies {
+		_ = p.Close()
+	}
+	d.proxies = nil
 	if d.Coord != nil {
 		d.Coord.Stop()
 		d.Coord = nil
@@ -259,6 +305,29 @@ func (d *Deployment) Settle(ctx context.Context, policy string, want []float64, 
 	return time.Time{}, fmt.Errorf("demo: allocation of %s did not settle at %v ± %v: %w (last %v)", policy, want, tol, context.Cause(ctx), last.Default)
 }
 
+// WatchShares calls fn with the share each region enforces for subject
+// under policy (its override, else the default; 0 for a region the
+// allocation does not list) every time the coordinator publishes, until
+// ctx is done. It runs in the caller's goroutine.
+func (d *Deployment) WatchShares(ctx context.Context, policy, subject string, fn func([]float64)) {
+	for wr := range d.Coord.Client.Watch(ctx, etcdlayout.Layout{}.Alloc(policy), clientv3.WithRev(1)) {
+		for _, ev := range wr.Events {
+			var a etcdlayout.Allocation
+			if ev.Kv == nil || json.Unmarshal(ev.Kv.Value, &a) != nil {
+				continue
+			}
+			out := make([]float64, len(d.Regions))
+			for i, r := range d.Regions {
+				out[i] = a.Default[r]
+				if v, ok := a.Overrides[subject][r]; ok {
+					out[i] = v
+				}
+			}
+			fn(out)
+		}
+	}
+}
+
 type lockedWriter struct {
 	mu sync.Mutex
 	w  io.Writer
@@ -294,7 +363,7 @@ func startNodes(ctx context.Context, d *Deployment, cfg DeployConfig) (*nodes, e
 			return nil, err
 		}
 		g, h := "127.0.0.1:"+strconv.Itoa(gp), "127.0.0.1:"+strconv.Itoa(hp)
-		args := []string{"-region", region, "-grpc-addr", g, "-http-addr", h, "-etcd", "http://" + d.Coord.EtcdAddr,
+		args := []string{"-region", region, "-grpc-addr", g, "-http-addr", h, "-etcd", "http://" + d.proxies[i].Addr(),
 			"-report-interval", cfg.ReportInterval.String(), "-store-timeout", cfg.StoreTimeout.String()}
 		if len(d.redises) > i {
 			args = append(args, "-redis", d.redises[i].Addr)

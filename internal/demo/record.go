@@ -35,8 +35,11 @@ type Recorder struct {
 	errors   []int64 // per region
 	shed     []int64 // per region: arrivals the driver could not send in time
 	share    []float64
-	events   []Event
-	dropped  int64
+	// published: shares come from SetShares (the published allocation),
+	// not from decisions.
+	published bool
+	events    []Event
+	dropped   int64
 }
 
 // NewRecorder returns a recorder for regions over length (longer runs
@@ -74,7 +77,7 @@ func (r *Recorder) Decision(e Event, share float64) {
 	if e.Admitted {
 		r.admitted[e.Region][b] += e.Cost
 	}
-	if share > 0 {
+	if share > 0 && !r.published {
 		r.share[e.Region] = share
 	}
 	if len(r.events) < MaxEvents {
@@ -96,6 +99,15 @@ func (r *Recorder) Error(at time.Duration, region int, cost int64) {
 	} else {
 		r.dropped++
 	}
+}
+
+// SetShares sets every region's share, as published by the coordinator;
+// from then on decisions no longer set shares.
+func (r *Recorder) SetShares(shares []float64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.published = true
+	copy(r.share, shares)
 }
 
 // ClearShare forgets region's last reported share (its node stopped).

@@ -10,19 +10,21 @@ import (
 
 // TestRunShortStory runs the whole demo (embedded etcd, rebalance loop,
 // three regional nodes over real gRPC, a redis-server each when installed)
-// for a 15 s story and checks the summary: the global line held, shares
-// followed the campaign, everything stopped.
+// for an 18 s story and checks the summary: the global line held, shares
+// followed the campaign and, after us-east was cut off from etcd, its
+// share moved to eu-west (lease 3 s + skew margin 0.5 s + a round fit in
+// the 6 s failover phase), everything stopped.
 func TestRunShortStory(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 80*time.Second)
 	defer cancel()
 	var out bytes.Buffer
 	plain := false
-	sum, err := Run(ctx, Config{Duration: 15 * time.Second, Out: &out, Terminal: &plain})
+	sum, err := Run(ctx, Config{Duration: 18 * time.Second, Out: &out, Terminal: &plain})
 	t.Log(out.String())
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"store: ", "summary (", "overshoot (as package sim defines it): 1s=", "under-admission: "} {
+	for _, want := range []string{"store: ", "summary (", "operator API 127.0.0.1:", "us-east fails at t=", "overshoot (as package sim defines it): 1s=", "under-admission: "} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q", want)
 		}
@@ -40,14 +42,19 @@ func TestRunShortStory(t *testing.T) {
 		t.Errorf("overshoot(10s) = %.3f, want <= 0.05", o)
 	}
 	// The campaign offers 2.4x the budget: over the second half of the
-	// phase (h = 2.5 s) admitted stays within what one global bucket could
+	// phase (h = 3 s) admitted stays within what one global bucket could
 	// admit, (C + r·h)/h.
-	if a, bound := sum.PhaseAdmitted[1], (100+100*2.5)/2.5; a > 1.05*bound {
+	if a, bound := sum.PhaseAdmitted[1], (100+100*3.0)/3.0; a > 1.05*bound {
 		t.Errorf("campaign admitted %.1f/s, above a global bucket's %.1f/s (degraded decisions: %d)", a, bound, sum.Degraded)
 	}
 	// Shares followed the campaign into us-east.
 	sh := sum.PhaseShares[1]
 	if !(sh[0] > sh[1] && sh[0] > sh[2]) {
 		t.Errorf("shares at the end of the campaign %v: us-east should hold the most", sh)
+	}
+	// Failover: us-east's lease expired, its share went to eu-west, which
+	// got its traffic (the published shares for the story's subject).
+	if sh := sum.PhaseShares[2]; !(sh[0] < 0.1 && sh[1] > 0.5 && sh[1] > sh[2]) {
+		t.Errorf("shares at the end of the failover %v: eu-west should hold most of the budget", sh)
 	}
 }

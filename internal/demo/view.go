@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -26,6 +27,18 @@ type View struct {
 	Terminal bool
 	Story    *Story
 	lines    int
+
+	mu   sync.Mutex
+	note string
+}
+
+// SetNote sets a line shown with every later update (what just happened
+// and what to expect); "" removes it. It is safe to call while another
+// goroutine calls Show.
+func (v *View) SetNote(note string) {
+	v.mu.Lock()
+	v.note = note
+	v.mu.Unlock()
 }
 
 // Show prints the state over the last second before now (offset from the
@@ -39,13 +52,20 @@ func (v *View) Show(now time.Duration, w Window) {
 		gShare += w.Share[i]
 	}
 	budget := v.Story.RefillPerSecond
+	v.mu.Lock()
+	note := v.note
+	v.mu.Unlock()
 	if !v.Terminal {
 		var b strings.Builder
 		fmt.Fprintf(&b, "t=%5.1fs %-30s", now.Seconds(), phase.Name)
 		for i, r := range v.Story.Regions {
 			fmt.Fprintf(&b, " | %s share %.2f off %4.0f adm %4.0f", r, w.Share[i], w.Offered[i], w.Admitted[i])
 		}
-		fmt.Fprintf(&b, " | global adm %4.0f/s of budget %.0f/s\n", gAdm, budget)
+		fmt.Fprintf(&b, " | global adm %4.0f/s of budget %.0f/s", gAdm, budget)
+		if note != "" {
+			fmt.Fprintf(&b, " | %s", note)
+		}
+		b.WriteString("\n")
 		io.WriteString(v.Out, b.String())
 		return
 	}
@@ -61,6 +81,10 @@ func (v *View) Show(now time.Duration, w Window) {
 	fmt.Fprintf(&b, "%-10s %7.3f %12.1f %12.1f  %s\n", "global", gShare, gOff, gAdm, bar(gAdm, budget, 30))
 	fmt.Fprintf(&b, "%-10s %7s %12s %12.1f  %s| budget\n", "budget", "1", "", budget, strings.Repeat(" ", 30))
 	v.lines = 4 + len(v.Story.Regions)
+	if note != "" {
+		fmt.Fprintf(&b, "%s\n", note)
+		v.lines++
+	}
 	io.WriteString(v.Out, b.String())
 }
 
