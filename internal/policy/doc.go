@@ -58,6 +58,27 @@
 // least 1. Set.MatchDescriptors decides which rule each request descriptor
 // meets, as the reference service does.
 //
+// # Subjects are never raw untrusted values
+//
+// A bucket subject is [A-Za-z0-9_-]{1,96} and becomes part of a Redis key,
+// so raw identities (API keys, addresses, e-mail addresses) must never be
+// one.
+//
+// Envoy descriptor values are forwarded from requests and untrusted: by
+// default Set.Match hashes every descriptor's keys and values, salted with
+// EnvoySubjects.Salt (bucket.HashSubject, "h-" and 32 characters). Only keys
+// the operator lists in EnvoySubjects.PlainKeys as not secret (the regional
+// node's -envoy-plain-keys, for example "tenant,path") keep readable
+// values, and only when every key of the descriptor is listed and every
+// value is [A-Za-z0-9-]+ and not "h-"-prefixed.
+//
+// The own API follows the same rule with the caller in charge: a policy's
+// hash_subject (default true for api_key, ip and email) or the request's
+// hash_subject flag hashes the subject with the node's salt; a subject the
+// caller does not ask to hash must already be a normalized identity (a
+// tenant or account id, not a secret), and is rejected unless it is a
+// valid subject.
+//
 // # Bucket keys
 //
 // Policy.KeyVersion mixes the version with the algorithm, capacity, refill

@@ -34,8 +34,9 @@ type DescriptorMatch struct {
 	// OK with no limit).
 	Policy *Policy
 	// Subject is a valid bucket subject derived from the descriptor's
-	// entries: their values joined by "_" when every value is
-	// [A-Za-z0-9-]+ and short, else a hash of every key and value. Each
+	// entries (see EnvoySubjects): a salted hash of every key and value,
+	// or, when every key is listed in EnvoySubjects.PlainKeys and every
+	// value is [A-Za-z0-9-]+ and short, the values joined by "_". Each
 	// distinct set of values gets its own bucket, as in Envoy; values
 	// matched by a share_threshold wildcard count as the wildcard itself.
 	// Empty when Policy is nil or Unlimited.
@@ -49,16 +50,70 @@ type DescriptorMatch struct {
 	Replaced bool
 }
 
-// MatchDescriptors finds the rule for each descriptor of one Envoy
+// MaxPlainKeys bounds EnvoySubjects.PlainKeys.
+const MaxPlainKeys = 64
+
+// EnvoySubjects says how descriptor values become bucket subjects.
+// Descriptor values come from the requests Envoy forwards (headers, client
+// addresses, API keys) and are untrusted: by default every value is hashed
+// with the salt (bucket.HashSubject), so no raw value reaches a Redis key.
+// The zero value hashes every value with an empty salt.
+type EnvoySubjects struct {
+	// Salt salts every hashed subject; every region of a deployment must
+	// use the same salt (the node's -subject-salt).
+	Salt string
+	// PlainKeys lists the descriptor keys the operator declares not secret
+	// (for example tenant or path): a descriptor whose keys are all listed
+	// keeps its values readable in the subject, when they are
+	// [A-Za-z0-9-]+, do not start with "h-" and fit bucket.MaxSubjectLen.
+	// At most MaxPlainKeys.
+	PlainKeys []string
+}
+
+// Validate reports an EnvoySubjects that Match would not accept: too many
+// plain keys, or an empty or oversize one.
+func (es EnvoySubjects) Validate() error {
+	if len(es.PlainKeys) > MaxPlainKeys {
+		return fmt.Errorf("%w: %d plain keys, at most %d", ErrBadDescriptor, len(es.PlainKeys), MaxPlainKeys)
+	}
+	for i, k := range es.PlainKeys {
+		if k == "" || len(k) > MaxEntryBytes {
+			return fmt.Errorf("%w: plain key %d must be 1 to %d bytes", ErrBadDescriptor, i, MaxEntryBytes)
+		}
+	}
+	return nil
+}
+
+// plain reports whether key is listed as not secret.
+func (es *EnvoySubjects) plain(key string) bool {
+	for _, k := range es.PlainKeys {
+		if k == key {
+			return true
+		}
+	}
+	return false
+}
+
+// MatchDescriptors is Match with the zero EnvoySubjects: every subject is
+// a hash of the descriptor's values with an empty salt.
+func (s *Set) MatchDescriptors(domain string, descriptors [][]Entry) ([]DescriptorMatch, error) {
+	return s.Match(domain, descriptors, EnvoySubjects{})
+}
+
+// Match finds the rule for each descriptor of one Envoy
 // request in domain, following the reference service
 // (github.com/envoyproxy/ratelimit): at each level the exact "key_value"
 // child wins, then the first wildcard child in file order whose prefix the
 // "key_value" text starts with, then the key-only default child; a rule
 // applies only when the descriptor's last entry lands on it, and a level
 // without children ends the walk. An unknown domain matches nothing.
-// The result has one entry per descriptor, in order. Bad input (see the
-// Max constants) is an error wrapping ErrBadDescriptor.
-func (s *Set) MatchDescriptors(domain string, descriptors [][]Entry) ([]DescriptorMatch, error) {
+// The result has one entry per descriptor, in order; subjects follow subj.
+// Bad input (see the Max constants and EnvoySubjects.Validate) is an error
+// wrapping ErrBadDescriptor.
+func (s *Set) Match(domain string, descriptors [][]Entry, subj EnvoySubjects) ([]DescriptorMatch, error) {
+	if err := subj.Validate(); err != nil {
+		return nil, err
+	}
 	if domain == "" || len(domain) > MaxDomainBytes {
 		return nil, fmt.Errorf("%w: domain must be 1 to %d bytes", ErrBadDescriptor, MaxDomainBytes)
 	}
@@ -93,7 +148,7 @@ func (s *Set) MatchDescriptors(domain string, descriptors [][]Entry) ([]Descript
 		out[i].Shadow = p.Shadow
 		out[i].Unlimited = p.Unlimited
 		if !p.Unlimited {
-			out[i].Subject = envoySubject(p, d, shared)
+			out[i].Subject = envoySubject(p, d, shared, &subj)
 		}
 		for _, r := range p.Envoy.Replaces {
 			if replacing == nil {
@@ -149,7 +204,7 @@ func (d *envoyDomain) lookup(entries []Entry) (p *Policy, shared map[int]string)
 }
 
 // envoySubject derives the bucket subject of one matched descriptor.
-func envoySubject(p *Policy, entries []Entry, shared map[int]string) string {
+func envoySubject(p *Policy, entries []Entry, shared map[int]string, subj *EnvoySubjects) string {
 	readable := len(entries) == len(p.Envoy.Keys)
 	n := 0
 	for i, e := range entries {
@@ -160,7 +215,7 @@ func envoySubject(p *Policy, entries []Entry, shared map[int]string) string {
 		if !readable {
 			break
 		}
-		if e.Key != p.Envoy.Keys[i] || !readableValue(v) {
+		if e.Key != p.Envoy.Keys[i] || !readableValue(v) || !subj.plain(e.Key) {
 			readable = false
 		}
 		n += len(v) + 1
@@ -181,6 +236,8 @@ func envoySubject(p *Policy, entries []Entry, shared map[int]string) string {
 		return b.String()
 	}
 	var b strings.Builder
+	b.WriteString(p.Name)
+	b.WriteByte(0)
 	for i, e := range entries {
 		v := e.Value
 		if w, ok := shared[i]; ok {
@@ -193,7 +250,7 @@ func envoySubject(p *Policy, entries []Entry, shared map[int]string) string {
 		b.WriteByte(':')
 		b.WriteString(v)
 	}
-	return bucket.HashSubject(p.Name, b.String())
+	return bucket.HashSubject(subj.Salt, b.String())
 }
 
 // readableValue reports whether v is [A-Za-z0-9-]+: such values joined by

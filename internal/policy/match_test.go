@@ -24,6 +24,8 @@ func TestMatchDescriptorsEnvoy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The keys this test reads subjects of; every other value is hashed.
+	plain := EnvoySubjects{Salt: "salt", PlainKeys: []string{"tenant", "path", "client_id", "client_tier"}}
 	exportRule := envoyPolicyName("edge", "tenant.path_/api/export*")
 	healthRule := envoyPolicyName("edge", "tenant.path_/api/health")
 	curlRule := envoyPolicyName("edge", "user_agent_curl*")
@@ -76,7 +78,7 @@ func TestMatchDescriptorsEnvoy(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := s.MatchDescriptors(tt.domain, tt.descs)
+			got, err := s.Match(tt.domain, tt.descs, plain)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -134,7 +136,7 @@ descriptors:
 	}
 	match := func(d ...[]Entry) []DescriptorMatch {
 		t.Helper()
-		m, err := s.MatchDescriptors("w", d)
+		m, err := s.Match("w", d, EnvoySubjects{PlainKeys: []string{"k", "ua", "shared"}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -173,6 +175,93 @@ descriptors:
 	}
 	if subject("ua", "curl/8.1") == subject("ua", "curl/8.2") {
 		t.Error("wildcard values without share_threshold should get their own subjects")
+	}
+}
+
+// TestEnvoySubjectsHashUntrustedValues: descriptor values are untrusted,
+// so every one is hashed (salted) unless the operator lists its key as not
+// secret, and no raw value is ever a subject by default.
+func TestEnvoySubjectsHashUntrustedValues(t *testing.T) {
+	s, err := Parse("d.yaml", []byte(`domain: d
+descriptors:
+  - key: api_key
+    rate_limit: {unit: second, requests_per_unit: 5}
+  - key: remote_address
+    rate_limit: {unit: second, requests_per_unit: 5}
+  - key: tenant
+    rate_limit: {unit: second, requests_per_unit: 5}
+    descriptors:
+      - key: api_key
+        rate_limit: {unit: second, requests_per_unit: 5}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	subject := func(subj EnvoySubjects, kv ...string) string {
+		t.Helper()
+		m, err := s.Match("d", [][]Entry{e(kv...)}, subj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m[0].Policy == nil {
+			t.Fatalf("%v matched no rule", kv)
+		}
+		if err := bucket.ValidateSubject(m[0].Subject); err != nil {
+			t.Fatal(err)
+		}
+		return m[0].Subject
+	}
+	const key = "AKIAIOSFODNN7EXAMPLE"
+	tenantPlain := EnvoySubjects{Salt: "s1", PlainKeys: []string{"tenant"}}
+	tests := []struct {
+		name  string
+		subj  EnvoySubjects
+		kv    []string
+		plain string // "" wants a hash
+	}{
+		{"an API key is hashed by default", EnvoySubjects{}, []string{"api_key", key}, ""},
+		{"an API key is hashed with a salt", EnvoySubjects{Salt: "s1"}, []string{"api_key", key}, ""},
+		{"an address is hashed by default", EnvoySubjects{}, []string{"remote_address", "203-0-113-77"}, ""},
+		{"a tenant is hashed unless listed", EnvoySubjects{}, []string{"tenant", "acme"}, ""},
+		{"a listed key stays readable", tenantPlain, []string{"tenant", "acme"}, "acme"},
+		{"a listed key next to an unlisted one is hashed", tenantPlain, []string{"tenant", "acme", "api_key", key}, ""},
+		{"every key listed: readable", EnvoySubjects{PlainKeys: []string{"api_key", "tenant"}}, []string{"tenant", "acme", "api_key", "k1"}, "acme_k1"},
+		{"a listed key whose value looks like a hash is hashed", tenantPlain, []string{"tenant", "h-abc"}, ""},
+		{"a listed key whose value is not [A-Za-z0-9-] is hashed", tenantPlain, []string{"tenant", "a.b"}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := subject(tt.subj, tt.kv...)
+			switch {
+			case tt.plain != "" && got != tt.plain:
+				t.Errorf("subject %q, want %q", got, tt.plain)
+			case tt.plain == "" && !strings.HasPrefix(got, "h-"):
+				t.Errorf("subject %q, want a hash", got)
+			}
+			for i := 1; i < len(tt.kv); i += 2 {
+				if tt.plain == "" && strings.Contains(strings.ToLower(got), strings.ToLower(tt.kv[i])) {
+					t.Errorf("subject %q holds the raw value %q", got, tt.kv[i])
+				}
+			}
+		})
+	}
+	if subject(EnvoySubjects{Salt: "a"}, "api_key", key) == subject(EnvoySubjects{Salt: "b"}, "api_key", key) {
+		t.Error("the salt does not change the hash")
+	}
+	if subject(EnvoySubjects{Salt: "a"}, "api_key", key) != subject(EnvoySubjects{Salt: "a"}, "api_key", key) {
+		t.Error("hashed subjects are not deterministic")
+	}
+	if subject(EnvoySubjects{}, "api_key", key) == subject(EnvoySubjects{}, "remote_address", key) {
+		t.Error("one value under two rules gives one subject")
+	}
+	for _, bad := range []EnvoySubjects{
+		{PlainKeys: []string{""}},
+		{PlainKeys: []string{strings.Repeat("k", MaxEntryBytes+1)}},
+		{PlainKeys: make([]string, MaxPlainKeys+1)},
+	} {
+		if _, err := s.Match("d", [][]Entry{e("tenant", "acme")}, bad); !errors.Is(err, ErrBadDescriptor) {
+			t.Errorf("EnvoySubjects with %d plain keys: %v, want ErrBadDescriptor", len(bad.PlainKeys), err)
+		}
 	}
 }
 

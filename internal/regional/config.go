@@ -12,6 +12,7 @@ import (
 
 	"github.com/quotacoord/quota/bucket"
 	"github.com/quotacoord/quota/internal/clock"
+	"github.com/quotacoord/quota/internal/policy"
 )
 
 // ErrConfig reports an invalid Config.
@@ -91,6 +92,11 @@ type Config struct {
 	// SubjectSalt salts hashed subjects; every region of a deployment must
 	// use the same salt.
 	SubjectSalt string
+	// EnvoyPlainKeys lists the Envoy descriptor keys whose values are not
+	// secret and stay readable in bucket subjects (see
+	// policy.EnvoySubjects); every other descriptor value is hashed with
+	// SubjectSalt. Default none: every value is hashed.
+	EnvoyPlainKeys []string
 	// IdempotencyTTL is how long a decision is replayed; default 60s.
 	IdempotencyTTL time.Duration
 	// IdempotencySize bounds the replay cache; default 100000 entries.
@@ -122,6 +128,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Local == nil {
 		return c, fmt.Errorf("%w: Local is nil", ErrConfig)
+	}
+	if err := (policy.EnvoySubjects{PlainKeys: c.EnvoyPlainKeys}).Validate(); err != nil {
+		return c, fmt.Errorf("%w: EnvoyPlainKeys: %w", ErrConfig, err)
 	}
 	if c.Shares == nil {
 		c.Shares = Standalone{}

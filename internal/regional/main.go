@@ -56,6 +56,7 @@ type options struct {
 	tlsCert, tlsKey, tlsClientCA    string
 	unknownPolicy, headers          string
 	subjectSalt                     string
+	envoyPlainKeys                  string
 	decisionLogEvery                int
 	localMaxBuckets                 int
 	reportInterval, shutdownTimeout time.Duration
@@ -84,6 +85,7 @@ func parseFlags(args []string, env []string, stderr io.Writer) (*options, error)
 	fs.StringVar(&o.unknownPolicy, "unknown-policy", "error", "checks naming an unknown policy: error (NotFound), deny or allow")
 	fs.StringVar(&o.headers, "rls-headers", "off", "Envoy API response headers: off or draft (RateLimit-Limit/-Remaining/-Reset)")
 	fs.StringVar(&o.subjectSalt, "subject-salt", "", "salt for hashed subjects; the same in every region")
+	fs.StringVar(&o.envoyPlainKeys, "envoy-plain-keys", "", "comma-separated Envoy descriptor keys whose values are not secret and stay readable in Redis keys (e.g. tenant,path); every other value is hashed")
 	fs.IntVar(&o.decisionLogEvery, "decision-log-every", 0, "log one decision in N (subject hashed); 0 = off")
 	fs.IntVar(&o.localMaxBuckets, "local-max-buckets", 100000, "bound on buckets of the in-process store")
 	fs.DurationVar(&o.reportInterval, "report-interval", 5*time.Second, "demand report interval (with -etcd)")
@@ -198,7 +200,7 @@ func Main(ctx context.Context, args, env []string, stdout io.Writer) error {
 		Region: o.region, Store: store, Local: local, Shares: ss.shares, Demand: ss.demand,
 		Logger: log, Registerer: reg, TracerProvider: tp, StoreTimeout: o.storeTimeout,
 		BreakerThreshold: o.breakerThreshold, BreakerCooldown: o.breakerCooldown,
-		UnknownPolicy: UnknownPolicy(o.unknownPolicy), SubjectSalt: o.subjectSalt,
+		UnknownPolicy: UnknownPolicy(o.unknownPolicy), SubjectSalt: o.subjectSalt, EnvoyPlainKeys: splitList(o.envoyPlainKeys),
 		DecisionLogEvery: o.decisionLogEvery, Headers: HeaderMode(o.headers),
 	}
 	n, err := New(cfg)
@@ -369,6 +371,17 @@ func serverTLS(o *options) (*tls.Config, error) {
 		tc.ClientCAs, tc.ClientAuth = pool, tls.RequireAndVerifyClientCert
 	}
 	return tc, nil
+}
+
+// splitList splits a comma-separated flag value, dropping blanks.
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 func isDir(path string) bool {

@@ -34,6 +34,9 @@ type Node struct {
 	m      *metrics
 	tracer trace.Tracer
 	log    hclog.Logger
+	// envoySubj turns Envoy descriptor values into subjects: salted
+	// hashes except for Config.EnvoyPlainKeys.
+	envoySubj policy.EnvoySubjects
 
 	takeLatency prometheus.Observer
 	decisionN   atomic.Uint64
@@ -60,6 +63,8 @@ func New(cfg Config) (*Node, error) {
 		m:      m,
 		tracer: cfg.TracerProvider.Tracer("github.com/quotacoord/quota/internal/regional"),
 		log:    cfg.Logger,
+
+		envoySubj: policy.EnvoySubjects{Salt: cfg.SubjectSalt, PlainKeys: cfg.EnvoyPlainKeys},
 	}
 	n.takeLatency = m.storeLatency.WithLabelValues("take_all")
 	return n, nil

@@ -128,7 +128,7 @@ func (n *Node) prepareEnvoy(set *policy.Set, req *rlsv3.RateLimitRequest) (*envo
 			entries[i][j] = policy.Entry{Key: e.GetKey(), Value: e.GetValue()}
 		}
 	}
-	matches, err := set.MatchDescriptors(req.GetDomain(), entries)
+	matches, err := set.Match(req.GetDomain(), entries, n.envoySubj)
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
