@@ -24,7 +24,8 @@
 //     starts at share 1.
 //   - Every lease keepalive that succeeds moves "last good" to the instant
 //     the keepalive was sent, on Config.Clock. When the clock reads more
-//     than LeaseTTL past it, every share becomes the safe share at once,
+//     than LeaseTTL (less one loss check, at most 100 ms) past it, every
+//     share becomes the safe share at once,
 //     without waiting for etcd to say anything. Measuring from the send
 //     instant means the region gives up its shares no later than etcd
 //     expires the lease, so the coordinator (which waits for the expiry

@@ -377,7 +377,7 @@ func (s *Syncer) publishedTTL(ctx context.Context) (time.Duration, error) {
 func (s *Syncer) keepAlive(ctx context.Context, id clientv3.LeaseID) {
 	ttl := s.leaseTTL()
 	every := ttl / 3
-	check := min(ttl/20, 100*time.Millisecond)
+	check := lossCheck(ttl)
 	tick := time.NewTicker(check)
 	defer tick.Stop()
 
@@ -435,8 +435,16 @@ func (s *Syncer) keepAlive(ctx context.Context, id clientv3.LeaseID) {
 	}
 }
 
+// lossCheck is how often keepAlive checks the lease age.
+func lossCheck(ttl time.Duration) time.Duration { return min(ttl/20, 100*time.Millisecond) }
+
+// stale says the lease may have expired in etcd. It holds one loss check
+// before the TTL is over, so that the periodic check switches to the safe
+// shares no later than the TTL after the last good keepalive was sent
+// (etcd expires the lease no earlier than that).
 func (s *Syncer) stale() bool {
-	return s.now().Sub(time.Unix(0, s.lastOK.Load())) > s.leaseTTL()
+	ttl := s.leaseTTL()
+	return s.now().Sub(time.Unix(0, s.lastOK.Load())) > ttl-lossCheck(ttl)
 }
 
 func leaseGone(err error) bool {
