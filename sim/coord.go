@@ -369,17 +369,25 @@ func (e *engine) result() *Result {
 			res.ConvergenceS = append(res.ConvergenceS, e.convergence(time.Duration(sh)))
 		}
 		bin := float64(e.binTicks) * e.tick.Seconds()
+		ticks := int64(time.Duration(sc.Duration) / e.tick)
+		// The last bin may be shorter: rates divide by each bin's length.
+		binLen := func(k int) float64 {
+			if k == len(b.seriesIdeal)-1 {
+				return float64(ticks-int64(k)*e.binTicks) * e.tick.Seconds()
+			}
+			return bin
+		}
 		s := &Series{BinSeconds: bin, Regions: make([][]float64, e.n), Total: make([]float64, len(b.seriesIdeal)), Ideal: make([]float64, len(b.seriesIdeal))}
 		for r := range s.Regions {
 			s.Regions[r] = make([]float64, len(b.seriesIdeal))
 			for k, v := range e.seriesRegion[r] {
-				s.Regions[r][k] = round(v / bin)
+				s.Regions[r][k] = round(v / binLen(k))
 				s.Total[k] += v
 			}
 		}
 		for k := range s.Total {
-			s.Total[k] = round(s.Total[k] / bin)
-			s.Ideal[k] = round(b.seriesIdeal[k] / bin)
+			s.Total[k] = round(s.Total[k] / binLen(k))
+			s.Ideal[k] = round(b.seriesIdeal[k] / binLen(k))
 		}
 		res.Series = s
 	}

@@ -48,8 +48,10 @@ func WriteReport(dir string, results []*Result) error {
 	}
 	cw.Flush()
 	files["report.csv"] = c.Bytes()
-	files["overshoot.svg"] = sweepPlot(results, "overshoot(10 s) vs rebalance interval", func(r *Result) float64 { return r.Overshoot10s })
-	files["under_admission.svg"] = sweepPlot(results, "under-admission vs rebalance interval", func(r *Result) float64 { return r.UnderAdmission })
+	files["overshoot.svg"] = sweepPlot(results, "overshoot(10 s) vs rebalance interval", "overshoot(10 s)",
+		func(r *Result) float64 { return r.Overshoot10s }, BaselineIndependent, "independent buckets", func(f Figures) float64 { return f.Overshoot10s })
+	files["under_admission.svg"] = sweepPlot(results, "under-admission vs rebalance interval", "under-admission",
+		func(r *Result) float64 { return r.UnderAdmission }, "", "", nil)
 	var md bytes.Buffer
 	md.WriteString("# Simulation report\n\nOvershoot(W) = max over windows of length W of admitted / (C + r·W) − 1; under-admission = 1 − admitted / admitted by an ideal global bucket on the same request stream.\n\n")
 	md.WriteString("![overshoot](overshoot.svg)\n![under-admission](under_admission.svg)\n\n")

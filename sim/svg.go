@@ -18,7 +18,8 @@ const (
 type line struct {
 	name   string
 	xs, ys []float64
-	dash   bool
+	dash   string // stroke-dasharray, "" for solid
+	color  string // "" picks the palette's next
 }
 
 // plot draws lines on linear or log-x axes, with a legend.
@@ -69,8 +70,9 @@ func plot(title, xlabel, ylabel string, lines []line, logX bool) []byte {
 		}
 	}
 	if !logX {
-		for k := 0; k <= 5; k++ {
-			ticks = append(ticks, minX+(maxX-minX)*float64(k)/5)
+		step := niceStep((maxX - minX) / 5)
+		for x := math.Ceil(minX/step) * step; x <= maxX+step*1e-9 && len(ticks) < 20; x += step {
+			ticks = append(ticks, x)
 		}
 	}
 	sort.Float64s(ticks)
@@ -80,17 +82,17 @@ func plot(title, xlabel, ylabel string, lines []line, logX bool) []byte {
 	fmt.Fprintf(&b, `<text x="%g" y="%g" text-anchor="middle">%s</text>`+"\n", padL+iw/2, plotH-10, html.EscapeString(xlabel))
 	fmt.Fprintf(&b, `<text transform="translate(16 %g) rotate(-90)" text-anchor="middle">%s</text>`+"\n", padT+ih/2, html.EscapeString(ylabel))
 	for i, l := range lines {
-		color := palette[i%len(palette)]
-		if l.dash {
-			color = "#000"
+		color := l.color
+		if color == "" {
+			color = palette[i%len(palette)]
 		}
 		var pts bytes.Buffer
 		for k := range l.xs {
 			fmt.Fprintf(&pts, "%.1f,%.1f ", px(l.xs[k]), py(l.ys[k]))
 		}
 		dash := ""
-		if l.dash {
-			dash = ` stroke-dasharray="6 4"`
+		if l.dash != "" {
+			dash = fmt.Sprintf(` stroke-dasharray="%s"`, l.dash)
 		}
 		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="1.8"%s points="%s"/>`+"\n", color, dash, bytes.TrimSpace(pts.Bytes()))
 		ly := padT + 14 + float64(i)*18
@@ -101,23 +103,57 @@ func plot(title, xlabel, ylabel string, lines []line, logX bool) []byte {
 	return b.Bytes()
 }
 
-// sweepPlot draws one line per scenario and protocol: a figure against the
-// rebalance interval.
-func sweepPlot(results []*Result, title string, y func(*Result) float64) []byte {
+// niceStep rounds a tick step up to 1, 2 or 5 times a power of ten.
+func niceStep(raw float64) float64 {
+	if !(raw > 0) || math.IsInf(raw, 0) {
+		return 1
+	}
+	p := math.Pow(10, math.Floor(math.Log10(raw)))
+	for _, m := range []float64{1, 2, 5, 10} {
+		if raw <= m*p {
+			return m * p
+		}
+	}
+	return 10 * p
+}
+
+// sweepPlot draws one line per scenario and protocol (a colour per
+// scenario; naive dashed): a figure against the rebalance interval; ylabel
+// names the figure. When base is not nil it adds a black dotted line named
+// baseLabel: the largest value of baseline baseName's figure over the
+// scenarios (baselines do not depend on the interval).
+func sweepPlot(results []*Result, title, ylabel string, y func(*Result) float64, baseName, baseLabel string, base func(Figures) float64) []byte {
 	byName := map[string]*line{}
+	colorOf := map[string]string{}
 	var order []string
+	var ivs []float64
+	seenIv := map[float64]bool{}
+	baseMax := 0.0
 	for _, r := range results {
 		k := r.Scenario + " " + r.Protocol
 		l, ok := byName[k]
 		if !ok {
-			l = &line{name: k}
+			if _, seen := colorOf[r.Scenario]; !seen {
+				colorOf[r.Scenario] = palette[len(colorOf)%len(palette)]
+			}
+			l = &line{name: k, color: colorOf[r.Scenario]}
+			if r.Protocol == string(Naive) {
+				l.dash = "5 3"
+			}
 			byName[k] = l
 			order = append(order, k)
 		}
 		l.xs = append(l.xs, r.RebalanceIntervalS)
 		l.ys = append(l.ys, y(r))
+		if !seenIv[r.RebalanceIntervalS] {
+			seenIv[r.RebalanceIntervalS] = true
+			ivs = append(ivs, r.RebalanceIntervalS)
+		}
+		if base != nil && r.Baselines != nil {
+			baseMax = max(baseMax, base(r.Baselines[baseName]))
+		}
 	}
-	lines := make([]line, 0, len(order))
+	lines := make([]line, 0, len(order)+1)
 	for _, k := range order {
 		l := byName[k]
 		idx := make([]int, len(l.xs))
@@ -125,13 +161,21 @@ func sweepPlot(results []*Result, title string, y func(*Result) float64) []byte 
 			idx[i] = i
 		}
 		sort.SliceStable(idx, func(a, b int) bool { return l.xs[idx[a]] < l.xs[idx[b]] })
-		s := line{name: l.name}
+		s := line{name: l.name, color: l.color, dash: l.dash}
 		for _, i := range idx {
 			s.xs, s.ys = append(s.xs, l.xs[i]), append(s.ys, l.ys[i])
 		}
 		lines = append(lines, s)
 	}
-	return plot(title, "rebalance interval (s, log scale)", title[:len(title)-len(" vs rebalance interval")], lines, true)
+	if base != nil && len(ivs) > 0 {
+		sort.Float64s(ivs)
+		b := line{name: baseLabel, color: "#000", dash: "2 3"}
+		for _, x := range ivs {
+			b.xs, b.ys = append(b.xs, x), append(b.ys, baseMax)
+		}
+		lines = append(lines, b)
+	}
+	return plot(title, "rebalance interval (s, log scale)", ylabel, lines, true)
 }
 
 // seriesPlot draws admitted requests per second per region, their total and
@@ -147,7 +191,7 @@ func seriesPlot(r *Result) []byte {
 		lines = append(lines, line{name: fmt.Sprintf("region %d", i), xs: xs, ys: ys})
 	}
 	lines = append(lines, line{name: "all regions", xs: xs, ys: s.Total})
-	lines = append(lines, line{name: "ideal global", xs: xs, ys: s.Ideal, dash: true})
+	lines = append(lines, line{name: "ideal global", xs: xs, ys: s.Ideal, color: "#000", dash: "6 4"})
 	title := fmt.Sprintf("%s: admitted per region (%s, rebalance %gs)", r.Scenario, r.Protocol, r.RebalanceIntervalS)
 	return plot(title, "time (min)", "admitted requests / s", lines, false)
 }
