@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -38,6 +39,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	delay := fs.Duration("propagation-delay", 300*time.Millisecond, "mean coordinator↔region delay")
 	lost := fs.Float64("lost-reports", 0.01, "probability a demand report is lost")
 	late := fs.Float64("late-reports", 0.01, "probability a demand report is one interval late")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the sweep to this file")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -76,6 +78,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 					LostReports: *lost, LateReports: *late})
 			}
 		}
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return fmt.Errorf("-cpuprofile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("-cpuprofile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
 	}
 	bar := isTerminal(stderr)
 	if bar {

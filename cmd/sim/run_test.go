@@ -67,3 +67,19 @@ func TestRunErrors(t *testing.T) {
 		}
 	}
 }
+
+func TestRunCPUProfile(t *testing.T) {
+	dir := t.TempDir()
+	prof := filepath.Join(dir, "cpu.prof")
+	args := []string{"-scenario", "steady", "-intervals", "5s", "-protocol", "two-step", "-duration", "30s", "-subjects", "50", "-out", dir, "-cpuprofile", prof}
+	if err := run(context.Background(), args, &bytes.Buffer{}, &bytes.Buffer{}); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(prof); err != nil || st.Size() == 0 {
+		t.Errorf("profile not written: %v", err)
+	}
+	args[len(args)-1] = filepath.Join(dir, "no", "such", "dir", "cpu.prof")
+	if err := run(context.Background(), args, &bytes.Buffer{}, &bytes.Buffer{}); err == nil {
+		t.Error("an unwritable -cpuprofile was accepted")
+	}
+}
