@@ -53,6 +53,11 @@ func startSync(ctx context.Context, o *options, log hclog.Logger) (*syncer, erro
 	cfg := regionsync.Config{
 		Region: o.region, Addr: o.grpcAddr, Client: client, ReportInterval: o.reportInterval,
 		Recorder: rec, Logger: log,
+		// Outside an allocation the region may enforce only a minimum the
+		// policy names for it explicitly: those are validated to sum to at
+		// most 1 and the coordinator reserves them in every allocation. A
+		// default minimum is granted by the coordinator, not assumed, so a
+		// region that joins late enforces nothing until it is included.
 		MinShare: func(name string) (float64, bool) {
 			n := node.Load()
 			if n == nil {
@@ -62,7 +67,8 @@ func startSync(ctx context.Context, o *options, log hclog.Logger) (*syncer, erro
 			if !ok {
 				return 0, false
 			}
-			return p.MinShareFor(o.region), true
+			m, listed := p.MinShare[o.region]
+			return m, listed
 		},
 	}
 	if o.policies == "" {

@@ -60,8 +60,11 @@ type Config struct {
 	RequestTimeout time.Duration
 	// Recorder supplies demand reports; nil writes none.
 	Recorder *demand.Recorder
-	// MinShare returns a policy's minimum share for this region, used for
-	// policies without an allocation; nil, or ok false, means 0.
+	// MinShare returns the minimum share a policy names explicitly for this
+	// region, enforced while the region is not in the policy's allocation
+	// (none published yet, or one that leaves the region out); nil, or ok
+	// false, means 0. It must not return a default minimum: only explicit
+	// minimums are reserved by the coordinator for regions it has not seen.
 	MinShare func(policy string) (min float64, ok bool)
 	// OnPolicies receives every policy document under policies/ (name to
 	// raw bytes, not to be modified) after the first read and after every

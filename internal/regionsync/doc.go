@@ -19,9 +19,10 @@
 //
 //   - Before the region holds a lease and has read the allocations under it,
 //     every share is the safe share: Allocation.Safe[region] when an
-//     allocation exists, else the policy's minimum share for the region from
-//     Config.MinShare (0 when unknown). A node configured with etcd never
-//     starts at share 1.
+//     allocation exists, else the minimum the policy names explicitly for
+//     the region (Config.MinShare; 0 when none). A node configured with
+//     etcd never starts at share 1, and a region left out of an allocation
+//     enforces no more than its explicit minimum.
 //   - Every lease keepalive that succeeds moves "last good" to the instant
 //     the keepalive was sent, on Config.Clock. When the clock reads more
 //     than LeaseTTL (less one loss check, at most 100 ms) past it, every
