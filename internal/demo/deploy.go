@@ -159,6 +159,11 @@ func Deploy(ctx context.Context, cfg DeployConfig) (d *Deployment, err error) {
 	if err := d.Coord.PutPolicy(ctx, "demo.yaml", cfg.Policies); err != nil {
 		return d, err
 	}
+	// A node takes its lease TTL from the settings the leader publishes;
+	// one started before them would take the 10 s default.
+	if err := d.waitSettings(ctx); err != nil {
+		return d, err
+	}
 	for range cfg.Regions {
 		p, err := faultproxy.Start(faultproxy.Config{Target: d.Coord.EtcdAddr})
 		if err != nil {
@@ -175,6 +180,24 @@ func Deploy(ctx context.Context, cfg DeployConfig) (d *Deployment, err error) {
 		return d, err
 	}
 	return d, nil
+}
+
+// waitSettings waits until the coordinator published its settings.
+func (d *Deployment) waitSettings(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	key := etcdlayout.Layout{}.Settings()
+	for {
+		resp, err := d.Coord.Client.Get(ctx, key)
+		if err == nil && len(resp.Kvs) > 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("demo: the coordinator published no settings: %w", errors.Join(err, ctx.Err()))
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // StopRegion stops region's node (a real failover: its lease then
