@@ -62,6 +62,10 @@ type Loop struct {
 
 	mu sync.Mutex // guards st
 	st *state
+
+	// afterRead, when a test sets it before Run, runs in doRound between
+	// the read and the publishes.
+	afterRead func()
 }
 
 // New validates cfg and returns a Loop; Run starts it.
@@ -314,6 +318,9 @@ func (l *Loop) doRound(ctx context.Context, f fence, full bool) (Result, error) 
 	for _, e := range snap.policyErrs {
 		l.cfg.Logger.Warn("policy document skipped", "error", e)
 	}
+	if l.afterRead != nil {
+		l.afterRead()
+	}
 	now := l.cfg.Clock.Now()
 	l.mu.Lock()
 	l.st.trackMissing(now, snap)
@@ -330,7 +337,7 @@ func (l *Loop) doRound(ctx context.Context, f fence, full bool) (Result, error) 
 			}
 			continue
 		}
-		ok, err := l.publish(ctx, f, pp.pub, pp.prevRev)
+		ok, err := l.publish(ctx, f, pp.pub, pp.prevRev, snap.rev)
 		if err != nil {
 			return res, err
 		}
@@ -346,10 +353,13 @@ func (l *Loop) doRound(ctx context.Context, f fence, full bool) (Result, error) 
 	return res, nil
 }
 
-// publish writes a, fenced by f and by the allocation's mod revision. It
-// returns false when the allocation changed under it, and ErrNotLeader
-// when f no longer holds.
-func (l *Loop) publish(ctx context.Context, f fence, a *etcdlayout.Allocation, prevRev int64) (bool, error) {
+// publish writes a, fenced by f, by the allocation's mod revision and by
+// the registrations read at revision readRev: no registration may have
+// been created or rewritten since, because a plan that did not see a
+// region neither reserved its share nor counted what it may enforce. It
+// returns false when the allocation or a registration changed under it,
+// and ErrNotLeader when f no longer holds.
+func (l *Loop) publish(ctx context.Context, f fence, a *etcdlayout.Allocation, prevRev, readRev int64) (bool, error) {
 	data, err := json.Marshal(a)
 	if err != nil {
 		return false, fmt.Errorf("rebalance: encode allocation of %s: %w", a.Policy, err)
@@ -357,7 +367,8 @@ func (l *Loop) publish(ctx context.Context, f fence, a *etcdlayout.Allocation, p
 	key := l.cfg.Layout.Alloc(a.Policy)
 	resp, err := l.cfg.Client.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(f.key), "=", f.rev),
-			clientv3.Compare(clientv3.ModRevision(key), "=", prevRev)).
+			clientv3.Compare(clientv3.ModRevision(key), "=", prevRev),
+			clientv3.Compare(clientv3.ModRevision(l.cfg.Layout.RegionsPrefix()), "<", readRev+1).WithPrefix()).
 		Then(clientv3.OpPut(key, string(data))).
 		Else(clientv3.OpGet(f.key)).
 		Commit()
@@ -372,7 +383,7 @@ func (l *Loop) publish(ctx context.Context, f fence, a *etcdlayout.Allocation, p
 	if len(kvs) == 0 || kvs[0].CreateRevision != f.rev {
 		return false, fmt.Errorf("%w: publish of %s epoch %d fenced off", ErrNotLeader, a.Policy, a.Epoch)
 	}
-	l.cfg.Logger.Warn("allocation changed concurrently; will retry", "policy", a.Policy, "epoch", a.Epoch)
+	l.cfg.Logger.Warn("allocation or registrations changed since the read; will retry", "policy", a.Policy, "epoch", a.Epoch)
 	return false, nil
 }
 

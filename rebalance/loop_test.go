@@ -61,8 +61,8 @@ func newEnv(t *testing.T, names ...string) *env {
 	return e
 }
 
-// startLoop runs a Loop until the test ends and waits until it leads.
-func startLoop(t *testing.T, cfg Config) (*Loop, context.CancelFunc) {
+// startLoop runs a Loop until the test ends; setup runs before Run.
+func startLoop(t *testing.T, cfg Config, setup ...func(*Loop)) (*Loop, context.CancelFunc) {
 	t.Helper()
 	if cfg.Interval == 0 {
 		cfg.Interval = time.Hour // rounds are driven by RebalanceNow
@@ -75,6 +75,9 @@ func startLoop(t *testing.T, cfg Config) (*Loop, context.CancelFunc) {
 	l, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, f := range setup {
+		f(l)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -166,6 +169,16 @@ func roundStable(t *testing.T, e *env, l *Loop) etcdlayout.Allocation {
 		return a.Phase == etcdlayout.PhaseStable
 	})
 	return a
+}
+
+// head is etcd's current revision.
+func head(t *testing.T, e *env) int64 {
+	t.Helper()
+	resp, err := e.cli.Get(context.Background(), e.layout.Settings(), clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.Header.Revision
 }
 
 func waitLeader(t *testing.T, l *Loop) {
@@ -356,7 +369,7 @@ func TestDeposedLeaderCannotPublish(t *testing.T) {
 	}
 	old := fence{key: el1.Key(), rev: el1.Rev()}
 	a := &etcdlayout.Allocation{Policy: "exports", Epoch: 1, Phase: etcdlayout.PhaseStable, Default: map[string]float64{"a": 1}}
-	if ok, err := l.publish(ctx, old, a, 0); !ok || err != nil {
+	if ok, err := l.publish(ctx, old, a, 0, head(t, e)); !ok || err != nil {
 		t.Fatalf("leader publish: %v %v", ok, err)
 	}
 	// The old leader's session expires (revoked here) and another wins.
@@ -375,7 +388,7 @@ func TestDeposedLeaderCannotPublish(t *testing.T) {
 	cur := e.alloc(t)
 	resp, _ := e.cli.Get(ctx, e.layout.Alloc("exports"))
 	b := &etcdlayout.Allocation{Policy: "exports", Epoch: 2, Phase: etcdlayout.PhaseStable, Default: map[string]float64{"a": 0.5}}
-	ok, err := l.publish(ctx, old, b, resp.Kvs[0].ModRevision)
+	ok, err := l.publish(ctx, old, b, resp.Kvs[0].ModRevision, resp.Header.Revision)
 	if ok || !errors.Is(err, ErrNotLeader) {
 		t.Fatalf("deposed publish: ok=%v err=%v, want ErrNotLeader", ok, err)
 	}

@@ -264,7 +264,17 @@ func planPolicy(now time.Time, snap *snapshot, st *state, cfg *Config, p *policy
 		pp.note = "frozen by an operator"
 		return pp
 	}
-	if !full {
+	// pending: cur is a shrink epoch whose growth has not been published.
+	// Regions that did not acknowledge it may still enforce the epoch
+	// before it, whose shares the record does not hold, so whatever
+	// replaces it must again be a shrink from cur (each region's shares
+	// only go down from what it may be enforcing) and grow only after
+	// every region acknowledged that.
+	pending := cur != nil && cur.Phase == etcdlayout.PhaseShrink
+	// Acknowledgement and registration rounds also plan when a live
+	// region has no share yet (or nothing was ever published): the plan
+	// must include it before anyone grows.
+	if !full && cur != nil && coversLive(cur, snap) {
 		return pp
 	}
 	next, regions, err := proposal(snap, st, cfg, p, cur, ctl)
@@ -303,7 +313,7 @@ func planPolicy(now time.Time, snap *snapshot, st *state, cfg *Config, p *policy
 	}
 	a.Epoch = cur.Epoch + 1
 	why := moves(cur.Default, next.Default, pp.demand) + overrideNote(old, *next)
-	if cfg.Protocol == ProtocolTwoStep && shrinks(old, *next, mins) {
+	if cfg.Protocol == ProtocolTwoStep && (pending || shrinks(old, *next, mins)) {
 		low := lower(old, *next, mins)
 		a.Phase = etcdlayout.PhaseShrink
 		a.Target = next

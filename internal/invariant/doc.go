@@ -16,8 +16,11 @@
 // published when R registered (regions register before they read alloc/).
 // A region whose registration is gone (lease expired) counts at its safe
 // share, the largest Safe[R] of the epochs from its floor on; a region
-// that never registered enforces nothing. ε is the largest overcommit of
-// the epochs in the window.
+// that never registered enforces nothing. A region whose floor is before
+// the policy's first epoch counts at least at the policy's minimum share
+// for it (from the policy documents under policies/, replayed too): it
+// enforces that until it applies an allocation. ε is the largest
+// overcommit of the epochs in the window.
 //
 // The check works on revisions, not on wall time: it does not prove that
 // the coordinator waited the clock-skew margin (the rebalance tests do).

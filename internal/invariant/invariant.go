@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/quotacoord/quota/internal/etcdlayout"
+	"github.com/quotacoord/quota/internal/policy"
 )
 
 // Tolerance absorbs floating-point rounding in sums of shares.
@@ -20,6 +21,10 @@ const MaxEpochs = 4096
 
 // maxViolations bounds the violations a History keeps.
 const maxViolations = 100
+
+// MaxPolicyDocs bounds the policy documents a History keeps; later ones
+// are ignored.
+const MaxPolicyDocs = 4096
 
 // ErrHistory reports a record in etcd that the checker cannot read.
 var ErrHistory = errors.New("invariant: unreadable history")
@@ -87,7 +92,10 @@ type History struct {
 	layout  etcdlayout.Layout
 	allocs  map[string][]*etcdlayout.Allocation // sorted by epoch
 	regions map[string]*regionState
-	report  Report
+	// docs are the policy documents; policies is what they define.
+	docs     map[string][]byte
+	policies *policy.Set
+	report   Report
 }
 
 // NewHistory returns an empty history for keys under layout.
@@ -96,6 +104,7 @@ func NewHistory(layout etcdlayout.Layout) *History {
 		layout:  layout,
 		allocs:  make(map[string][]*etcdlayout.Allocation),
 		regions: make(map[string]*regionState),
+		docs:    make(map[string][]byte),
 	}
 }
 
@@ -114,12 +123,18 @@ func (h *History) latest(policy string) uint64 {
 	return as[len(as)-1].Epoch
 }
 
-// Put applies a put of key with value. Keys outside alloc/, acks/ and
-// regions/ are ignored. created says the key did not exist before (etcd
+// Put applies a put of key with value. Keys outside alloc/, acks/,
+// regions/ and policies/ are ignored. created says the key did not exist before (etcd
 // Version 1), which for a registration starts a new lease.
 func (h *History) Put(key string, value []byte, created bool) error {
 	l := h.layout
 	switch {
+	case strings.HasPrefix(key, l.PoliciesPrefix()):
+		name := etcdlayout.Name(l.PoliciesPrefix(), key)
+		if _, ok := h.docs[name]; ok || len(h.docs) < MaxPolicyDocs {
+			h.docs[name] = value
+			h.loadPolicies()
+		}
 	case strings.HasPrefix(key, l.AllocPrefix()):
 		var a etcdlayout.Allocation
 		if err := json.Unmarshal(value, &a); err != nil {
@@ -159,6 +174,9 @@ func (h *History) Put(key string, value []byte, created bool) error {
 func (h *History) Delete(key string) {
 	l := h.layout
 	switch {
+	case strings.HasPrefix(key, l.PoliciesPrefix()):
+		delete(h.docs, etcdlayout.Name(l.PoliciesPrefix(), key))
+		h.loadPolicies()
 	case strings.HasPrefix(key, l.AcksPrefix()):
 		h.region(etcdlayout.Name(l.AcksPrefix(), key)).ack = nil
 	case strings.HasPrefix(key, l.RegionsPrefix()):
@@ -170,6 +188,9 @@ func (h *History) Delete(key string) {
 		r.deadSafe = make(map[string]float64)
 		for p, as := range h.allocs {
 			f := r.floor(p)
+			if f == 0 {
+				r.deadSafe[p] = h.minShare(p, name)
+			}
 			for _, a := range as {
 				if a.Epoch >= f {
 					r.deadSafe[p] = math.Max(r.deadSafe[p], a.Safe[name])
@@ -179,6 +200,41 @@ func (h *History) Delete(key string) {
 		r.live = false
 		r.ack = nil
 	}
+}
+
+// loadPolicies parses the documents in name order, skipping any that do
+// not parse or repeat a policy, as the coordinator does.
+func (h *History) loadPolicies() {
+	names := make([]string, 0, len(h.docs))
+	for n := range h.docs {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	set, _ := policy.Merge()
+	for _, n := range names {
+		s, err := policy.Parse(n, h.docs[n])
+		if err != nil {
+			continue
+		}
+		if merged, err := policy.Merge(set, s); err == nil {
+			set = merged
+		}
+	}
+	h.policies = set
+}
+
+// minShare is the policy's minimum share for region: what a region
+// enforces for a policy before it has read any allocation of it (0 when
+// no document defines the policy).
+func (h *History) minShare(pol, region string) float64 {
+	if h.policies == nil {
+		return 0
+	}
+	p, ok := h.policies.Get(pol)
+	if !ok {
+		return 0
+	}
+	return p.MinShareFor(region)
 }
 
 func (h *History) region(name string) *regionState {
@@ -283,6 +339,12 @@ func (h *History) Check(rev int64) {
 				var v float64
 				if r.live {
 					f := r.floor(p)
+					if f == 0 {
+						// Registered before the first epoch and not
+						// acknowledged since: it may still enforce the
+						// policy's minimum, which no allocation reserved.
+						v = h.minShare(p, n)
+					}
 					for _, a := range as {
 						if a.Epoch >= f {
 							v = math.Max(v, share(a, s, n))

@@ -22,10 +22,25 @@ func ack(region string, epoch uint64) etcdlayout.Ack {
 	return etcdlayout.Ack{Region: region, Epochs: map[string]uint64{"p": epoch}}
 }
 
+// pDoc defines policy p with a minimum share of 0.2 in every region.
+const pDoc = `policies:
+  - name: p
+    capacity: 10
+    rate: 10/second
+    min_share:
+      default: 0.2
+`
+
 func TestHistory(t *testing.T) {
 	var l etcdlayout.Layout
 	reg := func(r string) ev {
 		return ev{key: l.Region(r), value: etcdlayout.Registration{Region: r}, created: true}
+	}
+	doc := ev{key: l.PolicyDoc("p.yaml"), value: rawDoc(pDoc)}
+	ac := func(epoch uint64, def map[string]float64) etcdlayout.Allocation {
+		a := alloc(epoch, etcdlayout.PhaseStable, def)
+		a.Safe = map[string]float64{"a": 0.2, "c": 0.2}
+		return a
 	}
 	even := alloc(1, etcdlayout.PhaseStable, map[string]float64{"a": 0.5, "b": 0.5})
 	shrink := alloc(2, etcdlayout.PhaseShrink, map[string]float64{"a": 0.5, "b": 0.2})
@@ -44,6 +59,24 @@ func TestHistory(t *testing.T) {
 		{"region registered late starts at the latest epoch", []ev{reg("a"), {key: l.Alloc("p"), value: alloc(1, etcdlayout.PhaseStable, map[string]float64{"a": 1})},
 			{key: l.Ack("a"), value: ack("a", 1)}, {key: l.Alloc("p"), value: alloc(2, etcdlayout.PhaseShrink, map[string]float64{"a": 0.5, "b": 0})}, {key: l.Ack("a"), value: ack("a", 2)},
 			{key: l.Alloc("p"), value: alloc(3, etcdlayout.PhaseStable, map[string]float64{"a": 0.5, "b": 0.5})}, reg("b")}, true},
+		// The reliability failure: b registered (and read no allocation,
+		// so it enforces p's minimum 0.2) before the first epoch, which
+		// split everything between a and c.
+		{"first epoch leaves out a region registered before it", []ev{doc, reg("a"), reg("c"), reg("b"),
+			{key: l.Alloc("p"), value: ac(1, map[string]float64{"a": 0.5, "c": 0.5})}}, false},
+		{"first epoch covers every registered region", []ev{doc, reg("a"), reg("c"), reg("b"),
+			{key: l.Alloc("p"), value: alloc(1, etcdlayout.PhaseStable, map[string]float64{"a": 0.4, "b": 0.2, "c": 0.4})}}, true},
+		{"region registered after the first epoch and left out enforces nothing", []ev{doc, reg("a"), reg("c"),
+			{key: l.Alloc("p"), value: ac(1, map[string]float64{"a": 0.5, "c": 0.5})}, reg("b")}, true},
+		{"a region that acknowledged another policy only is still before p's first epoch", []ev{doc, reg("a"), reg("c"), reg("b"),
+			{key: l.Ack("b"), value: etcdlayout.Ack{Region: "b", Epochs: map[string]uint64{"q": 3}}},
+			{key: l.Alloc("p"), value: ac(1, map[string]float64{"a": 0.5, "c": 0.5})}}, false},
+		{"b acknowledged the first epoch: it enforces nothing of p", []ev{doc, reg("a"), reg("c"), reg("b"),
+			{key: l.Alloc("p"), value: ac(1, map[string]float64{"a": 0.4, "c": 0.4})},
+			{key: l.Ack("b"), value: ack("b", 1)}, {key: l.Alloc("p"), value: ac(2, map[string]float64{"a": 0.5, "c": 0.5})}}, true},
+		{"a region that died before applying the first epoch keeps its minimum", []ev{doc, reg("a"), reg("c"), reg("b"),
+			{key: l.Alloc("p"), value: ac(1, map[string]float64{"a": 0.4, "c": 0.4})}, {key: l.Region("b"), del: true},
+			{key: l.Alloc("p"), value: ac(2, map[string]float64{"a": 0.5, "c": 0.5})}}, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -51,6 +84,10 @@ func TestHistory(t *testing.T) {
 			for i, e := range c.events {
 				if e.del {
 					h.Delete(e.key)
+				} else if raw, ok := e.value.(rawDoc); ok {
+					if err := h.Put(e.key, []byte(raw), e.created); err != nil {
+						t.Fatal(err)
+					}
 				} else {
 					data, _ := json.Marshal(e.value)
 					if err := h.Put(e.key, data, e.created); err != nil {
@@ -66,6 +103,9 @@ func TestHistory(t *testing.T) {
 		})
 	}
 }
+
+// rawDoc is a value put as is (a policy document), not as JSON.
+type rawDoc string
 
 func TestHistoryRejectsGarbage(t *testing.T) {
 	var l etcdlayout.Layout

@@ -12,7 +12,7 @@ import (
 
 // Replay reads every revision of layout's keys from revision 1 to the
 // current one through a watch and checks the invariant after each
-// revision that touched alloc/, acks/ or regions/. It fails when the
+// revision that touched alloc/, acks/, regions/ or policies/. It fails when the
 // history is compacted or a record does not parse. It starts no goroutine
 // that outlives the call.
 func Replay(ctx context.Context, cli *clientv3.Client, layout etcdlayout.Layout) (Report, error) {
@@ -98,7 +98,8 @@ func Replay(ctx context.Context, cli *clientv3.Client, layout etcdlayout.Layout)
 }
 
 func isTracked(l etcdlayout.Layout, key string) bool {
-	return etcdlayout.Name(l.AllocPrefix(), key) != "" ||
+	return etcdlayout.Name(l.PoliciesPrefix(), key) != "" ||
+		etcdlayout.Name(l.AllocPrefix(), key) != "" ||
 		etcdlayout.Name(l.AcksPrefix(), key) != "" ||
 		etcdlayout.Name(l.RegionsPrefix(), key) != ""
 }

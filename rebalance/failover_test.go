@@ -1,0 +1,116 @@
+package rebalance
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/quotacoord/quota/internal/coordinator/coordtest"
+	"github.com/quotacoord/quota/internal/etcdlayout"
+	"github.com/quotacoord/quota/internal/policy"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// TestRegionRegisteredBetweenReadAndPublish is the regression test for
+// the reliability failure (TestCoordinatorLeaderKilledMidRebalance, Σ 1.2):
+// region b registered after the leader's read and before its first
+// publish. b read no allocation, so it enforced the policy's minimum,
+// while the first epoch split the whole budget between a and c. The
+// publish is now fenced on the registrations read: it fails, and the
+// retry includes b.
+func TestRegionRegisteredBetweenReadAndPublish(t *testing.T) {
+	e := newEnv(t, "a", "c")
+	ctx := context.Background()
+	b := coordtest.NewRegion(e.cli, e.layout, "b")
+	t.Cleanup(b.Kill)
+	var once sync.Once
+	l, _ := startLoop(t, Config{Client: e.cli, Name: "c1"}, func(l *Loop) {
+		l.afterRead = func() {
+			once.Do(func() {
+				if err := b.Register(ctx, time.Second); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+	})
+	waitLeader(t, l)
+	var a etcdlayout.Allocation
+	waitFor(t, "an allocation", 10*time.Second, func() bool {
+		a = e.alloc(t)
+		return a.Epoch > 0
+	})
+	first := e.epoch(t, 1)
+	for _, r := range []string{"a", "b", "c"} {
+		if _, ok := first.Default[r]; !ok {
+			t.Errorf("epoch 1 leaves out region %s: %v", r, first.Default)
+		}
+	}
+	checkInvariant(t, e)
+}
+
+// TestPlanOverPendingShrinkShrinksAgain: a region registers while a
+// shrink epoch waits for c's acknowledgement. The new plan (which must
+// include the new region) may not publish growth: c may still enforce
+// the epoch before the shrink, whose shares the shrink record does not
+// hold. It publishes another shrink from the pending one.
+func TestPlanOverPendingShrinkShrinksAgain(t *testing.T) {
+	set, err := policy.Parse("exports.yaml", []byte(exportsDoc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := Config{Client: &clientv3.Client{}}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Epoch 1: c held most; epoch 2 shrinks c toward b. a and b
+	// acknowledged 2, c did not; d just registered.
+	cur := &etcdlayout.Allocation{
+		Policy: "exports", Epoch: 2, Phase: etcdlayout.PhaseShrink,
+		Default: map[string]float64{"a": 0.2, "b": 0.2, "c": 0.2},
+		Target:  &etcdlayout.Shares{Default: map[string]float64{"a": 0.2, "b": 0.6, "c": 0.2}},
+		Safe:    map[string]float64{"a": 0.05, "b": 0.05, "c": 0.05},
+	}
+	reg := etcdlayout.Registration{}
+	snap := &snapshot{
+		rev:  10,
+		live: map[string]etcdlayout.Registration{"a": reg, "b": reg, "c": reg, "d": reg},
+		acks: map[string]etcdlayout.Ack{
+			"a": {Epochs: map[string]uint64{"exports": 2}},
+			"b": {Epochs: map[string]uint64{"exports": 2}},
+			"c": {Epochs: map[string]uint64{"exports": 1}},
+		},
+		controls:  map[string]etcdlayout.Control{},
+		policies:  set,
+		allocs:    map[string]*etcdlayout.Allocation{"exports": cur},
+		allocRevs: map[string]int64{"exports": 9},
+	}
+	st := newState()
+	st.demand["exports"] = map[string]float64{"a": 0.2, "b": 0.6, "c": 0.2, "d": 0}
+	now := time.Unix(1_700_000_000, 0)
+	for _, full := range []bool{false, true} {
+		plans := plan(now, snap, st, &cfg, full)
+		if len(plans) != 1 || plans[0].pub == nil {
+			t.Fatalf("full=%v: want one publish, got %+v", full, plans)
+		}
+		pub := plans[0].pub
+		if pub.Phase != etcdlayout.PhaseShrink || pub.Target == nil || pub.Epoch != 3 {
+			t.Fatalf("full=%v: over a pending shrink got phase %s epoch %d, want shrink 3: %+v", full, pub.Phase, pub.Epoch, pub)
+		}
+		for r, s := range cur.Default {
+			if pub.Default[r] > s+1e-12 {
+				t.Errorf("full=%v: region %s grows %v → %v before c acknowledged", full, r, s, pub.Default[r])
+			}
+		}
+		if _, ok := pub.Target.Default["d"]; !ok {
+			t.Errorf("full=%v: target leaves out the new region d: %v", full, pub.Target.Default)
+		}
+		sum := 0.0
+		for _, s := range pub.Target.Default {
+			sum += s
+		}
+		if sum > 1+1e-9 {
+			t.Errorf("full=%v: target sums to %v", full, sum)
+		}
+	}
+}
