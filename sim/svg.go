@@ -44,7 +44,8 @@ func plot(title, xlabel, ylabel string, lines []line, logX bool) []byte {
 	if maxY <= 0 {
 		maxY = 1
 	}
-	maxY *= 1.1
+	yStep := niceStep(maxY * 1.05 / 5)
+	maxY = math.Ceil(maxY*1.05/yStep) * yStep
 	iw, ih := plotW-padL-padR, plotH-padT-padB
 	px := func(x float64) float64 { return padL + (tx(x)-x0)/(x1-x0)*iw }
 	py := func(y float64) float64 { return padT + ih - y/maxY*ih }
@@ -54,9 +55,9 @@ func plot(title, xlabel, ylabel string, lines []line, logX bool) []byte {
 	fmt.Fprintf(&b, `<text x="%g" y="22" font-size="15" text-anchor="middle">%s</text>`+"\n", padL+iw/2, html.EscapeString(title))
 	fmt.Fprintf(&b, `<line x1="%g" y1="%g" x2="%g" y2="%g" stroke="black"/><line x1="%g" y1="%g" x2="%g" y2="%g" stroke="black"/>`+"\n",
 		padL, padT+ih, padL+iw, padT+ih, padL, padT, padL, padT+ih)
-	for k := 0; k <= 4; k++ {
-		y := maxY * float64(k) / 4
-		fmt.Fprintf(&b, `<line x1="%g" y1="%.1f" x2="%g" y2="%.1f" stroke="#ddd"/><text x="%g" y="%.1f" text-anchor="end">%.3g</text>`+"\n",
+	for k := 0; float64(k)*yStep <= maxY*(1+1e-9) && k <= 10; k++ {
+		y := float64(k) * yStep
+		fmt.Fprintf(&b, `<line x1="%g" y1="%.1f" x2="%g" y2="%.1f" stroke="#ddd"/><text x="%g" y="%.1f" text-anchor="end">%.4g</text>`+"\n",
 			padL, py(y), padL+iw, py(y), padL-6, py(y)+4, y)
 	}
 	var ticks []float64
