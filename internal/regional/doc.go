@@ -71,6 +71,14 @@
 // key) replays the first decision of a retried check without charging
 // again. Both are bounded.
 //
+// # TLS
+//
+// Main serves gRPC over TLS with -tls-cert and -tls-key, and requires
+// client certificates from -tls-client-ca (mutual TLS). Every one of these
+// files is reloaded when it changes
+// (internal/tlsconfig): a rotated certificate or CA is used by the next
+// connection without a restart.
+//
 // # Observability
 //
 // Metrics live under quota_regional_* on the Registerer passed in; no label

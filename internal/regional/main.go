@@ -3,7 +3,6 @@ package regional
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -34,6 +33,7 @@ import (
 
 	"github.com/quotacoord/quota/bucket"
 	"github.com/quotacoord/quota/internal/clock"
+	"github.com/quotacoord/quota/internal/tlsconfig"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
 )
 
@@ -220,7 +220,7 @@ func Main(ctx context.Context, args, env []string, stdout io.Writer) error {
 	serverOpts := []grpc.ServerOption{grpc.StatsHandler(otelgrpc.NewServerHandler(
 		otelgrpc.WithTracerProvider(tp), otelgrpc.WithPropagators(propagation.TraceContext{})))}
 	if o.tlsCert != "" {
-		tc, err := serverTLS(o)
+		tc, err := serverTLS(o, log)
 		if err != nil {
 			ss.stop()
 			return err
@@ -353,22 +353,23 @@ func redactURL(s string) string {
 	return s
 }
 
-func serverTLS(o *options) (*tls.Config, error) {
-	cert, err := tls.LoadX509KeyPair(o.tlsCert, o.tlsKey)
+// serverTLS is the gRPC listener's TLS configuration: -tls-cert and
+// -tls-key, and with -tls-client-ca mutual TLS. The files are reloaded when
+// they change (internal/tlsconfig), so a rotated certificate or CA is used
+// by the next connection without a restart.
+func serverTLS(o *options, log hclog.Logger) (*tls.Config, error) {
+	r, err := tlsconfig.New(tlsconfig.Config{CertFile: o.tlsCert, KeyFile: o.tlsKey, CAFile: o.tlsClientCA,
+		Logger: log.Named("grpc-tls")})
 	if err != nil {
-		return nil, fmt.Errorf("regional: TLS key pair: %w", err)
+		return nil, fmt.Errorf("regional: gRPC TLS: %w", err)
 	}
-	tc := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	base := &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"h2"}}
 	if o.tlsClientCA != "" {
-		pem, err := os.ReadFile(o.tlsClientCA)
-		if err != nil {
-			return nil, fmt.Errorf("regional: TLS client CA: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("regional: TLS client CA %s: no certificates", o.tlsClientCA)
-		}
-		tc.ClientCAs, tc.ClientAuth = pool, tls.RequireAndVerifyClientCert
+		base.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	tc, err := r.ServerConfig(base)
+	if err != nil {
+		return nil, fmt.Errorf("regional: gRPC TLS: %w", err)
 	}
 	return tc, nil
 }

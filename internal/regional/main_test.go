@@ -139,6 +139,9 @@ func TestMainFlags(t *testing.T) {
 		{"tls half", []string{"-policies", "x", "-tls-cert", "c"}, nil, "-tls-cert and -tls-key"},
 		{"bad env", []string{"-policies", "x"}, []string{"QUOTA_STORE_TIMEOUT=soon"}, "QUOTA_STORE_TIMEOUT"},
 		{"missing file", []string{"-policies", "/nonexistent/p.yaml", "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0"}, nil, "load policies"},
+		{"grpc tls missing files", []string{"-policies", "../../examples/policies", "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0",
+			"-tls-cert", "/nonexistent/c", "-tls-key", "/nonexistent/k"}, nil, "gRPC TLS"},
+		{"bad envoy plain key", []string{"-policies", "../../examples/policies", "-envoy-plain-keys", strings.Repeat("k", 2000)}, nil, "EnvoyPlainKeys"},
 		{"bad unknown-policy", []string{"-policies", "../../examples/policies", "-unknown-policy", "maybe"}, nil, "UnknownPolicy"},
 	}
 	for _, tt := range tests {

@@ -1,0 +1,177 @@
+package regional
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
+)
+
+// testCA is a certificate authority made for one test.
+type testCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pem  []byte
+}
+
+var certSerial atomic.Int64
+
+func newTestCA(t testing.TB) *testCA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(certSerial.Add(1)), Subject: pkix.Name{CommonName: "test-ca"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
+}
+
+// issue writes dir/name.crt and dir/name.key, a pair valid for 127.0.0.1
+// as server and client, and returns their paths and the serial.
+func (c *testCA) issue(t testing.TB, dir, name string) (certFile, keyFile string, serial int64) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serial = certSerial.Add(1)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, c.cert, &key.PublicKey, c.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile = filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
+	// The key first: a reader between the two writes sees an old
+	// certificate with a new key, which must not load.
+	writeOrFail(t, keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}))
+	writeOrFail(t, certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
+	return certFile, keyFile, serial
+}
+
+func (c *testCA) file(t testing.TB, dir string) string {
+	p := filepath.Join(dir, "ca.pem")
+	writeOrFail(t, p, c.pem)
+	return p
+}
+
+func writeOrFail(t testing.TB, path string, b []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// clientTLS trusts ca and presents certFile/keyFile when given.
+func clientTLS(t testing.TB, ca *testCA, certFile, keyFile string) *tls.Config {
+	t.Helper()
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.cert)
+	tc := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	if certFile != "" {
+		pair, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc.Certificates = []tls.Certificate{pair}
+	}
+	return tc
+}
+
+// TestGRPCTLSReload: the node's gRPC listener with mutual TLS admits only
+// clients with a certificate from -tls-client-ca, and serves a certificate
+// replaced on disk to new connections without a restart.
+func TestGRPCTLSReload(t *testing.T) {
+	dir := t.TempDir()
+	ca, other := newTestCA(t), newTestCA(t)
+	scert, skey, first := ca.issue(t, dir, "server")
+	ccert, ckey, _ := ca.issue(t, dir, "client")
+	ocert, okey, _ := other.issue(t, t.TempDir(), "client")
+	g, _, _, stop := runMain(t, []string{"-policies", "../../examples/policies", "-grpc-addr", "127.0.0.1:0",
+		"-http-addr", "127.0.0.1:0", "-tls-cert", scert, "-tls-key", skey, "-tls-client-ca", ca.file(t, dir)}, nil)
+	defer func() {
+		if err := stop(); err != nil {
+			t.Error(err)
+		}
+	}()
+	check := func(tc *tls.Config) error {
+		conn, err := grpc.NewClient(g, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err = quotav1.NewAdmissionClient(conn).Check(ctx, &quotav1.CheckRequest{Subject: "acme", Policies: []string{"exports"}})
+		return err
+	}
+	for _, c := range []struct {
+		name string
+		tc   *tls.Config
+		ok   bool
+	}{
+		{"client certificate from the CA", clientTLS(t, ca, ccert, ckey), true},
+		{"no client certificate", clientTLS(t, ca, "", ""), false},
+		{"client certificate from another CA", clientTLS(t, ca, ocert, okey), false},
+	} {
+		if err := check(c.tc); (err == nil) != c.ok {
+			t.Errorf("%s: %v, want success=%v", c.name, err, c.ok)
+		}
+	}
+	served := func() int64 {
+		t.Helper()
+		c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", g, clientTLS(t, ca, ccert, ckey))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		return c.ConnectionState().PeerCertificates[0].SerialNumber.Int64()
+	}
+	if s := served(); s != first {
+		t.Fatalf("served serial %d, want %d", s, first)
+	}
+	_, _, second := ca.issue(t, dir, "server")
+	deadline := time.Now().Add(10 * time.Second)
+	for served() != second {
+		if time.Now().After(deadline) {
+			t.Fatal("the replaced certificate was not served within 10s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := check(clientTLS(t, ca, ccert, ckey)); err != nil {
+		t.Errorf("check after the reload: %v", err)
+	}
+}
