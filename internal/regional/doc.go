@@ -74,8 +74,11 @@
 // # TLS
 //
 // Main serves gRPC over TLS with -tls-cert and -tls-key, and requires
-// client certificates from -tls-client-ca (mutual TLS). Every one of these
-// files is reloaded when it changes
+// client certificates from -tls-client-ca (mutual TLS). It reaches Redis
+// over TLS with -redis-tls-ca (verifying Redis's certificate against that
+// CA and -redis-tls-server-name, default the host of -redis) and presents
+// -redis-tls-cert and -redis-tls-key when Redis asks for a client
+// certificate. Every one of these files is reloaded when it changes
 // (internal/tlsconfig): a rotated certificate or CA is used by the next
 // connection without a restart.
 //

@@ -54,6 +54,8 @@ type options struct {
 	logLevel                        string
 	otlpEndpoint                    string
 	tlsCert, tlsKey, tlsClientCA    string
+	redisTLSCA, redisTLSCert        string
+	redisTLSKey, redisTLSServerName string
 	unknownPolicy, headers          string
 	subjectSalt                     string
 	envoyPlainKeys                  string
@@ -82,6 +84,10 @@ func parseFlags(args []string, env []string, stderr io.Writer) (*options, error)
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate for the gRPC server (with -tls-key)")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "PEM private key for the gRPC server")
 	fs.StringVar(&o.tlsClientCA, "tls-client-ca", "", "PEM CA bundle: require and verify client certificates")
+	fs.StringVar(&o.redisTLSCA, "redis-tls-ca", "", "PEM CA bundle: connect to Redis over TLS and verify its certificate (reloaded on change)")
+	fs.StringVar(&o.redisTLSCert, "redis-tls-cert", "", "PEM client certificate for Redis (with -redis-tls-key; mutual TLS)")
+	fs.StringVar(&o.redisTLSKey, "redis-tls-key", "", "PEM private key of -redis-tls-cert")
+	fs.StringVar(&o.redisTLSServerName, "redis-tls-server-name", "", "name Redis's certificate must carry; default the host of -redis (needed for cluster seeds given as IP addresses)")
 	fs.StringVar(&o.unknownPolicy, "unknown-policy", "error", "checks naming an unknown policy: error (NotFound), deny or allow")
 	fs.StringVar(&o.headers, "rls-headers", "off", "Envoy API response headers: off or draft (RateLimit-Limit/-Remaining/-Reset)")
 	fs.StringVar(&o.subjectSalt, "subject-salt", "", "salt for hashed subjects; the same in every region")
@@ -125,6 +131,12 @@ func parseFlags(args []string, env []string, stderr io.Writer) (*options, error)
 	}
 	if o.tlsClientCA != "" && o.tlsCert == "" {
 		return nil, errors.New("regional: -tls-client-ca needs -tls-cert and -tls-key")
+	}
+	if (o.redisTLSCert == "") != (o.redisTLSKey == "") {
+		return nil, errors.New("regional: -redis-tls-cert and -redis-tls-key go together")
+	}
+	if (o.redisTLSCA != "" || o.redisTLSCert != "" || o.redisTLSServerName != "") && o.redis == "" {
+		return nil, errors.New("regional: -redis-tls-* flags need -redis")
 	}
 	if o.localMaxBuckets < 1 {
 		return nil, fmt.Errorf("regional: -local-max-buckets %d, want at least 1", o.localMaxBuckets)
@@ -176,7 +188,11 @@ func Main(ctx context.Context, args, env []string, stdout io.Writer) error {
 	}
 	var store bucket.Store = local
 	if o.redis != "" {
-		rc, err := redisClient(o.redis, o.storeTimeout)
+		rtls, err := redisTLS(o, log)
+		if err != nil {
+			return err
+		}
+		rc, err := redisClient(o.redis, o.storeTimeout, rtls)
 		if err != nil {
 			return err
 		}
@@ -336,9 +352,9 @@ func Main(ctx context.Context, args, env []string, stdout io.Writer) error {
 // deadlines (the store time budget) and never retries: the failure mode is
 // faster than a retry. Its own timeouts are a backstop at ten times the
 // budget, at least 100 ms.
-func redisClient(spec string, budget time.Duration) (bucket.RedisConn, error) {
+func redisClient(spec string, budget time.Duration, tc *tls.Config) (bucket.RedisConn, error) {
 	timeout := max(10*budget, 100*time.Millisecond)
-	rc, err := bucket.DialRedis(spec, bucket.DialOptions{DialTimeout: timeout, ReadTimeout: timeout, WriteTimeout: timeout})
+	rc, err := bucket.DialRedis(spec, bucket.DialOptions{TLS: tc, DialTimeout: timeout, ReadTimeout: timeout, WriteTimeout: timeout})
 	if err != nil {
 		return nil, fmt.Errorf("regional: -redis: %w", err)
 	}
@@ -372,6 +388,50 @@ func serverTLS(o *options, log hclog.Logger) (*tls.Config, error) {
 		return nil, fmt.Errorf("regional: gRPC TLS: %w", err)
 	}
 	return tc, nil
+}
+
+// redisTLS is the Redis client's TLS configuration from the -redis-tls-*
+// flags (nil without them: a rediss:// URL then uses the system roots).
+// The CA and the client certificate are reloaded when their files change.
+// The server name defaults to the host of -redis (the first cluster seed).
+func redisTLS(o *options, log hclog.Logger) (*tls.Config, error) {
+	if o.redisTLSCA == "" && o.redisTLSCert == "" {
+		if o.redisTLSServerName != "" {
+			return &tls.Config{MinVersion: tls.VersionTLS12, ServerName: o.redisTLSServerName}, nil
+		}
+		return nil, nil
+	}
+	r, err := tlsconfig.New(tlsconfig.Config{CertFile: o.redisTLSCert, KeyFile: o.redisTLSKey, CAFile: o.redisTLSCA,
+		Logger: log.Named("redis-tls")})
+	if err != nil {
+		return nil, fmt.Errorf("regional: Redis TLS: %w", err)
+	}
+	name := o.redisTLSServerName
+	if name == "" {
+		name = redisHost(o.redis)
+	}
+	return r.ClientConfig(&tls.Config{MinVersion: tls.VersionTLS12, ServerName: name}), nil
+}
+
+// redisHost is the host of a -redis value: a URL's host, or the host of
+// the first host:port.
+func redisHost(spec string) string {
+	spec = strings.TrimSpace(spec)
+	if i := strings.Index(spec, "://"); i >= 0 {
+		spec = spec[i+3:]
+		if j := strings.LastIndex(spec, "@"); j >= 0 {
+			spec = spec[j+1:]
+		}
+		if j := strings.IndexAny(spec, "/?"); j >= 0 {
+			spec = spec[:j]
+		}
+	}
+	spec, _, _ = strings.Cut(spec, ",")
+	host, _, err := net.SplitHostPort(strings.TrimSpace(spec))
+	if err != nil {
+		return strings.TrimSpace(spec)
+	}
+	return host
 }
 
 // splitList splits a comma-separated flag value, dropping blanks.

@@ -27,7 +27,7 @@ func cappedMemory(t testing.TB, maxBuckets int) *bucket.Memory {
 func TestLocalStoreFullDenies(t *testing.T) {
 	const localCap = 4
 	srv := redistest.Start(t)
-	rc, err := redisClient(srv.Addr, 20*time.Millisecond)
+	rc, err := redisClient(srv.Addr, 20*time.Millisecond, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,7 @@ import (
 // under a key listed in EnvoyPlainKeys stays readable.
 func TestNoRawDescriptorValuesInRedis(t *testing.T) {
 	srv := redistest.Start(t)
-	rc, err := redisClient(srv.Addr, 100*time.Millisecond)
+	rc, err := redisClient(srv.Addr, 100*time.Millisecond, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

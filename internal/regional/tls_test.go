@@ -13,13 +13,16 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/quotacoord/quota/internal/redistest"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
 )
 
@@ -173,5 +176,94 @@ func TestGRPCTLSReload(t *testing.T) {
 	}
 	if err := check(clientTLS(t, ca, ccert, ckey)); err != nil {
 		t.Errorf("check after the reload: %v", err)
+	}
+}
+
+// freePort returns a loopback port that was free a moment ago.
+func freePort(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	_, port, _ := net.SplitHostPort(l.Addr().String())
+	return port
+}
+
+// TestRedisTLS: the node reaches a real redis-server over mutual TLS with
+// -redis-tls-ca, -redis-tls-cert and -redis-tls-key; a client without a
+// certificate or trusting another CA cannot, and the policy's failure
+// mode decides.
+func TestRedisTLS(t *testing.T) {
+	dir := t.TempDir()
+	ca, other := newTestCA(t), newTestCA(t)
+	scert, skey, _ := ca.issue(t, dir, "redis")
+	ccert, ckey, _ := ca.issue(t, dir, "client")
+	caFile := ca.file(t, dir)
+	otherCA := other.file(t, t.TempDir())
+	port := freePort(t)
+	srv := redistest.Start(t, "--tls-port", port, "--tls-cert-file", scert, "--tls-key-file", skey,
+		"--tls-ca-cert-file", caFile, "--tls-auth-clients", "yes")
+	tlsAddr := "127.0.0.1:" + port
+	pol := writePolicies(t, map[string]string{"p.yaml": "policies:\n  - {name: tls-closed, capacity: 5, rate: 5/hour, failure_mode: closed}\n"})
+	subject := redistest.Unique(t)
+	for _, tt := range []struct {
+		name     string
+		args     []string
+		degraded string
+	}{
+		{"mutual TLS", []string{"-redis-tls-ca", caFile, "-redis-tls-cert", ccert, "-redis-tls-key", ckey}, ""},
+		{"URL form", []string{"-redis-tls-ca", caFile, "-redis-tls-cert", ccert, "-redis-tls-key", ckey, "-redis", "rediss://" + tlsAddr}, ""},
+		{"no client certificate", []string{"-redis-tls-ca", caFile}, "closed"},
+		{"another CA", []string{"-redis-tls-ca", otherCA, "-redis-tls-cert", ccert, "-redis-tls-key", ckey}, "closed"},
+		{"wrong server name", []string{"-redis-tls-ca", caFile, "-redis-tls-cert", ccert, "-redis-tls-key", ckey, "-redis-tls-server-name", "redis.example"}, "closed"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			args := append([]string{"-redis", tlsAddr, "-policies", pol, "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0",
+				"-store-timeout", "2s"}, tt.args...)
+			g, _, out, stop := runMain(t, args, nil)
+			defer func() {
+				if err := stop(); err != nil {
+					t.Error(err)
+				}
+			}()
+			conn, err := grpc.NewClient(g, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			r, err := quotav1.NewAdmissionClient(conn).Check(ctxT(t), &quotav1.CheckRequest{Subject: subject, Policies: []string{"tls-closed"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Degraded != tt.degraded || r.Allowed != (tt.degraded == "") {
+				t.Errorf("check: allowed=%v degraded=%q, want degraded %q\n%s", r.Allowed, r.Degraded, tt.degraded, out.String())
+			}
+		})
+	}
+	// The buckets of the TLS checks are in the server (read over its
+	// plaintext port).
+	n, err := srv.Client(t).DBSize(ctxT(t)).Result()
+	if err != nil || n == 0 {
+		t.Errorf("redis holds %d keys (%v) after checks over TLS", n, err)
+	}
+}
+
+func TestRedisHost(t *testing.T) {
+	for in, want := range map[string]string{
+		"127.0.0.1:6379":                          "127.0.0.1",
+		"redis.internal:6380":                     "redis.internal",
+		"rediss://user:p@ss@cache.svc:6380/0":     "cache.svc",
+		"rediss://cache.svc:6380?dial_timeout=1s": "cache.svc",
+		"10.0.0.1:7000,10.0.0.2:7000":             "10.0.0.1",
+		"[::1]:6379":                              "::1",
+	} {
+		if got := redisHost(in); got != want {
+			t.Errorf("redisHost(%q) = %q, want %q", in, got, want)
+		}
+	}
+	if strings.Contains(redisHost("rediss://user:secret@h:1"), "secret") {
+		t.Error("redisHost keeps the password")
 	}
 }
