@@ -3,7 +3,6 @@ package coordinator
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -18,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/quotacoord/quota/internal/clock"
+	"github.com/quotacoord/quota/internal/tlsconfig"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
 	"github.com/quotacoord/quota/rebalance"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -56,9 +56,10 @@ type Config struct {
 	TokenFile string
 	// TLSCert and TLSKey enable TLS on the operator API. ClientCA enables
 	// mTLS client certificates; WriteNames lists the common names allowed
-	// to write ("*" for all).
+	// to write ("*" for all). The files are reloaded when they change.
 	TLSCert, TLSKey, ClientCA string
 	WriteNames                []string
+
 	// Rebalance configures the loop; its Client, Name, Logger and
 	// Registerer are filled in.
 	Rebalance rebalance.Config
@@ -322,23 +323,28 @@ func startEmbedded(cfg Config) (*embed.Etcd, error) {
 	}
 }
 
+// serverTLS is the operator listener's TLS configuration: TLSCert and
+// TLSKey, and with ClientCA optional client certificates verified against
+// it (a verified certificate is a credential; no certificate means a token
+// is needed). The files are reloaded when they change (internal/tlsconfig):
+// a rotated certificate or CA is used by the next connection without a
+// restart.
 func serverTLS(cfg Config) (*tls.Config, error) {
-	cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
-	if err != nil {
-		return nil, fmt.Errorf("coordinator: load TLS key pair: %w", err)
+	r, err := tlsconfig.New(tlsconfig.Config{CertFile: cfg.TLSCert, KeyFile: cfg.TLSKey, CAFile: cfg.ClientCA,
+		Logger: cfg.Logger.Named("operator-tls")})
+	switch {
+	case errors.Is(err, tlsconfig.ErrConfig):
+		return nil, fmt.Errorf("%w: operator TLS: %w", ErrConfig, err)
+	case err != nil:
+		return nil, fmt.Errorf("coordinator: operator TLS: %w", err)
 	}
-	tc := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	base := &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"h2"}}
 	if cfg.ClientCA != "" {
-		pem, err := os.ReadFile(cfg.ClientCA)
-		if err != nil {
-			return nil, fmt.Errorf("coordinator: read client CA: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("%w: client CA %s holds no PEM certificate", ErrConfig, cfg.ClientCA)
-		}
-		tc.ClientCAs = pool
-		tc.ClientAuth = tls.VerifyClientCertIfGiven
+		base.ClientAuth = tls.VerifyClientCertIfGiven
+	}
+	tc, err := r.ServerConfig(base)
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: operator TLS: %w", err)
 	}
 	return tc, nil
 }
