@@ -64,6 +64,7 @@ func parse(args []string, stderr io.Writer) (coordinator.Config, error) {
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "operator API TLS certificate")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "operator API TLS key")
 	fs.StringVar(&cfg.ClientCA, "tls-client-ca", "", "CA of operator client certificates (mTLS); a verified certificate may read")
+	fs.BoolVar(&cfg.InsecureOperatorPlaintext, "insecure-operator-plaintext", false, "allow the operator API without TLS on a non-loopback -grpc-addr (bearer tokens in plaintext)")
 	fs.StringVar(&writeNames, "tls-write-names", "", "comma-separated client certificate common names that may write (* for all)")
 	fs.StringVar(&prefix, "etcd-prefix", etcdlayout.DefaultPrefix, "prefix of every etcd key")
 	fs.StringVar(&name, "name", "", "identity in the leader election (default the gRPC address)")

@@ -59,7 +59,10 @@ type Config struct {
 	// to write ("*" for all). The files are reloaded when they change.
 	TLSCert, TLSKey, ClientCA string
 	WriteNames                []string
-
+	// InsecureOperatorPlaintext allows the operator API without TLS on a
+	// non-loopback GRPCAddr, where bearer tokens travel in plaintext.
+	// Without it Start refuses such a configuration.
+	InsecureOperatorPlaintext bool
 	// Rebalance configures the loop; its Client, Name, Logger and
 	// Registerer are filled in.
 	Rebalance rebalance.Config
@@ -106,6 +109,9 @@ func Start(ctx context.Context, cfg Config) (*Coordinator, error) {
 	}
 	if cfg.DataDir == "" {
 		cfg.DataDir = "coordinator-data"
+	}
+	if err := checkOperatorTransport(cfg); err != nil {
+		return nil, err
 	}
 	var cleanup []func()
 	fail := func(err error) (*Coordinator, error) {
@@ -347,4 +353,32 @@ func serverTLS(cfg Config) (*tls.Config, error) {
 		return nil, fmt.Errorf("coordinator: operator TLS: %w", err)
 	}
 	return tc, nil
+}
+
+// checkOperatorTransport refuses bearer tokens in plaintext off loopback:
+// the operator API always accepts tokens, so without TLS it may listen on
+// a loopback address only, unless InsecureOperatorPlaintext says the
+// operator knows (a mesh that encrypts, a test network).
+func checkOperatorTransport(cfg Config) error {
+	if cfg.TLSCert != "" || cfg.InsecureOperatorPlaintext || isLoopbackAddr(cfg.GRPCAddr) {
+		return nil
+	}
+	return fmt.Errorf("%w: the operator API on %q would carry bearer tokens in plaintext on a non-loopback address: "+
+		"give TLSCert and TLSKey (-tls-cert, -tls-key), listen on loopback, or set InsecureOperatorPlaintext (-insecure-operator-plaintext)",
+		ErrConfig, cfg.GRPCAddr)
+}
+
+// isLoopbackAddr reports whether host:port listens on loopback only: a
+// loopback IP or "localhost". An empty or unspecified host listens on
+// every interface.
+func isLoopbackAddr(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

@@ -9,10 +9,12 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"math/big"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -22,6 +24,44 @@ import (
 	"github.com/quotacoord/quota/internal/etcdtest"
 	"github.com/quotacoord/quota/rebalance"
 )
+
+// TestOperatorTransport: bearer tokens never travel in plaintext off
+// loopback unless the operator says so.
+func TestOperatorTransport(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  Config
+		ok   bool
+	}{
+		{"loopback IPv4 without TLS", Config{GRPCAddr: "127.0.0.1:8091"}, true},
+		{"loopback IPv6 without TLS", Config{GRPCAddr: "[::1]:8091"}, true},
+		{"localhost without TLS", Config{GRPCAddr: "localhost:8091"}, true},
+		{"every interface without TLS", Config{GRPCAddr: ":8091"}, false},
+		{"unspecified IPv4 without TLS", Config{GRPCAddr: "0.0.0.0:8091"}, false},
+		{"a host name without TLS", Config{GRPCAddr: "coordinator.internal:8091"}, false},
+		{"a public IP without TLS", Config{GRPCAddr: "192.0.2.10:8091"}, false},
+		{"not an address", Config{GRPCAddr: "8091"}, false},
+		{"every interface with TLS", Config{GRPCAddr: ":8091", TLSCert: "c", TLSKey: "k"}, true},
+		{"every interface, plaintext allowed", Config{GRPCAddr: ":8091", InsecureOperatorPlaintext: true}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := checkOperatorTransport(tt.cfg)
+			if (err == nil) != tt.ok {
+				t.Fatalf("checkOperatorTransport: %v, want ok=%v", err, tt.ok)
+			}
+			if err != nil && (!errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "-insecure-operator-plaintext")) {
+				t.Errorf("error %v should wrap ErrConfig and name the way out", err)
+			}
+		})
+	}
+	// Start refuses before it starts anything (no etcd is needed to see it).
+	_, err := Start(context.Background(), Config{GRPCAddr: "0.0.0.0:0", HTTPAddr: "127.0.0.1:0", DataDir: t.TempDir(),
+		Logger: hclog.NewNullLogger()})
+	if !errors.Is(err, ErrConfig) {
+		t.Fatalf("Start with plaintext tokens on every interface: %v, want ErrConfig", err)
+	}
+}
 
 var certSerial atomic.Int64
 
