@@ -152,9 +152,14 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 					view.SetNote(err.Error())
 					continue
 				}
-				fmt.Fprintf(cfg.Out, "%s fails at t=%.1fs: its node is cut off from etcd; its share moves once its lease (%v) expired plus the skew margin (%v) and a round (%v): by about t=%.1fs\n",
+				msg := fmt.Sprintf("%s fails at t=%.1fs: its node is cut off from etcd; its share moves once its lease (%v) expired plus the skew margin (%v) and a round (%v): by about t=%.1fs",
 					r, now.Seconds(), cfg.LeaseTTL, skewMargin, cfg.RebalanceInterval, (now + cfg.LeaseTTL + skewMargin + cfg.RebalanceInterval).Seconds())
-				view.SetNote(fmt.Sprintf("%s failed at t=%.0fs; its share moves after lease %v + skew %v", r, now.Seconds(), cfg.LeaseTTL, skewMargin))
+				if terminal {
+					view.SetNote(msg) // a line printed between redraws would break them
+				} else {
+					fmt.Fprintln(cfg.Out, msg)
+					view.SetNote(fmt.Sprintf("%s failed at t=%.0fs; its share moves after lease %v + skew %v", r, now.Seconds(), cfg.LeaseTTL, skewMargin))
+				}
 			}
 		}}
 	viewDone := make(chan struct{})

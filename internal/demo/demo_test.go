@@ -257,3 +257,19 @@ func TestViewPlain(t *testing.T) {
 		}
 	}
 }
+
+func TestViewTerminalNote(t *testing.T) {
+	st := PartnerStory(9*time.Second, 100)
+	var out bytes.Buffer
+	v := &View{Out: &out, Terminal: true, Story: &st}
+	w := Window{Offered: []float64{200, 20, 20}, Admitted: []float64{60, 20, 20}, Share: []float64{0.6, 0.2, 0.2}}
+	v.Show(time.Second, w)
+	v.SetNote("us-east fails")
+	v.Show(2*time.Second, w)
+	got := out.String()
+	// The second redraw moves up over the first table (7 lines), then
+	// draws 8 (the note included).
+	if !strings.Contains(got, "\x1b[7A\x1b[J") || !strings.HasSuffix(got, "us-east fails\n") || v.lines != 8 {
+		t.Errorf("terminal view with a note:\n%q (lines %d)", got, v.lines)
+	}
+}
