@@ -120,7 +120,20 @@ func (e *engine) collect(r int) *report {
 func (e *engine) absorb(r int, rep *report) {
 	a := e.cfg.Smoothing
 	e.sOffered[r] = allocator.Smooth(e.sOffered[r], rep.offered, a)
-	for j, v := range rep.subjects {
+	// Most demanding first, so that which subjects get tracked when the
+	// table is full never depends on map order.
+	js := make([]int32, 0, len(rep.subjects))
+	for j := range rep.subjects {
+		js = append(js, j)
+	}
+	sort.Slice(js, func(x, y int) bool {
+		if vx, vy := rep.subjects[js[x]], rep.subjects[js[y]]; vx != vy {
+			return vx > vy
+		}
+		return js[x] < js[y]
+	})
+	for _, j := range js {
+		v := rep.subjects[j]
 		d, ok := e.sSubject[j]
 		if !ok {
 			if len(e.sSubject) >= 2*e.cfg.MaxOverrides {

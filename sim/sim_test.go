@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"encoding/json"
 	"math"
 	"testing"
 	"time"
@@ -166,5 +167,29 @@ func TestPredictOvershoot(t *testing.T) {
 	bad.Proposed = []float64{.9, .9, 0}
 	if _, err := PredictOvershoot(bad); err == nil {
 		t.Error("a proposal above 1 was accepted")
+	}
+}
+
+// TestDeterministicWhenTablesFill runs a config whose coordinator tracks
+// more pressured subjects than it has room for, several times: the subjects
+// it keeps must not depend on map iteration order.
+func TestDeterministicWhenTablesFill(t *testing.T) {
+	sc, err := LoadScenario("steady")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Scenario: sc, Subjects: 300, Duration: 5 * time.Minute, Seed: 1, MaxOverrides: 2, RebalanceInterval: time.Second, Protocol: Naive}
+	var first []byte
+	for i := 0; i < 4; i++ {
+		res, err := Run(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, _ := json.Marshal(res)
+		if i == 0 {
+			first = data
+		} else if string(data) != string(first) {
+			t.Fatalf("run %d differs from run 0", i)
+		}
 	}
 }
