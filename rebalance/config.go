@@ -40,6 +40,9 @@ var (
 const (
 	// MaxRegions is the most regions an allocation holds.
 	MaxRegions = 256
+	// MaxNodes is the most registered nodes (over all regions) a round
+	// accepts; a round that reads more fails without publishing.
+	MaxNodes = 4096
 	// MaxOverridesLimit is the largest accepted Config.MaxOverrides.
 	MaxOverridesLimit = 1024
 )

@@ -74,11 +74,11 @@ func TestPlanOverPendingShrinkShrinksAgain(t *testing.T) {
 	reg := etcdlayout.Registration{}
 	snap := &snapshot{
 		rev:  10,
-		live: map[string]etcdlayout.Registration{"a": reg, "b": reg, "c": reg, "d": reg},
-		acks: map[string]etcdlayout.Ack{
-			"a": {Epochs: map[string]uint64{"exports": 2}},
-			"b": {Epochs: map[string]uint64{"exports": 2}},
-			"c": {Epochs: map[string]uint64{"exports": 1}},
+		live: map[string]map[string]etcdlayout.Registration{"a": {"n": reg}, "b": {"n": reg}, "c": {"n": reg}, "d": {"n": reg}},
+		acks: map[string]map[string]etcdlayout.Ack{
+			"a": {"n": {Epochs: map[string]uint64{"exports": 2}}},
+			"b": {"n": {Epochs: map[string]uint64{"exports": 2}}},
+			"c": {"n": {Epochs: map[string]uint64{"exports": 1}}},
 		},
 		controls:  map[string]etcdlayout.Control{},
 		policies:  set,

@@ -182,6 +182,7 @@ func (l *Loop) lead(ctx context.Context, sess *concurrency.Session, f fence) err
 	}
 	l.mu.Lock()
 	l.st = newState() // no learning period: the first round observes the latest reports
+	l.st.leadSince = l.cfg.Clock.Now()
 	l.mu.Unlock()
 	wacks := l.cfg.Client.Watch(lctx, l.cfg.Layout.AcksPrefix(), clientv3.WithPrefix())
 	wregs := l.cfg.Client.Watch(lctx, l.cfg.Layout.RegionsPrefix(), clientv3.WithPrefix())
@@ -235,6 +236,7 @@ func (l *Loop) lead(ctx context.Context, sess *concurrency.Session, f fence) err
 			if werr := wr.Err(); werr != nil {
 				return fmt.Errorf("rebalance: watch registrations: %w", werr)
 			}
+			l.notedGone(wr.Events)
 			res, err = l.round(lctx, f, false)
 		}
 		if errors.Is(err, ErrNotLeader) {
@@ -242,6 +244,23 @@ func (l *Loop) lead(ctx context.Context, sess *concurrency.Session, f fence) err
 		}
 		if err != nil {
 			l.cfg.Logger.Warn("rebalance round failed", "error", err)
+		}
+	}
+}
+
+// notedGone records the nodes whose registration a watch saw deleted, so
+// that a node that registers and vanishes between two reads still makes
+// growth in its region wait the skew margin.
+func (l *Loop) notedGone(evs []*clientv3.Event) {
+	now := l.cfg.Clock.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, ev := range evs {
+		if ev.Type != clientv3.EventTypeDelete {
+			continue
+		}
+		if region, _, ok := etcdlayout.NodeOf(l.cfg.Layout.RegionsPrefix(), string(ev.Kv.Key)); ok {
+			l.st.nodeGoneAt(region, now)
 		}
 	}
 }
@@ -420,33 +439,62 @@ func (l *Loop) read(ctx context.Context) (*snapshot, error) {
 	}
 	snap := &snapshot{
 		rev:       resp.Header.Revision,
-		live:      map[string]etcdlayout.Registration{},
+		live:      map[string]map[string]etcdlayout.Registration{},
 		demand:    map[string]etcdlayout.DemandReport{},
-		acks:      map[string]etcdlayout.Ack{},
+		acks:      map[string]map[string]etcdlayout.Ack{},
 		controls:  map[string]etcdlayout.Control{},
 		allocs:    map[string]*etcdlayout.Allocation{},
 		allocRevs: map[string]int64{},
 	}
 	docs := map[string][]byte{}
+	nodes := 0
+	reports := map[string][]etcdlayout.DemandReport{}
 	for i, r := range resp.Responses {
 		for _, kv := range r.GetResponseRange().Kvs {
 			name := etcdlayout.Name(prefixes[i], string(kv.Key))
 			var derr error
-			switch i {
-			case 0:
-				var v etcdlayout.Registration
-				derr = json.Unmarshal(kv.Value, &v)
-				if len(snap.live) < MaxRegions {
-					snap.live[name] = v
+			if i <= 2 {
+				region, node, ok := etcdlayout.NodeOf(prefixes[i], string(kv.Key))
+				if !ok {
+					l.cfg.Logger.Warn("key with an invalid region or node ignored", "key", string(kv.Key))
+					continue
 				}
-			case 1:
-				var v etcdlayout.DemandReport
-				derr = json.Unmarshal(kv.Value, &v)
-				snap.demand[name] = v
-			case 2:
-				var v etcdlayout.Ack
-				derr = json.Unmarshal(kv.Value, &v)
-				snap.acks[name] = v
+				switch i {
+				case 0:
+					// A registration cannot be dropped: the plan would
+					// neither reserve the node's share nor wait for its
+					// acknowledgement.
+					if nodes++; nodes > MaxNodes {
+						return nil, fmt.Errorf("rebalance: more than %d registered nodes", MaxNodes)
+					}
+					if _, ok := snap.live[region]; !ok && len(snap.live) >= MaxRegions {
+						return nil, fmt.Errorf("rebalance: more than %d registered regions", MaxRegions)
+					}
+					var v etcdlayout.Registration
+					derr = json.Unmarshal(kv.Value, &v)
+					if snap.live[region] == nil {
+						snap.live[region] = map[string]etcdlayout.Registration{}
+					}
+					snap.live[region][node] = v
+				case 1:
+					var v etcdlayout.DemandReport
+					if derr = json.Unmarshal(kv.Value, &v); derr == nil && len(reports[region]) < MaxNodes {
+						reports[region] = append(reports[region], v)
+					}
+				case 2:
+					var v etcdlayout.Ack
+					derr = json.Unmarshal(kv.Value, &v)
+					if snap.acks[region] == nil {
+						snap.acks[region] = map[string]etcdlayout.Ack{}
+					}
+					snap.acks[region][node] = v
+				}
+				if derr != nil {
+					l.cfg.Logger.Warn("unreadable record ignored", "key", string(kv.Key), "error", derr)
+				}
+				continue
+			}
+			switch i {
 			case 3:
 				var v etcdlayout.Control
 				derr = json.Unmarshal(kv.Value, &v)
@@ -462,6 +510,11 @@ func (l *Loop) read(ctx context.Context) (*snapshot, error) {
 			if derr != nil {
 				l.cfg.Logger.Warn("unreadable record ignored", "key", string(kv.Key), "error", derr)
 			}
+		}
+	}
+	for region, rs := range reports {
+		if _, ok := snap.live[region]; ok {
+			snap.demand[region] = sumDemand(region, rs, MaxOverridesLimit)
 		}
 	}
 	snap.policies, snap.policyErrs = LoadPolicies(docs)

@@ -311,7 +311,7 @@ func TestSilentRegionCountsAtSafeOnlyAfterSkewMargin(t *testing.T) {
 	}
 	e.regions["c"].Kill()
 	waitFor(t, "c's lease to expire", 10*time.Second, func() bool {
-		resp, err := e.cli.Get(ctx, e.layout.Region("c"))
+		resp, err := e.cli.Get(ctx, e.layout.RegionNodes("c"), clientv3.WithPrefix())
 		return err == nil && len(resp.Kvs) == 0
 	})
 	delete(e.regions, "c")

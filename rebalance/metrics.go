@@ -61,12 +61,15 @@ func (m *metrics) observe(snap *snapshot) {
 	for p, a := range snap.allocs {
 		for r, s := range a.Default {
 			m.share.WithLabelValues(p, r).Set(s)
-			if _, ok := snap.live[r]; ok {
-				if got := snap.acks[r].Epochs[p]; got < a.Epoch {
-					lag[r] += float64(a.Epoch - got)
-				} else {
-					lag[r] += 0
+			if nodes, ok := snap.live[r]; ok {
+				// A region lags as far as its slowest node.
+				worst := uint64(0)
+				for n := range nodes {
+					if got := snap.acks[r][n].Epochs[p]; got < a.Epoch {
+						worst = max(worst, a.Epoch-got)
+					}
 				}
+				lag[r] += float64(worst)
 			}
 		}
 	}

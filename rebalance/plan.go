@@ -20,10 +20,14 @@ const eq = 1e-12
 
 // snapshot is everything a round reads, at one etcd revision.
 type snapshot struct {
-	rev      int64
-	live     map[string]etcdlayout.Registration
-	demand   map[string]etcdlayout.DemandReport
-	acks     map[string]etcdlayout.Ack
+	rev int64
+	// live maps each region with at least one registered node to its
+	// nodes' registrations (node id → registration).
+	live map[string]map[string]etcdlayout.Registration
+	// demand is each region's demand, summed over its nodes' reports.
+	demand map[string]etcdlayout.DemandReport
+	// acks maps region to node id to that node's acknowledgement.
+	acks     map[string]map[string]etcdlayout.Ack
 	controls map[string]etcdlayout.Control
 	policies *policy.Set
 	// policyErrs are documents that did not load.
@@ -49,8 +53,18 @@ type state struct {
 	// fractions of the policy's global rate.
 	subjects map[string]map[string]*subjectDemand
 	// missingSince is when this leader first saw a region of an
-	// allocation without its registration.
+	// allocation without any registered node.
 	missingSince map[string]time.Time
+	// nodes are the nodes ("region/node") registered in the last snapshot.
+	nodes map[string]bool
+	// nodeGone is, per region, when this leader last saw one of its
+	// nodes lose its registration (a node of a live region that vanished
+	// may enforce its old shares until its lease TTL plus the skew margin).
+	nodeGone map[string]time.Time
+	// leadSince is when this leader took over (zero: not leading). Nodes
+	// that vanished before it are unknown to it, so it treats that
+	// instant as a node vanishing in every region.
+	leadSince time.Time
 }
 
 func newState() *state {
@@ -58,6 +72,8 @@ func newState() *state {
 		demand:       make(map[string]map[string]float64),
 		subjects:     make(map[string]map[string]*subjectDemand),
 		missingSince: make(map[string]time.Time),
+		nodes:        make(map[string]bool),
+		nodeGone:     make(map[string]time.Time),
 	}
 }
 
@@ -74,6 +90,9 @@ func (st *state) clone() *state {
 		c.subjects[p] = cm
 	}
 	maps.Copy(c.missingSince, st.missingSince)
+	maps.Copy(c.nodes, st.nodes)
+	maps.Copy(c.nodeGone, st.nodeGone)
+	c.leadSince = st.leadSince
 	return c
 }
 
@@ -89,11 +108,23 @@ func rate(p *policy.Policy) float64 {
 }
 
 // trackMissing records when regions of published allocations lost their
-// registration.
+// last registered node, and when nodes of any region vanished.
 func (st *state) trackMissing(now time.Time, snap *snapshot) {
 	for r := range st.missingSince {
 		if _, ok := snap.live[r]; ok {
 			delete(st.missingSince, r)
+		}
+	}
+	for key := range st.nodes {
+		region, node, _ := strings.Cut(key, "/")
+		if _, ok := snap.live[region][node]; !ok {
+			st.nodeGoneAt(region, now)
+		}
+	}
+	clear(st.nodes)
+	for r, nodes := range snap.live {
+		for n := range nodes {
+			st.nodes[r+"/"+n] = true
 		}
 	}
 	for _, a := range snap.allocs {
@@ -105,6 +136,28 @@ func (st *state) trackMissing(now time.Time, snap *snapshot) {
 				st.missingSince[r] = now
 			}
 		}
+	}
+}
+
+// nodeGoneAt records that a node of region lost its registration at now.
+func (st *state) nodeGoneAt(region string, now time.Time) {
+	if _, ok := st.nodeGone[region]; ok || len(st.nodeGone) < MaxRegions {
+		st.nodeGone[region] = now
+		return
+	}
+	// Out of room: forget the oldest region's entry, counting the
+	// instant as a node gone everywhere (leadSince is checked for every
+	// region).
+	var oldest string
+	for r, t := range st.nodeGone {
+		if oldest == "" || t.Before(st.nodeGone[oldest]) {
+			oldest = r
+		}
+	}
+	delete(st.nodeGone, oldest)
+	st.nodeGone[region] = now
+	if st.leadSince.Before(now) {
+		st.leadSince = now
 	}
 }
 
@@ -337,11 +390,27 @@ func coversLive(a *etcdlayout.Allocation, snap *snapshot) bool {
 }
 
 // ackWait says why the growth after shrink epoch cur must wait, or "".
+// A region has acknowledged an epoch when every registered node of it
+// has; a node that lost its registration counts at its safe share only
+// SkewMargin after this leader saw it vanish (or after this leader took
+// over, for nodes that vanished before).
 func ackWait(now time.Time, snap *snapshot, st *state, cfg *Config, cur *etcdlayout.Allocation) string {
+	if !st.leadSince.IsZero() {
+		if left := cfg.SkewMargin - now.Sub(st.leadSince); left > 0 {
+			return fmt.Sprintf("waiting %v more after taking the lead: a node that left before may still hold older shares", left.Round(time.Millisecond))
+		}
+	}
 	for _, r := range slices.Sorted(maps.Keys(cur.Default)) {
-		if _, ok := snap.live[r]; ok {
-			if got := snap.acks[r].Epochs[cur.Policy]; got < cur.Epoch {
-				return fmt.Sprintf("waiting for region %s to acknowledge epoch %d (it holds %d)", r, cur.Epoch, got)
+		if nodes, ok := snap.live[r]; ok {
+			for _, n := range slices.Sorted(maps.Keys(nodes)) {
+				if got := snap.acks[r][n].Epochs[cur.Policy]; got < cur.Epoch {
+					return fmt.Sprintf("waiting for node %s of region %s to acknowledge epoch %d (it holds %d)", nodeName(n), r, cur.Epoch, got)
+				}
+			}
+			if gone, ok := st.nodeGone[r]; ok {
+				if left := cfg.SkewMargin - now.Sub(gone); left > 0 {
+					return fmt.Sprintf("waiting %v more for a node of region %s, whose lease ended, to be at its safe share", left.Round(time.Millisecond), r)
+				}
 			}
 			continue
 		}
@@ -356,6 +425,14 @@ func ackWait(now time.Time, snap *snapshot, st *state, cfg *Config, cur *etcdlay
 	return ""
 }
 
+// nodeName names a node in messages; "" is a pre-node registration.
+func nodeName(n string) string {
+	if n == "" {
+		return "(region key)"
+	}
+	return n
+}
+
 // proposal computes the default split and the subject overrides.
 func proposal(snap *snapshot, st *state, cfg *Config, p *policy.Policy, cur *etcdlayout.Allocation, ctl etcdlayout.Control) (*etcdlayout.Shares, []allocator.Region, error) {
 	names := make(map[string]bool)
@@ -366,6 +443,12 @@ func proposal(snap *snapshot, st *state, cfg *Config, p *policy.Policy, cur *etc
 		for r := range cur.Default {
 			names[r] = true
 		}
+	}
+	// A region the policy names a minimum for may enforce that minimum
+	// before it ever registers (it is all a node outside any allocation
+	// enforces), so every allocation reserves it.
+	for r := range p.MinShare {
+		names[r] = true
 	}
 	sorted := slices.Sorted(maps.Keys(names))
 	if len(sorted) == 0 {

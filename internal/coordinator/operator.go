@@ -33,6 +33,9 @@ const maxDocBytes = 1 << 20
 // share tolerance for the Σ checks.
 const tolerance = 1e-9
 
+// maxShownRegions bounds the regions alloc show reads.
+const maxShownRegions = 1024
+
 type operator struct {
 	quotav1.UnimplementedOperatorServer
 	cli      *clientv3.Client
@@ -160,7 +163,9 @@ func (o *operator) regions(ctx context.Context, name string, c etcdlayout.Contro
 		return nil, status.Errorf(codes.Unavailable, "read regions: %v", err)
 	}
 	for _, kv := range resp.Kvs {
-		set[etcdlayout.Name(o.layout.RegionsPrefix(), string(kv.Key))] = true
+		if region, _, ok := etcdlayout.NodeOf(o.layout.RegionsPrefix(), string(kv.Key)); ok {
+			set[region] = true
+		}
 	}
 	a, err := o.alloc(ctx, name)
 	if err != nil {
@@ -333,13 +338,15 @@ func (o *operator) ShowAllocation(ctx context.Context, req *quotav1.ShowAllocati
 		return nil, status.Errorf(codes.Unavailable, "read allocations: %v", err)
 	}
 	allocs := map[string]etcdlayout.Allocation{}
-	live := map[string]bool{}
-	acks := map[string]etcdlayout.Ack{}
-	demand := map[string]etcdlayout.DemandReport{}
+	// live, acks and demand are per region, then per node.
+	live := map[string]map[string]bool{}
+	acks := map[string]map[string]etcdlayout.Ack{}
+	demand := map[string]map[string]etcdlayout.DemandReport{}
 	controls := map[string]etcdlayout.Control{}
 	for i, r := range resp.Responses {
 		for _, kv := range r.GetResponseRange().Kvs {
 			name := etcdlayout.Name(prefixes[i], string(kv.Key))
+			region, node, nodeKey := etcdlayout.NodeOf(prefixes[i], string(kv.Key))
 			switch i {
 			case 0:
 				var a etcdlayout.Allocation
@@ -347,16 +354,18 @@ func (o *operator) ShowAllocation(ctx context.Context, req *quotav1.ShowAllocati
 					allocs[name] = a
 				}
 			case 1:
-				live[name] = true
+				if nodeKey && len(live) < maxShownRegions {
+					setIn(live, region, node, true)
+				}
 			case 2:
 				var a etcdlayout.Ack
-				if json.Unmarshal(kv.Value, &a) == nil {
-					acks[name] = a
+				if nodeKey && json.Unmarshal(kv.Value, &a) == nil && len(acks) < maxShownRegions {
+					setIn(acks, region, node, a)
 				}
 			case 3:
 				var d etcdlayout.DemandReport
-				if json.Unmarshal(kv.Value, &d) == nil {
-					demand[name] = d
+				if nodeKey && json.Unmarshal(kv.Value, &d) == nil && len(demand) < maxShownRegions {
+					setIn(demand, region, node, d)
 				}
 			case 4:
 				var c etcdlayout.Control
@@ -397,14 +406,17 @@ func (o *operator) ShowAllocation(ctx context.Context, req *quotav1.ShowAllocati
 		}
 		for _, r := range slices.Sorted(maps.Keys(regions)) {
 			rs := &quotav1.RegionShare{
-				Region: r, Share: a.Default[r], Target: a.Default[r], Safe: a.Safe[r], Live: live[r],
-				AckedEpoch: acks[r].Epochs[name],
+				Region: r, Share: a.Default[r], Target: a.Default[r], Safe: a.Safe[r], Live: len(live[r]) > 0,
+				AckedEpoch: regionAck(live[r], acks[r], name),
 			}
 			if a.Target != nil {
 				rs.Target = a.Target.Default[r]
 			}
-			if d, ok := demand[r].Policies[name]; ok {
-				rs.Offered, rs.Admitted = d.Offered, d.Admitted
+			for _, d := range demand[r] {
+				if pd, ok := d.Policies[name]; ok {
+					rs.Offered += pd.Offered
+					rs.Admitted += pd.Admitted
+				}
 			}
 			_, rs.Pinned = c.Pins[r]
 			info.Regions = append(info.Regions, rs)
@@ -412,6 +424,38 @@ func (o *operator) ShowAllocation(ctx context.Context, req *quotav1.ShowAllocati
 		out.Allocations = append(out.Allocations, info)
 	}
 	return out, nil
+}
+
+// setIn sets m[outer][inner] = v, making the inner map when needed.
+func setIn[V any](m map[string]map[string]V, outer, inner string, v V) {
+	if m[outer] == nil {
+		m[outer] = map[string]V{}
+	}
+	m[outer][inner] = v
+}
+
+// regionAck is the epoch of policy a region has acknowledged: the least
+// over its registered nodes (a node without an acknowledgement counts as
+// 0), or, for a region without registered nodes, the least over the
+// acknowledgements still stored.
+func regionAck(nodes map[string]bool, acks map[string]etcdlayout.Ack, policy string) uint64 {
+	first := true
+	var least uint64
+	consider := func(e uint64) {
+		if first || e < least {
+			least, first = e, false
+		}
+	}
+	if len(nodes) > 0 {
+		for n := range nodes {
+			consider(acks[n].Epochs[policy])
+		}
+		return least
+	}
+	for _, a := range acks {
+		consider(a.Epochs[policy])
+	}
+	return least
 }
 
 func (o *operator) RebalanceNow(ctx context.Context, _ *quotav1.RebalanceNowRequest) (*quotav1.RebalanceNowResponse, error) {

@@ -7,14 +7,23 @@
 // Under one prefix (DefaultPrefix, "/quota/v1/"):
 //
 //	policies/{doc}            policy document as written by the operator (own YAML or Envoy config)
-//	regions/{region}          Registration, under the region's lease
-//	demand/{region}           DemandReport, under the region's lease
+//	regions/{region}/{node}   Registration, under the node's lease
+//	demand/{region}/{node}    DemandReport, under the node's lease
 //	alloc/{policy}            Allocation: epoch, phase and shares (not leased)
-//	acks/{region}             Ack: the epoch applied per policy, under the region's lease
+//	acks/{region}/{node}      Ack: the epoch applied per policy, under the node's lease
 //	control/{policy}          Control: operator pins, freeze, weights, minimums
 //	settings                  Settings published by the coordinator (report interval, lease TTL)
 //	election                  the coordinator election prefix
 //	audit/{unix-nanos}-{seq}  AuditEntry, one per operator action
+//
+// A region runs one or more nodes (admission servers sharing the region's
+// Redis); each writes its own registration, demand and acknowledgement, so
+// nodes never overwrite each other and one node stopping does not take its
+// region's registration with it. Region names and node ids are
+// [A-Za-z0-9_.-]{1,64} (ValidName). A region is live while any node is
+// registered; its demand is the sum over its nodes; it has acknowledged an
+// epoch when every live node has. Readers also accept the pre-node keys
+// regions/{region}, demand/{region} and acks/{region} as node "" (NodeOf).
 //
 // Values are JSON. Published allocations do not depend on the coordinator's
 // lease: a coordinator that dies leaves the last shares in force.

@@ -30,16 +30,31 @@ func (l Layout) PoliciesPrefix() string { return l.p() + "policies/" }
 // PolicyDoc is the key of one policy document.
 func (l Layout) PolicyDoc(doc string) string { return l.PoliciesPrefix() + doc }
 
-// RegionsPrefix holds the leased region registrations.
+// RegionsPrefix holds the leased node registrations.
 func (l Layout) RegionsPrefix() string { return l.p() + "regions/" }
 
-// Region is the key of one region's registration.
+// RegionNodes is the prefix of every node registration of one region.
+func (l Layout) RegionNodes(region string) string { return l.RegionsPrefix() + region + "/" }
+
+// Node is the key of one node's registration, regions/{region}/{node}.
+func (l Layout) Node(region, node string) string { return l.RegionNodes(region) + node }
+
+// Region is the key a region registered under before nodes had their own
+// keys (regions/{region}). Readers still accept it as the region's node
+// "" so that an old node keeps its region live during an upgrade; new
+// nodes write Node.
 func (l Layout) Region(region string) string { return l.RegionsPrefix() + region }
 
 // DemandPrefix holds the leased demand reports.
 func (l Layout) DemandPrefix() string { return l.p() + "demand/" }
 
-// Demand is the key of one region's demand report.
+// NodeDemand is the key of one node's demand report,
+// demand/{region}/{node}.
+func (l Layout) NodeDemand(region, node string) string {
+	return l.DemandPrefix() + region + "/" + node
+}
+
+// Demand is the pre-node key of a region's demand report (see Region).
 func (l Layout) Demand(region string) string { return l.DemandPrefix() + region }
 
 // AllocPrefix holds the published allocations.
@@ -51,7 +66,10 @@ func (l Layout) Alloc(policy string) string { return l.AllocPrefix() + policy }
 // AcksPrefix holds the leased acknowledgements.
 func (l Layout) AcksPrefix() string { return l.p() + "acks/" }
 
-// Ack is the key of one region's acknowledgement.
+// NodeAck is the key of one node's acknowledgement, acks/{region}/{node}.
+func (l Layout) NodeAck(region, node string) string { return l.AcksPrefix() + region + "/" + node }
+
+// Ack is the pre-node key of a region's acknowledgement (see Region).
 func (l Layout) Ack(region string) string { return l.AcksPrefix() + region }
 
 // ControlPrefix holds the operator's per-policy controls.
@@ -81,4 +99,34 @@ func Name(prefix, key string) string {
 		return ""
 	}
 	return key[len(prefix):]
+}
+
+// MaxNameLen bounds region names and node ids.
+const MaxNameLen = 64
+
+// ValidName says s is a valid region name or node id: [A-Za-z0-9_.-]{1,64}.
+func ValidName(s string) bool {
+	if len(s) == 0 || len(s) > MaxNameLen {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+// NodeOf splits a per-node key below prefix (RegionsPrefix, DemandPrefix
+// or AcksPrefix) into region and node. A pre-node key ({prefix}{region})
+// gives node "". ok is false for a key outside prefix or with an invalid
+// region or node.
+func NodeOf(prefix, key string) (region, node string, ok bool) {
+	rest := Name(prefix, key)
+	region, node, split := strings.Cut(rest, "/")
+	if !ValidName(region) || split && !ValidName(node) {
+		return "", "", false
+	}
+	return region, node, true
 }

@@ -2,21 +2,27 @@ package etcdlayout
 
 import "time"
 
-// Registration says a region is alive. It lives under the region's lease.
+// Registration says a node of a region is alive. It lives under the
+// node's lease. A region is live while any of its nodes is registered.
 type Registration struct {
 	Region string `json:"region"`
+	// Node is the node's id within the region ("" for a pre-node key).
+	Node string `json:"node,omitempty"`
 	// Addr is the region's admission gRPC address, for operators.
 	Addr string `json:"addr,omitempty"`
-	// LeaseTTLSeconds is the TTL of the lease everything of the region
+	// LeaseTTLSeconds is the TTL of the lease everything of the node
 	// lives under.
 	LeaseTTLSeconds int64     `json:"lease_ttl_s"`
 	StartedAt       time.Time `json:"started_at"`
 }
 
-// DemandReport is one region's demand over one report interval, for every
-// policy it saw. It lives under the region's lease.
+// DemandReport is one node's demand over one report interval, for every
+// policy it saw. It lives under the node's lease; a region's demand is the
+// sum over its nodes.
 type DemandReport struct {
 	Region string `json:"region"`
+	// Node is the reporting node's id ("" for a pre-node key).
+	Node string `json:"node,omitempty"`
 	// At is the end of the interval on the region's clock.
 	At time.Time `json:"at"`
 	// IntervalSeconds is the length of the interval.
@@ -83,10 +89,13 @@ type Shares struct {
 	Overrides map[string]map[string]float64 `json:"overrides,omitempty"`
 }
 
-// Ack says which epoch of each policy a region has applied. It lives under
-// the region's lease.
+// Ack says which epoch of each policy a node has applied. It lives under
+// the node's lease. A region has acknowledged an epoch when every live
+// node of it has.
 type Ack struct {
-	Region string            `json:"region"`
+	Region string `json:"region"`
+	// Node is the acknowledging node's id ("" for a pre-node key).
+	Node   string            `json:"node,omitempty"`
 	Epochs map[string]uint64 `json:"epochs"`
 	At     time.Time         `json:"at"`
 }

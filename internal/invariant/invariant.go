@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 
@@ -22,6 +24,11 @@ const MaxEpochs = 4096
 // maxViolations bounds the violations a History keeps.
 const maxViolations = 100
 
+// MaxDeadNodes bounds the nodes without registration a History tracks one
+// by one; beyond it, their safe shares fold into their region's (a
+// conservative bound: the region keeps the largest).
+const MaxDeadNodes = 4096
+
 // MaxPolicyDocs bounds the policy documents a History keeps; later ones
 // are ignored.
 const MaxPolicyDocs = 4096
@@ -38,7 +45,8 @@ type Violation struct {
 	Subject string
 	Sum     float64
 	Limit   float64
-	// Parts maps region to the share it may have been enforcing.
+	// Parts maps region to the share it may have been enforcing (the
+	// largest over its nodes).
 	Parts map[string]float64
 }
 
@@ -68,19 +76,21 @@ type Report struct {
 // OK says no violation was found.
 func (r *Report) OK() bool { return len(r.Violations) == 0 }
 
-type regionState struct {
-	live bool
+// nodeState is one node of a region (node "" for a pre-node key).
+type nodeState struct {
+	region string
+	live   bool
 	// regFloor is the latest epoch per policy at registration.
 	regFloor map[string]uint64
 	// ack is the last acknowledged epoch per policy under this
 	// registration.
 	ack map[string]uint64
-	// deadSafe is, for a dead region, the largest safe share per policy
+	// deadSafe is, for a dead node, the largest safe share per policy
 	// since its floor.
 	deadSafe map[string]float64
 }
 
-func (r *regionState) floor(policy string) uint64 {
+func (r *nodeState) floor(policy string) uint64 {
 	if e, ok := r.ack[policy]; ok {
 		return e
 	}
@@ -89,9 +99,14 @@ func (r *regionState) floor(policy string) uint64 {
 
 // History is the replayed state. See the package doc.
 type History struct {
-	layout  etcdlayout.Layout
-	allocs  map[string][]*etcdlayout.Allocation // sorted by epoch
-	regions map[string]*regionState
+	layout etcdlayout.Layout
+	allocs map[string][]*etcdlayout.Allocation // sorted by epoch
+	// nodes are keyed "region/node".
+	nodes map[string]*nodeState
+	dead  int
+	// folded is, per region and policy, the largest safe share of the
+	// dead nodes folded out of nodes (see MaxDeadNodes).
+	folded map[string]map[string]float64
 	// docs are the policy documents; policies is what they define.
 	docs     map[string][]byte
 	policies *policy.Set
@@ -101,10 +116,11 @@ type History struct {
 // NewHistory returns an empty history for keys under layout.
 func NewHistory(layout etcdlayout.Layout) *History {
 	return &History{
-		layout:  layout,
-		allocs:  make(map[string][]*etcdlayout.Allocation),
-		regions: make(map[string]*regionState),
-		docs:    make(map[string][]byte),
+		layout: layout,
+		allocs: make(map[string][]*etcdlayout.Allocation),
+		nodes:  make(map[string]*nodeState),
+		folded: make(map[string]map[string]float64),
+		docs:   make(map[string][]byte),
 	}
 }
 
@@ -150,15 +166,23 @@ func (h *History) Put(key string, value []byte, created bool) error {
 			return fmt.Errorf("%w: %s: %v", ErrHistory, key, err)
 		}
 		h.report.Acks++
-		r := h.region(etcdlayout.Name(l.AcksPrefix(), key))
+		r := h.node(l.AcksPrefix(), key)
+		if r == nil {
+			return nil
+		}
 		r.ack = make(map[string]uint64, len(a.Epochs))
 		for p, e := range a.Epochs {
 			r.ack[p] = e
 		}
 	case strings.HasPrefix(key, l.RegionsPrefix()):
-		name := etcdlayout.Name(l.RegionsPrefix(), key)
-		r := h.region(name)
+		r := h.node(l.RegionsPrefix(), key)
+		if r == nil {
+			return nil
+		}
 		if created || !r.live {
+			if !r.live && r.deadSafe != nil {
+				h.dead--
+			}
 			r.live = true
 			r.deadSafe = nil
 			r.regFloor = make(map[string]uint64, len(h.allocs))
@@ -178,13 +202,15 @@ func (h *History) Delete(key string) {
 		delete(h.docs, etcdlayout.Name(l.PoliciesPrefix(), key))
 		h.loadPolicies()
 	case strings.HasPrefix(key, l.AcksPrefix()):
-		h.region(etcdlayout.Name(l.AcksPrefix(), key)).ack = nil
+		if r := h.node(l.AcksPrefix(), key); r != nil {
+			r.ack = nil
+		}
 	case strings.HasPrefix(key, l.RegionsPrefix()):
-		name := etcdlayout.Name(l.RegionsPrefix(), key)
-		r := h.region(name)
-		if !r.live {
+		r := h.node(l.RegionsPrefix(), key)
+		if r == nil || !r.live {
 			return
 		}
+		name := r.region
 		r.deadSafe = make(map[string]float64)
 		for p, as := range h.allocs {
 			f := r.floor(p)
@@ -199,7 +225,30 @@ func (h *History) Delete(key string) {
 		}
 		r.live = false
 		r.ack = nil
+		if h.dead++; h.dead > MaxDeadNodes {
+			h.fold()
+		}
 	}
+}
+
+// fold moves every dead node's safe shares into its region's folded
+// maximum and forgets the node.
+func (h *History) fold() {
+	for k, r := range h.nodes {
+		if r.live {
+			continue
+		}
+		f := h.folded[r.region]
+		if f == nil {
+			f = make(map[string]float64)
+			h.folded[r.region] = f
+		}
+		for p, v := range r.deadSafe {
+			f[p] = math.Max(f[p], v)
+		}
+		delete(h.nodes, k)
+	}
+	h.dead = 0
 }
 
 // loadPolicies parses the documents in name order, skipping any that do
@@ -237,11 +286,18 @@ func (h *History) minShare(pol, region string) float64 {
 	return p.MinShareFor(region)
 }
 
-func (h *History) region(name string) *regionState {
-	r, ok := h.regions[name]
+// node returns the state of the node a key below prefix names, nil for a
+// key with an invalid region or node (which no region would write).
+func (h *History) node(prefix, key string) *nodeState {
+	region, node, ok := etcdlayout.NodeOf(prefix, key)
 	if !ok {
-		r = &regionState{}
-		h.regions[name] = r
+		return nil
+	}
+	k := region + "/" + node
+	r, ok := h.nodes[k]
+	if !ok {
+		r = &nodeState{region: region}
+		h.nodes[k] = r
 	}
 	return r
 }
@@ -257,10 +313,13 @@ func (h *History) addAlloc(a *etcdlayout.Allocation) {
 		copy(as[i+1:], as[i:])
 		as[i] = a
 	}
-	for name, r := range h.regions {
+	for _, r := range h.nodes {
 		if r.deadSafe != nil {
-			r.deadSafe[a.Policy] = math.Max(r.deadSafe[a.Policy], a.Safe[name])
+			r.deadSafe[a.Policy] = math.Max(r.deadSafe[a.Policy], a.Safe[r.region])
 		}
+	}
+	for region, f := range h.folded {
+		f[a.Policy] = math.Max(f[a.Policy], a.Safe[region])
 	}
 	h.allocs[a.Policy] = h.prune(a.Policy, as)
 }
@@ -268,7 +327,7 @@ func (h *History) addAlloc(a *etcdlayout.Allocation) {
 // prune drops epochs older than every live region's floor.
 func (h *History) prune(policy string, as []*etcdlayout.Allocation) []*etcdlayout.Allocation {
 	minFloor := as[len(as)-1].Epoch
-	for _, r := range h.regions {
+	for _, r := range h.nodes {
 		if r.live {
 			if f := r.floor(policy); f < minFloor {
 				minFloor = f
@@ -308,8 +367,8 @@ func (h *History) Check(rev int64) {
 		policies = append(policies, p)
 	}
 	sort.Strings(policies)
-	names := make([]string, 0, len(h.regions))
-	for n := range h.regions {
+	names := make([]string, 0, len(h.nodes))
+	for n := range h.nodes {
 		names = append(names, n)
 	}
 	sort.Strings(names)
@@ -332,10 +391,16 @@ func (h *History) Check(rev int64) {
 		}
 		sort.Strings(subs)
 		for _, s := range subs {
-			sum := 0.0
+			// A region may enforce the largest share any of its nodes
+			// may enforce: they share the region's buckets.
 			parts := make(map[string]float64)
+			for region, f := range h.folded {
+				if v := f[p]; v > 0 {
+					parts[region] = v
+				}
+			}
 			for _, n := range names {
-				r := h.regions[n]
+				r := h.nodes[n]
 				var v float64
 				if r.live {
 					f := r.floor(p)
@@ -343,20 +408,23 @@ func (h *History) Check(rev int64) {
 						// Registered before the first epoch and not
 						// acknowledged since: it may still enforce the
 						// policy's minimum, which no allocation reserved.
-						v = h.minShare(p, n)
+						v = h.minShare(p, r.region)
 					}
 					for _, a := range as {
 						if a.Epoch >= f {
-							v = math.Max(v, share(a, s, n))
+							v = math.Max(v, share(a, s, r.region))
 						}
 					}
 				} else if r.deadSafe != nil {
 					v = r.deadSafe[p]
 				}
-				if v > 0 {
-					parts[n] = v
-					sum += v
+				if v > parts[r.region] {
+					parts[r.region] = v
 				}
+			}
+			sum := 0.0
+			for _, region := range slices.Sorted(maps.Keys(parts)) {
+				sum += parts[region]
 			}
 			if d := sum - eps; d > h.report.MaxSum {
 				h.report.MaxSum = d

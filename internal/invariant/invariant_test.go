@@ -78,6 +78,50 @@ func TestHistory(t *testing.T) {
 			{key: l.Alloc("p"), value: ac(1, map[string]float64{"a": 0.4, "c": 0.4})}, {key: l.Region("b"), del: true},
 			{key: l.Alloc("p"), value: ac(2, map[string]float64{"a": 0.5, "c": 0.5})}}, false},
 	}
+	runHistory(t, l, cases)
+}
+
+// TestHistoryNodes: a region of several nodes may enforce the largest
+// share any of them may enforce; growth is safe only once every live node
+// acknowledged the shrink.
+func TestHistoryNodes(t *testing.T) {
+	var l etcdlayout.Layout
+	reg := func(r, n string) ev {
+		return ev{key: l.Node(r, n), value: etcdlayout.Registration{Region: r, Node: n}, created: true}
+	}
+	nack := func(r, n string, epoch uint64) ev {
+		return ev{key: l.NodeAck(r, n), value: etcdlayout.Ack{Region: r, Node: n, Epochs: map[string]uint64{"p": epoch}}}
+	}
+	even := alloc(1, etcdlayout.PhaseStable, map[string]float64{"a": 0.5, "b": 0.5})
+	shrink := alloc(2, etcdlayout.PhaseShrink, map[string]float64{"a": 0.5, "b": 0.2})
+	grown := alloc(3, etcdlayout.PhaseStable, map[string]float64{"a": 0.8, "b": 0.2})
+	start := []ev{reg("a", "1"), reg("b", "1"), reg("b", "2"), {key: l.Alloc("p"), value: even},
+		nack("a", "1", 1), nack("b", "1", 1), nack("b", "2", 1), {key: l.Alloc("p"), value: shrink}, nack("a", "1", 2)}
+	with := func(evs ...ev) []ev { return append(append([]ev(nil), start...), evs...) }
+	cases := []struct {
+		name   string
+		events []ev
+		ok     bool
+	}{
+		{"both nodes of b acked the shrink", with(nack("b", "1", 2), nack("b", "2", 2), ev{key: l.Alloc("p"), value: grown}), true},
+		{"one node of b acked the shrink", with(nack("b", "1", 2), ev{key: l.Alloc("p"), value: grown}), false},
+		{"the other node of b acked the shrink", with(nack("b", "2", 2), ev{key: l.Alloc("p"), value: grown}), false},
+		{"b's second node left (lease gone): it is at its safe share", with(nack("b", "1", 2),
+			ev{key: l.NodeAck("b", "2"), del: true}, ev{key: l.Node("b", "2"), del: true}, ev{key: l.Alloc("p"), value: grown}), true},
+		{"a node of b registered during the shrink starts at it", with(nack("b", "1", 2), nack("b", "2", 2), reg("b", "3"),
+			ev{key: l.Alloc("p"), value: grown}), true},
+		{"nodes of a region are not summed", []ev{reg("a", "1"), reg("a", "2"), reg("a", "3"), reg("b", "1"),
+			{key: l.Alloc("p"), value: even}}, true},
+	}
+	runHistory(t, l, cases)
+}
+
+func runHistory(t *testing.T, l etcdlayout.Layout, cases []struct {
+	name   string
+	events []ev
+	ok     bool
+}) {
+	t.Helper()
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			h := NewHistory(l)

@@ -12,9 +12,12 @@ import (
 )
 
 // Region is a fake regional node: it registers under a lease, writes
-// demand reports and acknowledges epochs, all as etcdlayout says.
+// demand reports and acknowledges epochs, all as etcdlayout says, under
+// its own per-node keys.
 type Region struct {
+	// Name is the region's name, Node the node's id within it.
 	Name   string
+	Node   string
 	cli    *clientv3.Client
 	layout etcdlayout.Layout
 
@@ -25,9 +28,18 @@ type Region struct {
 	wg     sync.WaitGroup
 }
 
-// NewRegion returns an unregistered fake region.
+// DefaultNode is the node id NewRegion gives its single node.
+const DefaultNode = "node-0"
+
+// NewRegion returns an unregistered fake region of one node, DefaultNode.
 func NewRegion(cli *clientv3.Client, layout etcdlayout.Layout, name string) *Region {
-	return &Region{Name: name, cli: cli, layout: layout, acked: map[string]uint64{}}
+	return NewNode(cli, layout, name, DefaultNode)
+}
+
+// NewNode returns an unregistered fake node of region; several nodes of
+// one region share its share, each with its own keys.
+func NewNode(cli *clientv3.Client, layout etcdlayout.Layout, region, node string) *Region {
+	return &Region{Name: region, Node: node, cli: cli, layout: layout, acked: map[string]uint64{}}
 }
 
 // Register grants a lease of ttl (etcd rounds it up to its minimum, 2s for
@@ -37,7 +49,7 @@ func (r *Region) Register(ctx context.Context, ttl time.Duration) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.stopKA != nil {
-		return fmt.Errorf("coordtest: region %s already registered", r.Name)
+		return fmt.Errorf("coordtest: node %s/%s already registered", r.Name, r.Node)
 	}
 	g, err := r.cli.Grant(ctx, int64(max(1, ttl/time.Second)))
 	if err != nil {
@@ -55,8 +67,8 @@ func (r *Region) Register(ctx context.Context, ttl time.Duration) error {
 		for range ch {
 		}
 	}()
-	reg := etcdlayout.Registration{Region: r.Name, LeaseTTLSeconds: g.TTL, StartedAt: time.Now()}
-	if err := r.put(ctx, r.layout.Region(r.Name), reg, g.ID); err != nil {
+	reg := etcdlayout.Registration{Region: r.Name, Node: r.Node, LeaseTTLSeconds: g.TTL, StartedAt: time.Now()}
+	if err := r.put(ctx, r.layout.Node(r.Name, r.Node), reg, g.ID); err != nil {
 		cancel()
 		return err
 	}
@@ -98,8 +110,8 @@ func (r *Region) Report(ctx context.Context, interval time.Duration, policies ma
 	r.mu.Lock()
 	id := r.lease
 	r.mu.Unlock()
-	rep := etcdlayout.DemandReport{Region: r.Name, At: time.Now(), IntervalSeconds: interval.Seconds(), Policies: policies}
-	return r.put(ctx, r.layout.Demand(r.Name), rep, id)
+	rep := etcdlayout.DemandReport{Region: r.Name, Node: r.Node, At: time.Now(), IntervalSeconds: interval.Seconds(), Policies: policies}
+	return r.put(ctx, r.layout.NodeDemand(r.Name, r.Node), rep, id)
 }
 
 // Ack records that the region applied epoch of policy and writes the
@@ -113,13 +125,13 @@ func (r *Region) Ack(ctx context.Context, policy string, epoch uint64) error {
 
 func (r *Region) writeAck(ctx context.Context) error {
 	r.mu.Lock()
-	a := etcdlayout.Ack{Region: r.Name, Epochs: make(map[string]uint64, len(r.acked)), At: time.Now()}
+	a := etcdlayout.Ack{Region: r.Name, Node: r.Node, Epochs: make(map[string]uint64, len(r.acked)), At: time.Now()}
 	for p, e := range r.acked {
 		a.Epochs[p] = e
 	}
 	id := r.lease
 	r.mu.Unlock()
-	return r.put(ctx, r.layout.Ack(r.Name), a, id)
+	return r.put(ctx, r.layout.NodeAck(r.Name, r.Node), a, id)
 }
 
 // AckLatest reads every allocation and acknowledges its epoch. It returns
