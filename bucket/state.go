@@ -48,32 +48,38 @@ func (p *Prepared) Limits() Limits { return p.limits }
 
 // params checks share and cost as Request.Validate does and returns what
 // paramsOf returns for the equivalent Request (the same float64 expressions
-// in the same order).
-func (p *Prepared) params(share float64, cost int64) (params, error) {
-	if !p.ok {
-		return params{}, requestErr("limits not prepared (build them with Prepare)")
+// in the same order). The checks are one expression so that the fast path
+// stays small; paramsErr says what was wrong.
+func (p *Prepared) params(share float64, cost int64, q *params) error {
+	if !p.ok || !(share > 0 && share <= p.maxF) || cost < 0 || cost > p.limits.Capacity || share*p.capF > MaxCapacity {
+		return p.paramsErr(share, cost)
 	}
-	if !finite(share) || share <= 0 || share > p.maxF {
-		return params{}, requestErr("share %v outside (0, %g]", share, p.maxF)
-	}
-	if cost < 0 || cost > p.limits.Capacity {
-		return params{}, requestErr("cost %d outside 0..%d (capacity)", cost, p.limits.Capacity)
-	}
-	if share*p.capF > MaxCapacity {
-		return params{}, requestErr("share × capacity %g above %d", share*p.capF, MaxCapacity)
-	}
-	q := params{
-		alg:  p.alg,
-		lim:  math.Floor(share * p.capF * unitsPerToken),
-		cost: float64(cost) * unitsPerToken,
-		ttl:  p.ttlMs,
-	}
+	q.alg = p.alg
+	q.lim = math.Floor(share * p.capF * unitsPerToken)
+	q.cost = float64(cost) * unitsPerToken
+	q.ttl = p.ttlMs
 	if p.alg == algTB {
 		q.p = share * p.refill / 1000 // units per microsecond
 	} else {
 		q.p = p.window
 	}
-	return q, nil
+	return nil
+}
+
+// paramsErr explains why params rejected share and cost.
+//
+//go:noinline
+func (p *Prepared) paramsErr(share float64, cost int64) error {
+	switch {
+	case !p.ok:
+		return requestErr("limits not prepared (build them with Prepare)")
+	case !finite(share) || share <= 0 || share > p.maxF:
+		return requestErr("share %v outside (0, %g]", share, p.maxF)
+	case cost < 0 || cost > p.limits.Capacity:
+		return requestErr("cost %d outside 0..%d (capacity)", cost, p.limits.Capacity)
+	default:
+		return requestErr("share × capacity %g above %d", share*p.capF, MaxCapacity)
+	}
 }
 
 // State is one bucket held by its owner instead of a store: the exact
@@ -99,11 +105,26 @@ func (s *State) live(us int64) bool {
 // step decides op at us without changing s; it returns the outcome and the
 // lastWrite the commit must keep (0 when the bucket is absent).
 func (s *State) step(p *params, op byte, us int64, charge bool) (outcome, int64) {
+	var o outcome
+	lw := s.into(p, op, us, charge, &o)
+	return o, lw
+}
+
+// into is step writing the outcome into o. It calls decideTB itself for a
+// token bucket (what decide would dispatch to, with the same arguments),
+// saving a copy of the outcome on the simulator's hot path.
+func (s *State) into(p *params, op byte, us int64, charge bool, o *outcome) int64 {
+	st, exists, lw := &s.st, true, s.st.lastWrite
 	if !s.live(us) {
 		var zero state
-		return decide(p, op, &zero, false, float64(us), charge), 0
+		st, exists, lw = &zero, false, 0
 	}
-	return decide(p, op, &s.st, true, float64(us), charge), s.st.lastWrite
+	if p.alg == algTB {
+		*o = decideTB(p, op, st, exists, float64(us), float64(p.ttl*1000), charge)
+	} else {
+		*o = decide(p, op, st, exists, float64(us), charge)
+	}
+	return lw
 }
 
 // commit stores what o writes, as Memory.apply does for an existing entry.
@@ -134,12 +155,13 @@ func (s *State) RefundAt(now time.Time, l *Prepared, share float64, cost int64) 
 }
 
 func (s *State) one(now time.Time, l *Prepared, share float64, cost int64, op byte) (Decision, error) {
-	p, err := l.params(share, cost)
-	if err != nil {
+	var p params
+	if err := l.params(share, cost, &p); err != nil {
 		return Decision{}, err
 	}
 	us := now.UnixMicro()
-	o, lw := s.step(&p, op, us, true)
+	var o outcome
+	lw := s.into(&p, op, us, true, &o)
 	s.commit(&p, &o, lw, us)
 	return decision(o.ok, p.lim, o.rem, o.retry, o.reset), nil
 }
