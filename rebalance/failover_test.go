@@ -114,3 +114,46 @@ func TestPlanOverPendingShrinkShrinksAgain(t *testing.T) {
 		}
 	}
 }
+
+// TestAllocationReservesNamedMinimums: a region the policy names a
+// minimum for enforces it outside any allocation, even before it ever
+// registers, so the plan reserves it.
+func TestAllocationReservesNamedMinimums(t *testing.T) {
+	const doc = `policies:
+  - name: exports
+    capacity: 50
+    rate: 600/minute
+    min_share:
+      default: 0.05
+      eu: 0.3
+`
+	set, err := policy.Parse("exports.yaml", []byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := Config{Client: &clientv3.Client{}}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := etcdlayout.Registration{}
+	snap := &snapshot{
+		live:      map[string]map[string]etcdlayout.Registration{"us": {"n": reg}, "ap": {"n": reg}},
+		demand:    map[string]etcdlayout.DemandReport{},
+		acks:      map[string]map[string]etcdlayout.Ack{},
+		controls:  map[string]etcdlayout.Control{},
+		policies:  set,
+		allocs:    map[string]*etcdlayout.Allocation{},
+		allocRevs: map[string]int64{},
+	}
+	plans := plan(time.Unix(1_700_000_000, 0), snap, newState(), &cfg, true)
+	if len(plans) != 1 || plans[0].pub == nil {
+		t.Fatalf("want one publish, got %+v", plans)
+	}
+	a := plans[0].pub
+	if a.Default["eu"] != 0.3 || a.Safe["eu"] != 0.3 {
+		t.Fatalf("eu (named minimum 0.3, not registered) got share %v safe %v", a.Default["eu"], a.Safe["eu"])
+	}
+	if sum := a.Default["us"] + a.Default["ap"] + a.Default["eu"]; sum > 1+1e-9 {
+		t.Fatalf("shares sum to %v: %v", sum, a.Default)
+	}
+}

@@ -2,6 +2,8 @@ package invariant
 
 import (
 	"encoding/json"
+	"fmt"
+	"math"
 	"testing"
 
 	"github.com/quotacoord/quota/internal/etcdlayout"
@@ -155,5 +157,44 @@ func TestHistoryRejectsGarbage(t *testing.T) {
 	var l etcdlayout.Layout
 	if err := NewHistory(l).Put(l.Alloc("p"), []byte("{"), false); err == nil {
 		t.Fatal("garbage allocation accepted")
+	}
+}
+
+// TestHistoryFoldsDeadNodes: nodes that come and go (a new id per process)
+// do not grow the history without bound, and a folded node still counts at
+// its safe share.
+func TestHistoryFoldsDeadNodes(t *testing.T) {
+	var l etcdlayout.Layout
+	h := NewHistory(l)
+	put := func(key string, v any, created bool) {
+		t.Helper()
+		data, _ := json.Marshal(v)
+		if err := h.Put(key, data, created); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := alloc(1, etcdlayout.PhaseStable, map[string]float64{"a": 0.9, "b": 0.1})
+	a.Safe = map[string]float64{"a": 0.05, "b": 0.1}
+	put(l.Alloc("p"), a, true)
+	for i := range MaxDeadNodes + 10 {
+		n := fmt.Sprintf("n%d", i)
+		put(l.Node("b", n), etcdlayout.Registration{Region: "b", Node: n}, true)
+		h.Delete(l.Node("b", n))
+	}
+	if len(h.nodes) > MaxDeadNodes {
+		t.Fatalf("%d nodes tracked, bound %d", len(h.nodes), MaxDeadNodes)
+	}
+	put(l.Node("a", "1"), etcdlayout.Registration{Region: "a", Node: "1"}, true)
+	h.Check(1)
+	if rep := h.Report(); !rep.OK() || math.Abs(rep.MaxSum-1) > 1e-9 {
+		t.Fatalf("want Σ 0.9 + b's safe 0.1 = 1, got %+v", rep)
+	}
+	// a grows past what b's folded safe share leaves: a violation.
+	g := alloc(2, etcdlayout.PhaseStable, map[string]float64{"a": 0.95, "b": 0.05})
+	g.Safe = a.Safe
+	put(l.Alloc("p"), g, false)
+	h.Check(2)
+	if rep := h.Report(); rep.OK() {
+		t.Fatal("folded dead nodes of b were forgotten")
 	}
 }
