@@ -62,9 +62,15 @@ type AgreeConfig struct {
 	Allocator *allocator.Params
 	// Smoothing is the demand smoothing α of both; default 0.5.
 	Smoothing float64
-	// PropagationDelay is the simulator's mean coordinator↔region delay;
-	// default 20ms (an etcd write and watch on loopback).
+	// PropagationDelay is the simulator's mean coordinator↔region delay
+	// for the prior prediction; default 20ms (an etcd write and watch on
+	// loopback). The prediction compared with the live run uses the delay
+	// measured during it instead (half the mean time from an allocation's
+	// publication to a region's acknowledgement), unless
+	// FixedPropagation is set: it is a property of the deployment and the
+	// machine's load, like the intervals.
 	PropagationDelay time.Duration
+	FixedPropagation bool
 	// Embedded forces the in-process store instead of redis-server.
 	Embedded bool
 	// Log receives progress lines; nil discards them.
@@ -79,8 +85,15 @@ const MaxAgreeArrivals = 200_000
 type Agreement struct {
 	Scenario string
 	Store    string
-	// Predicted are the simulator's figures; Live the deployment's.
-	Predicted, Live Figures
+	// Predicted are the simulator's figures with the propagation delay
+	// measured live (Propagation); Prior with the configured one; Live the
+	// deployment's.
+	Predicted, Prior, Live Figures
+	// Propagation is the one-way coordinator↔region delay measured live
+	// (0 when no acknowledgement was seen).
+	Propagation time.Duration
+	// PriorPropagation is the configured delay behind Prior.
+	PriorPropagation time.Duration
 	// Requests is the stream's length; Errors, Shed and Degraded count
 	// checks that failed, could not be sent in time, or were decided by a
 	// failure mode instead of the store.
@@ -137,6 +150,8 @@ func (a *Agreement) Compare(tol Tolerance) []string {
 func (a *Agreement) WriteTable(w io.Writer, tol Tolerance) {
 	fmt.Fprintf(w, "scenario %s (%s store): %d requests, errors %d, shed %d, degraded %d, late > %v %d (worst %v), epochs sim %d live %d\n",
 		a.Scenario, a.Store, a.Requests, a.Errors, a.Shed, a.Degraded, LateThreshold, a.Late, a.Lateness.Round(time.Millisecond), a.SimEpochs, a.LiveEpochs)
+	fmt.Fprintf(w, "propagation coordinator→region measured live: %v (the simulator's prediction below uses it; with the prior %v: under-admission %.4f)\n",
+		a.Propagation.Round(time.Millisecond), a.PriorPropagation, a.Prior.UnderAdmission)
 	fmt.Fprintf(w, "%-16s %10s %10s %10s  %s\n", "figure", "simulator", "live", "allowed", "")
 	p, l := figureValues(a.Predicted), figureValues(a.Live)
 	for i, name := range figureNames {
@@ -267,9 +282,7 @@ func Agree(ctx context.Context, cfg AgreeConfig) (*Agreement, error) {
 	if len(names) == 0 {
 		return nil, fmt.Errorf("demo: scenario %s offers nothing", sc.Name)
 	}
-	predicted := Figures{Overshoot: map[time.Duration]float64{
-		time.Second: res.Overshoot1s, 10 * time.Second: res.Overshoot10s, 60 * time.Second: res.Overshoot60s},
-		UnderAdmission: res.UnderAdmission, Admitted: res.Admitted, Ideal: res.IdealAdmitted, Offered: res.Offered}
+	prior := simFigures(res)
 
 	const policyName = "sim-live"
 	regions := ScenarioRegions(sc.Regions)
@@ -297,10 +310,15 @@ func Agree(ctx context.Context, cfg AgreeConfig) (*Agreement, error) {
 	length := time.Duration(sc.Duration)
 	fmt.Fprintf(cfg.Log, "replaying %d requests of %s over %v from %s\n", len(arrivals), sc.Name, length, start.Format("15:04:05.000"))
 
-	hist := &shareHistory{regions: regions, start: start, reports: make([][]time.Duration, len(regions))}
+	hist := &shareHistory{regions: regions, start: start, reports: make([][]time.Duration, len(regions)),
+		published: map[uint64]time.Time{}, acks: make([][]ackAt, len(regions))}
 	wctx, wcancel := context.WithCancel(ctx)
 	var watchWG sync.WaitGroup
-	watchWG.Add(2)
+	watchWG.Add(3)
+	go func() {
+		defer watchWG.Done()
+		hist.watchAcks(wctx, dep.Coord.Client, policyName)
+	}()
 	go func() {
 		defer watchWG.Done()
 		hist.watch(wctx, dep.Coord.Client, policyName)
@@ -344,7 +362,7 @@ func Agree(ctx context.Context, cfg AgreeConfig) (*Agreement, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &Agreement{Scenario: sc.Name, Store: dep.Store, Predicted: predicted, Live: live,
+	a := &Agreement{Scenario: sc.Name, Store: dep.Store, Predicted: prior, Prior: prior, Live: live, PriorPropagation: cfg.PropagationDelay,
 		Requests: int64(len(arrivals)), Degraded: dep.Checks.Degraded(), Lateness: rp.Lateness(), Late: rp.LateCount(),
 		SimEpochs: res.Epochs}
 	if res.Series != nil {
@@ -369,8 +387,29 @@ func Agree(ctx context.Context, cfg AgreeConfig) (*Agreement, error) {
 	watchWG.Wait()
 	a.LiveShares = hist.changes()
 	a.ReportPhases = hist.phases(cfg.ReportInterval)
+	a.Propagation = hist.propagation()
+	if !cfg.FixedPropagation && a.Propagation > 0 {
+		mcfg := scfg
+		mcfg.PropagationDelay = a.Propagation
+		mres, err := sim.Run(mcfg)
+		if err != nil {
+			return nil, fmt.Errorf("demo: simulate %s with the measured propagation: %w", sc.Name, err)
+		}
+		a.Predicted = simFigures(mres)
+		a.SimEpochs = mres.Epochs
+		a.SimPerSecond = a.SimPerSecond[:0]
+		for _, v := range mres.Series.Total {
+			a.SimPerSecond = append(a.SimPerSecond, v*mres.Series.BinSeconds)
+		}
+	}
 	a.LiveEpochs = len(a.LiveShares)
 	return a, nil
+}
+
+func simFigures(res *sim.Result) Figures {
+	return Figures{Overshoot: map[time.Duration]float64{
+		time.Second: res.Overshoot1s, 10 * time.Second: res.Overshoot10s, 60 * time.Second: res.Overshoot60s},
+		UnderAdmission: res.UnderAdmission, Admitted: res.Admitted, Ideal: res.IdealAdmitted, Offered: res.Offered}
 }
 
 // nonZero keeps an explicit zero dead band zero for the rebalance loop,
@@ -389,6 +428,58 @@ type shareHistory struct {
 	mu      sync.Mutex
 	list    []ShareChange
 	reports [][]time.Duration // per region: report instants after start
+	// published maps epochs published during the run to when; acks are
+	// each region's acknowledgements in order.
+	published map[uint64]time.Time
+	acks      [][]ackAt
+}
+
+type ackAt struct {
+	epoch uint64
+	at    time.Time
+}
+
+// watchAcks records every acknowledgement of policy.
+func (h *shareHistory) watchAcks(ctx context.Context, cli *clientv3.Client, policy string) {
+	for wr := range cli.Watch(ctx, etcdlayout.Layout{}.AcksPrefix(), clientv3.WithPrefix()) {
+		for _, ev := range wr.Events {
+			var ack etcdlayout.Ack
+			if ev.Kv == nil || json.Unmarshal(ev.Kv.Value, &ack) != nil {
+				continue
+			}
+			h.mu.Lock()
+			for i, r := range h.regions {
+				if r == ack.Region && len(h.acks[i]) < maxShareChanges {
+					h.acks[i] = append(h.acks[i], ackAt{epoch: ack.Epochs[policy], at: ack.At})
+				}
+			}
+			h.mu.Unlock()
+		}
+	}
+}
+
+// propagation is half the mean publication-to-acknowledgement time.
+func (h *shareHistory) propagation() time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var sum time.Duration
+	n := 0
+	for _, acks := range h.acks {
+		var last uint64
+		for _, a := range acks {
+			for k := last + 1; k <= a.epoch && a.epoch > last; k++ {
+				if at, ok := h.published[k]; ok {
+					sum += a.at.Sub(at)
+					n++
+				}
+			}
+			last = max(last, a.epoch)
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return sum / time.Duration(2*n)
 }
 
 // watchReports records when each region's demand reports were written.
@@ -461,6 +552,9 @@ func (h *shareHistory) watch(ctx context.Context, cli *clientv3.Client, policy s
 			h.mu.Lock()
 			if len(h.list) < maxShareChanges {
 				h.list = append(h.list, c)
+			}
+			if c.At >= 0 && len(h.published) < maxShareChanges {
+				h.published[a.Epoch] = a.PublishedAt
 			}
 			h.mu.Unlock()
 		}
