@@ -15,6 +15,7 @@ func BenchmarkRun(b *testing.B) {
 		b.Fatal(err)
 	}
 	var reqs int64
+	b.ReportAllocs()
 	start := time.Now()
 	for i := 0; i < b.N; i++ {
 		res, err := Run(Config{Scenario: sc, Duration: 5 * time.Minute, Seed: uint64(i)})
@@ -43,6 +44,7 @@ func BenchmarkSweep(b *testing.B) {
 		}
 	}
 	var reqs int64
+	b.ReportAllocs()
 	start := time.Now()
 	for i := 0; i < b.N; i++ {
 		res, err := Sweep(context.Background(), cfgs, nil)
