@@ -15,6 +15,15 @@
 // never deny. Every decided policy is counted in Prometheus and reported to
 // the DemandSink.
 //
+// Subjects never carry raw untrusted values into Redis keys. On the own
+// API a subject is hashed (salted with Config.SubjectSalt) when the request
+// sets hash_subject or the policy's hash_subject holds (the default for
+// api_key, ip and email); otherwise the caller vouches that it is already a
+// normalized identity such as a tenant id. On the Envoy API every
+// descriptor value is hashed with the same salt, except under the keys
+// listed in Config.EnvoyPlainKeys (-envoy-plain-keys), whose readable
+// values the operator declares not secret (see policy.EnvoySubjects).
+//
 // # Units
 //
 // Costs and capacities are cost units (tokens, requests); shares are
