@@ -6,11 +6,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotacoord/quota/internal/coordinator/coordtest"
 	"github.com/quotacoord/quota/internal/invariant"
 )
 
 // TestRandomDemandRestartsAndFailover drives random demand, lazy
-// acknowledgements, region restarts and a coordinator replaced while a
+// acknowledgements, node restarts (region a runs two nodes) and a coordinator replaced while a
 // shrink may be pending, then replays etcd's history: the shares a region
 // may be enforcing never sum above 1 + ε.
 func TestRandomDemandRestartsAndFailover(t *testing.T) {
@@ -19,6 +20,14 @@ func TestRandomDemandRestartsAndFailover(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, 7))
 	e := newEnv(t, "a", "b", "c")
 	ctx := context.Background()
+	// Region a runs a second node, which reports, acknowledges and
+	// restarts on its own.
+	a2 := coordtest.NewNode(e.cli, e.layout, "a", "node-1")
+	if err := a2.Register(ctx, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a2.Kill)
+	e.regions["a/node-1"] = a2
 	cli1 := e.srv.Client(t)
 	l, stop := startLoop(t, Config{Client: cli1, Name: "c1", SkewMargin: 100 * time.Millisecond})
 	waitLeader(t, l)
