@@ -58,7 +58,7 @@ func parse(args []string, stderr io.Writer) (coordinator.Config, error) {
 	fs.StringVar(&etcd, "etcd", "", "comma-separated etcd endpoints; empty starts an embedded etcd")
 	fs.StringVar(&cfg.DataDir, "data-dir", "coordinator-data", "embedded etcd data and default token file")
 	fs.StringVar(&cfg.EmbeddedEtcdAddr, "embedded-etcd-addr", "127.0.0.1:2379", "client address of the embedded etcd")
-	fs.StringVar(&cfg.GRPCAddr, "grpc-addr", ":8091", "operator gRPC API address")
+	fs.StringVar(&cfg.GRPCAddr, "grpc-addr", "127.0.0.1:8091", "operator gRPC API address (off loopback it needs -tls-cert/-tls-key or -insecure-operator-plaintext)")
 	fs.StringVar(&cfg.HTTPAddr, "http-addr", ":8090", "/metrics and /healthz address")
 	fs.StringVar(&cfg.TokenFile, "operator-token-file", "", "operator tokens, one read:TOKEN or write:TOKEN per line; created with a random write token when absent (default DATA_DIR/operator-tokens)")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "operator API TLS certificate")

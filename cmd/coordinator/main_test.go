@@ -14,7 +14,7 @@ func TestParse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.GRPCAddr != ":8091" || cfg.HTTPAddr != ":8090" || cfg.EmbeddedEtcdAddrOrDefault() != "127.0.0.1:2379" || len(cfg.EtcdEndpoints) != 0 {
+	if cfg.GRPCAddr != "127.0.0.1:8091" || cfg.HTTPAddr != ":8090" || cfg.EmbeddedEtcdAddrOrDefault() != "127.0.0.1:2379" || len(cfg.EtcdEndpoints) != 0 {
 		t.Fatalf("defaults: %+v", cfg)
 	}
 	if cfg.Rebalance.Interval != 5*time.Second || cfg.Rebalance.Protocol != rebalance.ProtocolTwoStep {

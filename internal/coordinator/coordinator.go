@@ -46,7 +46,8 @@ type Config struct {
 	// loopback port.
 	EmbeddedPeerAddr string
 	// GRPCAddr serves the operator API, health and reflection. Default
-	// :8091.
+	// 127.0.0.1:8091: loopback, because without TLS bearer tokens travel
+	// in plaintext (see checkOperatorTransport).
 	GRPCAddr string
 	// HTTPAddr serves /metrics and /healthz. Default :8090.
 	HTTPAddr string
@@ -99,7 +100,7 @@ func Start(ctx context.Context, cfg Config) (*Coordinator, error) {
 		cfg.Clock = clock.Real{}
 	}
 	if cfg.GRPCAddr == "" {
-		cfg.GRPCAddr = ":8091"
+		cfg.GRPCAddr = "127.0.0.1:8091"
 	}
 	if cfg.HTTPAddr == "" {
 		cfg.HTTPAddr = ":8090"
