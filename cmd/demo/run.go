@@ -27,6 +27,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	agree := fs.Bool("agree", false, "instead of the story, run a simulator scenario both in the simulator and live, and compare overshoot and under-admission")
 	scenario := fs.String("scenario", "", "with -agree: a built-in simulator scenario name or a scenario file (default the 30 s hot-tenant-hop); at most 60 s and 200000 requests")
 	seed := fs.Uint64("seed", 1, "with -agree: the scenario's random seed")
+	smoothing := fs.Float64("smoothing", 1, "with -agree: demand smoothing α in (0, 1] of both the simulator and the coordinator; below 1 the simulator does not yet smooth as the coordinator does (go doc ./internal/demo)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -34,7 +35,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	if *agree {
-		return runAgree(ctx, *scenario, *seed, *rebalance, *leaseTTL, *embedded, stdout)
+		if !(*smoothing > 0 && *smoothing <= 1) {
+			return fmt.Errorf("-smoothing %v, want (0, 1]", *smoothing)
+		}
+		return runAgree(ctx, *scenario, *seed, *smoothing, *rebalance, *leaseTTL, *embedded, stdout)
 	}
 	if *scenario != "" {
 		return errors.New("-scenario needs -agree")
@@ -56,7 +60,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // maxAgreeDuration bounds a live replay.
 const maxAgreeDuration = 60 * time.Second
 
-func runAgree(ctx context.Context, name string, seed uint64, rebalance, leaseTTL time.Duration, embedded bool, stdout io.Writer) error {
+func runAgree(ctx context.Context, name string, seed uint64, smoothing float64, rebalance, leaseTTL time.Duration, embedded bool, stdout io.Writer) error {
 	var sc *sim.Scenario
 	var err error
 	if name == "" {
@@ -71,7 +75,7 @@ func runAgree(ctx context.Context, name string, seed uint64, rebalance, leaseTTL
 		return fmt.Errorf("scenario %s lasts %v: a live replay is limited to %v", sc.Name, d, maxAgreeDuration)
 	}
 	fmt.Fprintf(stdout, "scenario %s, seed %d: simulating, then replaying its exact request stream live (rebalance every %v)\n", sc.Name, seed, rebalance)
-	a, err := demo.Agree(ctx, demo.AgreeConfig{Scenario: sc, Seed: seed, RebalanceInterval: rebalance, LeaseTTL: leaseTTL,
+	a, err := demo.Agree(ctx, demo.AgreeConfig{Scenario: sc, Seed: seed, Smoothing: smoothing, RebalanceInterval: rebalance, LeaseTTL: leaseTTL,
 		Embedded: embedded, Log: stdout})
 	if errors.Is(err, context.Canceled) {
 		fmt.Fprintln(stdout, "interrupted: everything the demo started is stopped")

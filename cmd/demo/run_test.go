@@ -50,6 +50,7 @@ func TestBadArgs(t *testing.T) {
 		{[]string{"-agree", "-scenario", "steady"}, "limited to 1m0s"},
 		{[]string{"-agree", "-scenario", "/no/such/file.json"}, "neither built in"},
 		{[]string{"-nope"}, "flag provided but not defined"},
+		{[]string{"-agree", "-smoothing", "0"}, "-smoothing 0"},
 	}
 	for _, c := range cases {
 		var out, errOut bytes.Buffer
