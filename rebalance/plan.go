@@ -344,7 +344,19 @@ func planPolicy(now time.Time, snap *snapshot, st *state, cfg *Config, p *policy
 	for _, r := range regions {
 		safe[r.Name] = r.Min
 	}
-	mins := func(region string) float64 { return safe[region] }
+	// mins is what a region without a share in the allocation in force
+	// enforces: its safe share there if listed, else only a minimum the
+	// policy names for it explicitly (a default minimum is granted by an
+	// allocation, never assumed). A region joining late therefore starts
+	// from mins(region), and the shrink epoch gives it no more.
+	mins := func(region string) float64 {
+		if cur != nil {
+			if v, ok := cur.Safe[region]; ok {
+				return v
+			}
+		}
+		return p.MinShare[region]
+	}
 	a := &etcdlayout.Allocation{
 		Policy:      p.Name,
 		Phase:       etcdlayout.PhaseStable,

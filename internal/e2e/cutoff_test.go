@@ -27,15 +27,16 @@ func TestCutOffRegion(t *testing.T) {
 	others := func(al etcdlayout.Allocation) float64 { return share(al, "a") + share(al, "b") }
 	othersAtCut := others(held)
 
-	// Watch c's registration from now on: its deletion is the lease expiry.
+	// Watch c's registration (its one node's) from now on: its deletion is
+	// the lease expiry.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	g, err := e.cli.Get(ctx, layout.Region("c"))
+	g, err := e.cli.Get(ctx, layout.RegionNodes("c"), clientv3.WithPrefix())
 	if err != nil || len(g.Kvs) == 0 {
 		t.Fatalf("registration of c: %v", err)
 	}
 	expired := make(chan time.Time, 1)
-	wch := e.cli.Watch(ctx, layout.Region("c"), clientv3.WithRev(g.Header.Revision+1))
+	wch := e.cli.Watch(ctx, layout.RegionNodes("c"), clientv3.WithPrefix(), clientv3.WithRev(g.Header.Revision+1))
 	go func() {
 		for wr := range wch {
 			for _, ev := range wr.Events {

@@ -454,14 +454,14 @@ func (r *region) waitReady(d time.Duration) {
 	r.e.waitFor(d, "readiness of region "+r.name, r.ready)
 }
 
-// leaseRemaining returns the region's registration lease and the seconds
+// leaseRemaining returns the lease of the region's (one) node registration and the seconds
 // etcd says it has left (rounded down by etcd).
 func (r *region) leaseRemaining() (clientv3.LeaseID, int64) {
 	t := r.e.t
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	g, err := r.e.cli.Get(ctx, layout.Region(r.name))
+	g, err := r.e.cli.Get(ctx, layout.RegionNodes(r.name), clientv3.WithPrefix())
 	if err != nil || len(g.Kvs) == 0 {
 		t.Fatalf("registration of %s: %v (found %v)", r.name, err, err == nil && len(g.Kvs) > 0)
 	}

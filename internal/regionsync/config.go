@@ -1,8 +1,12 @@
 package regionsync
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -39,6 +43,12 @@ var ErrInvalidConfig = errors.New("regionsync: invalid config")
 type Config struct {
 	// Region names this region, [A-Za-z0-9_.-]{1,64}. Required.
 	Region string
+	// Node identifies this node within its region, [A-Za-z0-9_.-]{1,64}.
+	// Every node of a region registers, reports demand and acknowledges
+	// under its own keys (regions/{region}/{node}, ...), so nodes of one
+	// region never overwrite each other. Default DefaultNodeID(): the
+	// hostname plus a random suffix, new for every Syncer.
+	Node string
 	// Addr is the node's admission address, written in the registration
 	// for operators.
 	Addr string
@@ -106,6 +116,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Logger == nil {
 		c.Logger = hclog.NewNullLogger()
 	}
+	if c.Node == "" {
+		c.Node = DefaultNodeID()
+	}
 	if c.LeaseTTL > 0 {
 		c.LeaseTTL = ((c.LeaseTTL + time.Second - 1) / time.Second) * time.Second
 	}
@@ -117,6 +130,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("%w: no etcd client", ErrInvalidConfig)
 	case !validName(c.Region):
 		return c, fmt.Errorf("%w: region %q, want [A-Za-z0-9_.-]{1,%d}", ErrInvalidConfig, c.Region, maxRegionLen)
+	case !validName(c.Node):
+		return c, fmt.Errorf("%w: node id %q, want [A-Za-z0-9_.-]{1,%d}", ErrInvalidConfig, c.Node, maxRegionLen)
 	case c.LeaseTTL < time.Second || c.LeaseTTL > time.Hour:
 		return c, fmt.Errorf("%w: lease TTL %v, want 1s to 1h", ErrInvalidConfig, c.LeaseTTL)
 	case c.ReportInterval < MinReportInterval || c.ReportInterval > MaxReportInterval:
@@ -142,6 +157,29 @@ func validName(s string) bool {
 		}
 	}
 	return true
+}
+
+// DefaultNodeID returns a node id: the hostname (characters outside
+// [A-Za-z0-9_.-] replaced by '-', at most 55 of them; "node" when the
+// hostname is unknown) plus '-' and 8 random hex digits, so that two
+// nodes on one host, or a restarted node, never share an id.
+func DefaultNodeID() string {
+	host, _ := os.Hostname()
+	host = strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '.' || r == '-' {
+			return r
+		}
+		return '-'
+	}, host)
+	if len(host) > maxRegionLen-9 {
+		host = host[:maxRegionLen-9]
+	}
+	if host == "" {
+		host = "node"
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
+	return host + "-" + hex.EncodeToString(b[:])
 }
 
 // Dial returns an etcd client for endpoints that does not wait for a

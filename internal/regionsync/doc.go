@@ -1,5 +1,5 @@
-// Package regionsync connects one region's admission nodes to etcd: it
-// holds the region's lease, follows the published allocations and answers
+// Package regionsync connects one admission node of a region to etcd: it
+// holds the node's lease, follows the published allocations and answers
 // the hot path's share lookups, acknowledges the epochs it applied, writes
 // demand reports, and hands policy documents to the server.
 //
@@ -55,8 +55,14 @@
 //
 // # Keys
 //
-// Everything follows internal/etcdlayout: regions/{region} (Registration),
-// demand/{region} (DemandReport) and acks/{region} (Ack) under the lease;
+// Everything follows internal/etcdlayout. A Syncer is one node of its
+// region (Config.Node, by default the hostname plus a random suffix) and
+// writes regions/{region}/{node} (Registration), demand/{region}/{node}
+// (DemandReport) and acks/{region}/{node} (Ack) under its own lease, so
+// the nodes of one region never overwrite each other, and one stopping
+// (its lease revoked) leaves the region registered through the others. The
+// coordinator treats the region as live while any node is registered,
+// sums their demand and grows only after every node acknowledged;
 // alloc/, policies/ and settings are watched (get, then watch from the
 // next revision; a compacted or failed watch starts over with a get).
 //

@@ -70,6 +70,9 @@ func alloc(policy string, epoch uint64, def, safe map[string]float64, over map[s
 	return etcdlayout.Allocation{Policy: policy, Epoch: epoch, Phase: etcdlayout.PhaseStable, Default: def, Safe: safe, Overrides: over}
 }
 
+// testNode is the node id start gives a Syncer that names none.
+const testNode = "n1"
+
 // start runs a Syncer for region against srv until the test ends.
 func start(t *testing.T, srv *etcdtest.Server, cfg Config) (*Syncer, context.CancelFunc) {
 	t.Helper()
@@ -80,6 +83,9 @@ func start(t *testing.T, srv *etcdtest.Server, cfg Config) (*Syncer, context.Can
 	cfg.Client = c
 	if cfg.Region == "" {
 		cfg.Region = "eu"
+	}
+	if cfg.Node == "" {
+		cfg.Node = testNode
 	}
 	s, err := New(cfg)
 	if err != nil {
@@ -114,8 +120,12 @@ func TestConfigDefaults(t *testing.T) {
 	}{
 		{name: "defaults", in: Config{Region: "eu", Client: c}, check: func(c Config) bool {
 			return c.LeaseTTL == 10*time.Second && c.ReportInterval == 5*time.Second && c.RequestTimeout == 2*time.Second &&
-				c.MaxPolicies == DefaultMaxPolicies && c.MaxOverrides == DefaultMaxOverrides && c.Clock != nil && c.Logger != nil
+				c.MaxPolicies == DefaultMaxPolicies && c.MaxOverrides == DefaultMaxOverrides && c.Clock != nil && c.Logger != nil &&
+				validName(c.Node)
 		}},
+		{name: "node id kept", in: Config{Region: "eu", Client: c, Node: "eu-1.pod_7"}, check: func(c Config) bool { return c.Node == "eu-1.pod_7" }},
+		{name: "bad node id", in: Config{Region: "eu", Client: c, Node: "a/b"}, wantErr: "node id"},
+		{name: "node id too long", in: Config{Region: "eu", Client: c, Node: strings.Repeat("n", 65)}, wantErr: "node id"},
 		{name: "ttl rounds up, timeout capped at a third", in: Config{Region: "eu", Client: c, LeaseTTL: 1500 * time.Millisecond}, check: func(c Config) bool {
 			return c.LeaseTTL == 2*time.Second && c.RequestTimeout == 2*time.Second/3
 		}},
@@ -234,7 +244,7 @@ func TestSharesAppliedAndAcked(t *testing.T) {
 	ackEpoch := func(p string) func() bool {
 		return func() bool {
 			var a etcdlayout.Ack
-			found, lease := getJSON(t, c, lay.Ack("eu"), &a)
+			found, lease := getJSON(t, c, lay.NodeAck("eu", testNode), &a)
 			return found && lease != 0 && a.Region == "eu"
 		}
 	}
@@ -242,7 +252,7 @@ func TestSharesAppliedAndAcked(t *testing.T) {
 	acked := func(epoch uint64) func() bool {
 		return func() bool {
 			var a etcdlayout.Ack
-			found, _ := getJSON(t, c, lay.Ack("eu"), &a)
+			found, _ := getJSON(t, c, lay.NodeAck("eu", testNode), &a)
 			return found && a.Epochs["exports"] == epoch
 		}
 	}
@@ -340,14 +350,14 @@ func TestDemandReportsLiveUnderTheLease(t *testing.T) {
 	waitFor(t, 5*time.Second, "never ready", s.Ready)
 
 	var reg etcdlayout.Registration
-	found, regLease := getJSON(t, c, lay.Region("eu"), &reg)
+	found, regLease := getJSON(t, c, lay.Node("eu", testNode), &reg)
 	if !found || regLease == 0 || reg.LeaseTTLSeconds != 2 || reg.Addr != "127.0.0.1:8081" {
 		t.Fatalf("registration %+v lease %x", reg, regLease)
 	}
 	var rep etcdlayout.DemandReport
 	waitFor(t, 3*time.Second, "no report with demand", func() bool {
 		rec.Record("exports", "tenant-1", 5, false, true)
-		found, lease := getJSON(t, c, lay.Demand("eu"), &rep)
+		found, lease := getJSON(t, c, lay.NodeDemand("eu", testNode), &rep)
 		return found && lease == regLease && rep.Policies["exports"].Offered > 0
 	})
 	if p := rep.Policies["exports"]; rep.Region != "eu" || rep.IntervalSeconds <= 0 || len(p.Pressured) != 1 ||
@@ -360,14 +370,14 @@ func TestDemandReportsLiveUnderTheLease(t *testing.T) {
 	if err := s.Flush(context.Background()); err != nil {
 		t.Fatalf("flush: %v", err)
 	}
-	found, _ = getJSON(t, c, lay.Demand("eu"), &rep)
+	found, _ = getJSON(t, c, lay.NodeDemand("eu", testNode), &rep)
 	if _, ok := rep.Policies["flushed"]; !found || !ok {
 		t.Fatalf("flushed report %+v", rep)
 	}
 	// Then Run returns and revokes the lease, which takes the report and
 	// the registration with it; a flush after that has no lease.
 	stop()
-	for _, key := range []string{lay.Demand("eu"), lay.Region("eu")} {
+	for _, key := range []string{lay.NodeDemand("eu", testNode), lay.Node("eu", testNode)} {
 		var v map[string]any
 		if found, _ := getJSON(t, c, key, &v); found {
 			t.Fatalf("%s outlived the revoked lease", key)
@@ -410,7 +420,7 @@ func TestSettingsAndPolicies(t *testing.T) {
 	waitFor(t, 3*time.Second, "settings' report interval not used", func() bool {
 		rec.Record("p", "s", 1, true, false)
 		var rep etcdlayout.DemandReport
-		found, _ := getJSON(t, c, lay.Demand("eu"), &rep)
+		found, _ := getJSON(t, c, lay.NodeDemand("eu", testNode), &rep)
 		return found && rep.Policies["p"].Offered > 0
 	})
 
@@ -442,7 +452,7 @@ func TestLostLeaseFallsBackAndRecovers(t *testing.T) {
 
 	t.Run("revoked lease", func(t *testing.T) {
 		var reg etcdlayout.Registration
-		_, lease := getJSON(t, c, lay.Region("eu"), &reg)
+		_, lease := getJSON(t, c, lay.Node("eu", testNode), &reg)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		if _, err := c.Revoke(ctx, clientv3.LeaseID(lease)); err != nil {
@@ -453,7 +463,7 @@ func TestLostLeaseFallsBackAndRecovers(t *testing.T) {
 		waitFor(t, ttl, "revoked lease not noticed", func() bool { return s.Losses() == 1 })
 		waitFor(t, 5*time.Second, "no recovery after revoke", func() bool {
 			var r etcdlayout.Registration
-			found, l := getJSON(t, c, lay.Region("eu"), &r)
+			found, l := getJSON(t, c, lay.Node("eu", testNode), &r)
 			return s.Ready() && found && l != lease && s.Share("p", "x") == 0.7
 		})
 	})
@@ -505,7 +515,7 @@ func TestLostLeaseFallsBackAndRecovers(t *testing.T) {
 		t.Logf("published shares %v after the restart", back)
 		var a etcdlayout.Ack
 		waitFor(t, 3*time.Second, "no ack under the new lease", func() bool {
-			found, l := getJSON(t, c, lay.Ack("eu"), &a)
+			found, l := getJSON(t, c, lay.NodeAck("eu", testNode), &a)
 			return found && l != 0 && a.Epochs["p"] == 1
 		})
 	})
@@ -542,7 +552,7 @@ func TestLeaseTTLFollowsSettings(t *testing.T) {
 			s, _ := start(t, srv, Config{LeaseTTL: tt.cfgTTL})
 			waitFor(t, 5*time.Second, "never ready", s.Ready)
 			var reg etcdlayout.Registration
-			found, lease := getJSON(t, c, lay.Region("eu"), &reg)
+			found, lease := getJSON(t, c, lay.Node("eu", testNode), &reg)
 			if !found || reg.LeaseTTLSeconds != tt.wantTTL {
 				t.Fatalf("registration %+v, want lease TTL %ds", reg, tt.wantTTL)
 			}
@@ -570,18 +580,18 @@ func TestGracefulStopRevokesTheLease(t *testing.T) {
 	waitFor(t, 5*time.Second, "never ready", s.Ready)
 	waitFor(t, 3*time.Second, "no ack", func() bool {
 		var a etcdlayout.Ack
-		found, _ := getJSON(t, c, lay.Ack("eu"), &a)
+		found, _ := getJSON(t, c, lay.NodeAck("eu", testNode), &a)
 		return found && a.Epochs["p"] == 1
 	})
 	var reg etcdlayout.Registration
-	_, lease := getJSON(t, c, lay.Region("eu"), &reg)
+	_, lease := getJSON(t, c, lay.Node("eu", testNode), &reg)
 	stop()
 	// Safe share first, then no lease: nothing of the region is left in
 	// etcd although its TTL (30 s) is far from over.
 	if got := s.Share("p", "x"); got != 0.2 || !s.Lost() {
 		t.Fatalf("after Run returned: share %v lost %v, want the safe share 0.2", got, s.Lost())
 	}
-	for _, key := range []string{lay.Region("eu"), lay.Ack("eu")} {
+	for _, key := range []string{lay.Node("eu", testNode), lay.NodeAck("eu", testNode)} {
 		var v map[string]any
 		if found, _ := getJSON(t, c, key, &v); found {
 			t.Fatalf("%s still there after a graceful stop", key)
@@ -607,7 +617,7 @@ func TestAckWaitsForPinnedChecks(t *testing.T) {
 	acked := func(epoch uint64) func() bool {
 		return func() bool {
 			var a etcdlayout.Ack
-			found, _ := getJSON(t, c, lay.Ack("eu"), &a)
+			found, _ := getJSON(t, c, lay.NodeAck("eu", testNode), &a)
 			return found && a.Epochs["p"] == epoch
 		}
 	}

@@ -78,7 +78,7 @@ func New(cfg Config) (*Syncer, error) {
 	s := &Syncer{
 		cfg:        cfg,
 		followTTL:  followTTL,
-		log:        cfg.Logger.Named("regionsync").With("region", cfg.Region),
+		log:        cfg.Logger.Named("regionsync").With("region", cfg.Region, "node", cfg.Node),
 		lost:       true,
 		allocs:     map[string]*policyShares{},
 		ackCh:      make(chan struct{}, 1),
@@ -89,6 +89,9 @@ func New(cfg Config) (*Syncer, error) {
 	s.tab.Store(build(true, s.allocs))
 	return s, nil
 }
+
+// Node returns this node's id within its region.
+func (s *Syncer) Node() string { return s.cfg.Node }
 
 // leaseTTL is the TTL of the current lease.
 func (s *Syncer) leaseTTL() time.Duration { return time.Duration(s.ttl.Load()) }
@@ -333,13 +336,13 @@ func (s *Syncer) establish(ctx context.Context) (clientv3.LeaseID, error) {
 		return 0, fmt.Errorf("grant lease: %w", err)
 	}
 	reg, err := json.Marshal(etcdlayout.Registration{
-		Region: s.cfg.Region, Addr: s.cfg.Addr,
+		Region: s.cfg.Region, Node: s.cfg.Node, Addr: s.cfg.Addr,
 		LeaseTTLSeconds: int64(ttl / time.Second), StartedAt: sent,
 	})
 	if err != nil {
 		return 0, fmt.Errorf("encode registration: %w", err)
 	}
-	if _, err := s.cfg.Client.Put(cctx, s.cfg.Layout.Region(s.cfg.Region), string(reg), clientv3.WithLease(lr.ID)); err != nil {
+	if _, err := s.cfg.Client.Put(cctx, s.cfg.Layout.Node(s.cfg.Region, s.cfg.Node), string(reg), clientv3.WithLease(lr.ID)); err != nil {
 		return 0, fmt.Errorf("register under lease %x: %w", lr.ID, err)
 	}
 	s.lastOK.Store(sent.UnixNano())

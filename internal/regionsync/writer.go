@@ -40,7 +40,8 @@ func (s *Syncer) ackLoop(ctx context.Context) {
 			}
 			continue
 		}
-		err := s.putLeased(ctx, id, s.cfg.Layout.Ack(s.cfg.Region), etcdlayout.Ack{Region: s.cfg.Region, Epochs: t.epochs, At: s.now()})
+		err := s.putLeased(ctx, id, s.cfg.Layout.NodeAck(s.cfg.Region, s.cfg.Node),
+			etcdlayout.Ack{Region: s.cfg.Region, Node: s.cfg.Node, Epochs: t.epochs, At: s.now()})
 		if err != nil {
 			if ctx.Err() == nil {
 				s.log.Warn("acknowledgement failed; retrying", "error", err)
@@ -92,11 +93,12 @@ func (s *Syncer) report(ctx context.Context) error {
 	s.reportMu.Lock()
 	defer s.reportMu.Unlock()
 	rep := s.cfg.Recorder.Report(s.cfg.Region, s.now())
+	rep.Node = s.cfg.Node
 	id := clientv3.LeaseID(s.lease.Load())
 	if id == 0 {
 		return fmt.Errorf("demand report of %d policies dropped: %w", len(rep.Policies), ErrNoLease)
 	}
-	return s.putLeased(ctx, id, s.cfg.Layout.Demand(s.cfg.Region), rep)
+	return s.putLeased(ctx, id, s.cfg.Layout.NodeDemand(s.cfg.Region, s.cfg.Node), rep)
 }
 
 // putLeased writes v as JSON at key under lease id. A "lease not found"

@@ -1,0 +1,62 @@
+package regionsync
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/quotacoord/quota/internal/etcdlayout"
+	"github.com/quotacoord/quota/internal/etcdtest"
+)
+
+func TestDefaultNodeID(t *testing.T) {
+	a, b := DefaultNodeID(), DefaultNodeID()
+	if !validName(a) || !validName(b) {
+		t.Fatalf("invalid default node ids %q, %q", a, b)
+	}
+	if a == b {
+		t.Fatalf("two default node ids are equal: %q", a)
+	}
+}
+
+// TestTwoNodesOfOneRegion: two nodes of region eu register, acknowledge
+// and report under their own keys; when one stops gracefully, its keys go
+// and the other's registration stays, so the region stays live.
+func TestTwoNodesOfOneRegion(t *testing.T) {
+	srv := etcdtest.Start(t)
+	c := srv.Client(t)
+	putJSON(t, c, lay.Alloc("p"), alloc("p", 1, map[string]float64{"eu": 0.5}, map[string]float64{"eu": 0.1}, nil))
+	s1, _ := start(t, srv, Config{Node: "n1", LeaseTTL: 3 * time.Second})
+	s2, stop2 := start(t, srv, Config{Node: "n2", LeaseTTL: 3 * time.Second})
+	if s1.Node() != "n1" || s2.Node() != "n2" {
+		t.Fatalf("nodes %q, %q", s1.Node(), s2.Node())
+	}
+	for _, n := range []string{"n1", "n2"} {
+		waitFor(t, 5*time.Second, "node "+n+" to register and acknowledge epoch 1", func() bool {
+			var reg etcdlayout.Registration
+			var a etcdlayout.Ack
+			okReg, _ := getJSON(t, c, lay.Node("eu", n), &reg)
+			okAck, _ := getJSON(t, c, lay.NodeAck("eu", n), &a)
+			return okReg && reg.Node == n && reg.Region == "eu" && okAck && a.Node == n && a.Epochs["p"] == 1
+		})
+	}
+	stop2()
+	waitFor(t, 5*time.Second, "n2's keys to go", func() bool {
+		found, _ := getJSON(t, c, lay.Node("eu", "n2"), &etcdlayout.Registration{})
+		return !found
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := c.Get(ctx, lay.RegionNodes("eu"), clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Kvs) != 1 || string(resp.Kvs[0].Key) != lay.Node("eu", "n1") {
+		t.Fatalf("after n2 stopped, registrations of eu: %v", resp.Kvs)
+	}
+	if !s1.Ready() || s1.Share("p", "x") != 0.5 {
+		t.Fatalf("n1 lost its share when n2 stopped: ready %v share %v", s1.Ready(), s1.Share("p", "x"))
+	}
+}
