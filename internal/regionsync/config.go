@@ -57,7 +57,7 @@ type Config struct {
 	Client *clientv3.Client
 	// Layout places the keys; the zero value uses etcdlayout.DefaultPrefix.
 	Layout etcdlayout.Layout
-	// LeaseTTL is the TTL of the region's lease, rounded up to whole
+	// LeaseTTL is the TTL of this node's lease, rounded up to whole
 	// seconds. Zero follows the coordinator: each new lease takes the
 	// TTL published in etcd's settings (Settings.LeaseTTLSeconds, read
 	// just before the grant), or 10 s when none is published.

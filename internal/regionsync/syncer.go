@@ -233,10 +233,12 @@ func (s *Syncer) publishLocked() {
 // acknowledgements and demand reports, each on a goroutine Run starts and
 // waits for. It returns nil once ctx is done, or ErrRunning when called a
 // second time. On return every share is the safe share and the lease is
-// revoked (best effort, within the request timeout), which deletes the
-// registration, acknowledgements and demand report at once: a region that
-// stops gracefully frees its share without making the coordinator wait
-// for the lease TTL. Call Flush for a last demand report before cancelling
+// revoked (best effort, within the request timeout), which deletes this
+// node's registration, acknowledgement and demand report at once: the last
+// node of a region to stop gracefully frees the region's share without
+// making the coordinator wait for the lease TTL, and any other node no
+// longer holds back the region's acknowledgements (the coordinator still
+// waits the skew margin after seeing it go). Call Flush for a last demand report before cancelling
 // ctx; after Run returns there is no lease to write under.
 func (s *Syncer) Run(ctx context.Context) error {
 	if !s.running.CompareAndSwap(false, true) {
