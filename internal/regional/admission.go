@@ -33,12 +33,16 @@ type check struct {
 }
 
 // Check implements quotav1.AdmissionServer.
+// The check pins the shares at its start and releases them on return,
+// whatever path it takes.
 func (a *admission) Check(ctx context.Context, req *quotav1.CheckRequest) (*quotav1.CheckResponse, error) {
+	shares := a.n.beginShares()
+	defer shares.end()
 	set := a.n.set.Load()
 	if set == nil {
 		return nil, status.Error(codes.Unavailable, "policies are not loaded yet")
 	}
-	c, err := a.n.prepareCheck(set, req)
+	c, err := a.n.prepareCheck(set, req, &shares)
 	if err != nil {
 		return nil, err
 	}
@@ -46,8 +50,11 @@ func (a *admission) Check(ctx context.Context, req *quotav1.CheckRequest) (*quot
 }
 
 // CheckBatch implements quotav1.AdmissionServer: every entry is validated
-// before any is decided, so a bad entry charges nothing.
+// before any is decided, so a bad entry charges nothing. The whole batch
+// reads its shares through one pin, released on return.
 func (a *admission) CheckBatch(ctx context.Context, req *quotav1.CheckBatchRequest) (*quotav1.CheckBatchResponse, error) {
+	shares := a.n.beginShares()
+	defer shares.end()
 	set := a.n.set.Load()
 	if set == nil {
 		return nil, status.Error(codes.Unavailable, "policies are not loaded yet")
@@ -57,7 +64,7 @@ func (a *admission) CheckBatch(ctx context.Context, req *quotav1.CheckBatchReque
 	}
 	checks := make([]*check, len(req.GetChecks()))
 	for i, cr := range req.GetChecks() {
-		c, err := a.n.prepareCheck(set, cr)
+		c, err := a.n.prepareCheck(set, cr, &shares)
 		if err != nil {
 			st := status.Convert(err)
 			return nil, status.Errorf(st.Code(), "check %d: %s", i, st.Message())
@@ -76,8 +83,9 @@ func (a *admission) CheckBatch(ctx context.Context, req *quotav1.CheckBatchReque
 	return resp, nil
 }
 
-// prepareCheck validates req against set. Errors are gRPC statuses.
-func (n *Node) prepareCheck(set *policy.Set, req *quotav1.CheckRequest) (*check, error) {
+// prepareCheck validates req against set, reading shares through the
+// check's pin. Errors are gRPC statuses.
+func (n *Node) prepareCheck(set *policy.Set, req *quotav1.CheckRequest, shares *sharePin) (*check, error) {
 	if req == nil {
 		return nil, status.Error(codes.InvalidArgument, "empty request")
 	}
@@ -146,7 +154,7 @@ func (n *Node) prepareCheck(set *policy.Set, req *quotav1.CheckRequest) (*check,
 	c.subject = subject
 	c.items = make([]item, 0, len(pols))
 	for _, p := range pols {
-		it, err := n.policyItem(p, subject, cost)
+		it, err := n.policyItem(p, subject, cost, shares)
 		if err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "policy %q: %v", p.Name, err)
 		}
@@ -158,8 +166,9 @@ func (n *Node) prepareCheck(set *policy.Set, req *quotav1.CheckRequest) (*check,
 	return c, nil
 }
 
-// policyItem builds the bucket request of policy p for subject.
-func (n *Node) policyItem(p *policy.Policy, subject string, cost int64) (item, error) {
+// policyItem builds the bucket request of policy p for subject at the
+// share the check's pin reads.
+func (n *Node) policyItem(p *policy.Policy, subject string, cost int64, shares *sharePin) (item, error) {
 	it := item{label: p.Name, pol: p, subject: subject, mode: p.FailureMode, scale: p.LocalScale,
 		shadow: p.Shadow, unlimited: p.Unlimited}
 	if it.scale <= 0 || it.scale > 1 {
@@ -172,7 +181,7 @@ func (n *Node) policyItem(p *policy.Policy, subject string, cost int64) (item, e
 	if err != nil {
 		return item{}, err
 	}
-	share := n.cfg.Shares.Share(p.Name, subject)
+	share := shares.share(p.Name, subject)
 	switch {
 	case math.IsNaN(share) || share < 0:
 		share = 0

@@ -15,6 +15,16 @@
 // never deny. Every decided policy is counted in Prometheus and reported to
 // the DemandSink.
 //
+// A check reads all its shares from one view: when the ShareSource is a
+// PinnedShareSource (internal/regionsync), each check, each batch and each
+// Envoy request takes one pin at its start and ends it on return, on every
+// path (decision, bad input, store timeout, degraded mode, caller gone,
+// replay). The region acknowledges an epoch only after every check pinned
+// to an older one ended, so the coordinator never grows another region's
+// share while a check here may still take tokens at a share this region
+// gave up (rule 2 of docs/rebalance.md). Pins cost two atomic additions and
+// no allocation.
+//
 // Subjects never carry raw untrusted values into Redis keys. On the own
 // API a subject is hashed (salted with Config.SubjectSalt) when the request
 // sets hash_subject or the policy's hash_subject holds (the default for

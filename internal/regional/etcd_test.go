@@ -62,11 +62,12 @@ func TestMainWithEtcd(t *testing.T) {
 	if err != nil || !r.Allowed || r.Limit != 10 || r.Policies[0].Share != 0.2 {
 		t.Fatalf("check: %v, %v", r, err)
 	}
-	// The last report is written on shutdown, just before the region's
-	// lease is revoked (which deletes it): watch for the write.
+	// The last report is written on shutdown, just before the node's
+	// lease is revoked (which deletes it): watch for the write, under the
+	// region's key or under the node's own key below it.
 	wctx, wcancel := context.WithCancel(context.Background())
 	defer wcancel()
-	watch := cli.Watch(wctx, l.Demand("eu-west"), clientv3.WithRev(r0(t, cli)+1))
+	watch := cli.Watch(wctx, l.Demand("eu-west"), clientv3.WithPrefix(), clientv3.WithRev(r0(t, cli)+1))
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}

@@ -33,7 +33,9 @@ func FuzzCheckRequest(f *testing.F) {
 				req.Policies = append(req.Policies, p)
 			}
 		}
-		c, err := n.prepareCheck(set, req)
+		shares := n.beginShares()
+		defer shares.end()
+		c, err := n.prepareCheck(set, req, &shares)
 		if err != nil {
 			if _, ok := status.FromError(err); !ok {
 				t.Fatalf("error without a status: %v", err)
@@ -69,7 +71,9 @@ func FuzzEnvoyRequest(f *testing.F) {
 			d1.Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: rpu, Unit: typev3.RateLimitUnit(unit)}
 		}
 		req := &rlsv3.RateLimitRequest{Domain: domain, HitsAddend: hits, Descriptors: []*rlcommon.RateLimitDescriptor{d1, d2}}
-		ec, err := n.prepareEnvoy(set, req)
+		shares := n.beginShares()
+		defer shares.end()
+		ec, err := n.prepareEnvoy(set, req, &shares)
 		if err != nil {
 			if _, ok := status.FromError(err); !ok {
 				t.Fatalf("error without a status: %v", err)

@@ -26,8 +26,11 @@ var errBreakerOpen = errors.New("regional: store circuit breaker open")
 // policies with SetPolicies, and serve it with Register (gRPC) and Handler
 // (HTTP). A Node is safe for concurrent use.
 type Node struct {
-	cfg    Config
-	set    atomic.Pointer[policy.Set]
+	cfg Config
+	set atomic.Pointer[policy.Set]
+	// pins is Config.Shares when it pins (nil otherwise): asserted once
+	// here so that a check pays no interface assertion.
+	pins   PinnedShareSource
 	brk    *breaker
 	neg    *negativeCache
 	replay *replayCache
@@ -67,6 +70,9 @@ func New(cfg Config) (*Node, error) {
 		envoySubj: policy.EnvoySubjects{Salt: cfg.SubjectSalt, PlainKeys: cfg.EnvoyPlainKeys},
 	}
 	n.takeLatency = m.storeLatency.WithLabelValues("take_all")
+	if ps, ok := cfg.Shares.(PinnedShareSource); ok {
+		n.pins = ps
+	}
 	return n, nil
 }
 

@@ -34,13 +34,17 @@ type envoyCheck struct {
 }
 
 // ShouldRateLimit implements the Envoy rate limit service with Envoy's
-// semantics; see the package documentation.
+// semantics; see the package documentation. The request pins the shares at
+// its start and releases them on return (after its refunds), whatever path
+// it takes.
 func (r *rls) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	shares := r.n.beginShares()
+	defer shares.end()
 	set := r.n.set.Load()
 	if set == nil {
 		return nil, status.Error(codes.Unavailable, "policies are not loaded yet")
 	}
-	ec, err := r.n.prepareEnvoy(set, req)
+	ec, err := r.n.prepareEnvoy(set, req, &shares)
 	if err != nil {
 		return nil, err
 	}
@@ -110,9 +114,9 @@ func (r *rls) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) 
 	return resp, nil
 }
 
-// prepareEnvoy validates req and maps each descriptor to a bucket item.
-// Errors are gRPC statuses.
-func (n *Node) prepareEnvoy(set *policy.Set, req *rlsv3.RateLimitRequest) (*envoyCheck, error) {
+// prepareEnvoy validates req and maps each descriptor to a bucket item at
+// the share the request's pin reads. Errors are gRPC statuses.
+func (n *Node) prepareEnvoy(set *policy.Set, req *rlsv3.RateLimitRequest, shares *sharePin) (*envoyCheck, error) {
 	if req == nil {
 		return nil, status.Error(codes.InvalidArgument, "empty request")
 	}
@@ -159,7 +163,7 @@ func (n *Node) prepareEnvoy(set *policy.Set, req *rlsv3.RateLimitRequest) (*envo
 		case m.Unlimited:
 			it = item{label: m.Policy.Name, pol: m.Policy, unlimited: true}
 		default:
-			it, err = n.policyItem(m.Policy, m.Subject, int64(cost))
+			it, err = n.policyItem(m.Policy, m.Subject, int64(cost), shares)
 			if err != nil {
 				return nil, status.Errorf(codes.InvalidArgument, "descriptor %d: %v", i, err)
 			}

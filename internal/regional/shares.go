@@ -1,5 +1,7 @@
 package regional
 
+import "github.com/quotacoord/quota/internal/regionsync"
+
 // ShareSource tells the share of a policy's global budget this region may
 // enforce for a subject. internal/regionsync implements it from etcd;
 // Standalone is the single-region answer.
@@ -12,8 +14,24 @@ type ShareSource interface {
 	Ready() bool
 }
 
+// PinnedShareSource is a ShareSource whose checks can pin the shares they
+// read: internal/regionsync's Syncer, which acknowledges an epoch only once
+// every check pinned to an older table has ended (rule 2 of
+// docs/rebalance.md, "a region acknowledges an epoch only once every check
+// uses it"). When Config.Shares implements it, every check (own API, each
+// batch, each Envoy request) calls Begin once at its start, reads all its
+// shares through the Pin, and calls End exactly once when its last bucket
+// call returned, on every path: decision, validation error, store error or
+// timeout, cancelled caller, replayed answer. Begin, Pin.Share and Pin.End
+// must be allocation-free and safe for concurrent use.
+type PinnedShareSource interface {
+	ShareSource
+	Begin() regionsync.Pin
+}
+
 // Standalone is the ShareSource of a node without a coordinator: every
-// share is 1 and it is always ready. Its zero value is ready to use.
+// share is 1 and it is always ready. Its zero value is ready to use. It
+// has no pins: its shares never change.
 type Standalone struct{}
 
 // Share returns 1.
@@ -21,6 +39,40 @@ func (Standalone) Share(policy, subject string) float64 { return 1 }
 
 // Ready returns true.
 func (Standalone) Ready() bool { return true }
+
+// sharePin is one check's view of the shares: a regionsync.Pin when the
+// source pins, else the source itself. It lives on the check's stack; end
+// is idempotent so that a deferred end after an explicit one is harmless.
+type sharePin struct {
+	src    ShareSource
+	pin    regionsync.Pin
+	pinned bool
+}
+
+// beginShares starts one check's view of the shares. The caller must call
+// end (defer it right away).
+func (n *Node) beginShares() sharePin {
+	if n.pins != nil {
+		return sharePin{pin: n.pins.Begin(), pinned: true}
+	}
+	return sharePin{src: n.cfg.Shares}
+}
+
+// share is the share of policy for subject as this check sees it.
+func (p *sharePin) share(policy, subject string) float64 {
+	if p.pinned {
+		return p.pin.Share(policy, subject)
+	}
+	return p.src.Share(policy, subject)
+}
+
+// end releases the pin, once.
+func (p *sharePin) end() {
+	if p.pinned {
+		p.pinned = false
+		p.pin.End()
+	}
+}
 
 // DemandSink receives one record per decided policy of a check: the cost
 // offered, whether it was admitted, and whether the subject is pressured
