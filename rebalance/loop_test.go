@@ -243,7 +243,7 @@ func TestDemandMovesSharesWithinFiveRounds(t *testing.T) {
 func TestGrowthWaitsForEveryAck(t *testing.T) {
 	e := newEnv(t, "a", "b", "c")
 	ctx := context.Background()
-	l, _ := startLoop(t, Config{Client: e.cli, Name: "c1"})
+	l, _ := startLoop(t, Config{Client: e.cli, Name: "c1", SkewMargin: 200 * time.Millisecond})
 	waitLeader(t, l)
 	e.demand(t, map[string]float64{"a": 5, "b": 5, "c": 5})
 	first := roundStable(t, e, l)
@@ -404,9 +404,9 @@ func TestNewLeaderFinishesPendingShrink(t *testing.T) {
 	e := newEnv(t, "a", "b", "c")
 	ctx := context.Background()
 	cli1 := e.srv.Client(t)
-	l1, stop1 := startLoop(t, Config{Client: cli1, Name: "c1"})
+	l1, stop1 := startLoop(t, Config{Client: cli1, Name: "c1", SkewMargin: 200 * time.Millisecond})
 	waitLeader(t, l1)
-	l2, _ := startLoop(t, Config{Client: e.cli, Name: "c2"})
+	l2, _ := startLoop(t, Config{Client: e.cli, Name: "c2", SkewMargin: 200 * time.Millisecond})
 	e.demand(t, map[string]float64{"a": 5, "b": 5, "c": 5})
 	roundStable(t, e, l1)
 	for _, r := range e.regions {

@@ -76,7 +76,7 @@ func TestGrowthWaitsForEveryNode(t *testing.T) {
 	e := newEnv(t, "a", "b", "c")
 	ctx := context.Background()
 	a2 := addNode(t, e, "a", "node-1", 5)
-	l, _ := startLoop(t, Config{Client: e.cli, Name: "c1"})
+	l, _ := startLoop(t, Config{Client: e.cli, Name: "c1", SkewMargin: 200 * time.Millisecond})
 	waitLeader(t, l)
 	first := roundStable(t, e, l)
 	ackAll(t, e.regions["a"], e.regions["b"], e.regions["c"], a2)
@@ -161,5 +161,68 @@ func TestSumDemand(t *testing.T) {
 	}
 	if q := got.Policies["q"]; q.Offered != 1 {
 		t.Errorf("q = %+v", q)
+	}
+}
+
+// TestAckWaitNodes is the step table of ackWait for regions of several
+// nodes: every registered node must acknowledge; a node that vanished, or
+// a leadership change, holds growth for the skew margin.
+func TestAckWaitNodes(t *testing.T) {
+	cfg := Config{SkewMargin: 2 * time.Second}
+	now := time.Unix(1_700_000_000, 0)
+	cur := &etcdlayout.Allocation{Policy: "p", Epoch: 5, Phase: etcdlayout.PhaseShrink,
+		Default: map[string]float64{"a": 0.4, "b": 0.4}}
+	ack := func(e uint64) etcdlayout.Ack { return etcdlayout.Ack{Epochs: map[string]uint64{"p": e}} }
+	reg := etcdlayout.Registration{}
+	twoNodes := map[string]map[string]etcdlayout.Registration{"a": {"1": reg, "2": reg}, "b": {"1": reg}}
+	cases := []struct {
+		name  string
+		live  map[string]map[string]etcdlayout.Registration
+		acks  map[string]map[string]etcdlayout.Ack
+		setup func(st *state)
+		wait  bool
+	}{
+		{"every node acked", twoNodes, map[string]map[string]etcdlayout.Ack{"a": {"1": ack(5), "2": ack(6)}, "b": {"1": ack(5)}}, nil, false},
+		{"one node of a behind", twoNodes, map[string]map[string]etcdlayout.Ack{"a": {"1": ack(5), "2": ack(4)}, "b": {"1": ack(5)}}, nil, true},
+		{"one node of a without an ack", twoNodes, map[string]map[string]etcdlayout.Ack{"a": {"1": ack(5)}, "b": {"1": ack(5)}}, nil, true},
+		{"an ack of a node no longer registered does not count", map[string]map[string]etcdlayout.Registration{"a": {"2": reg}, "b": {"1": reg}},
+			map[string]map[string]etcdlayout.Ack{"a": {"1": ack(5)}, "b": {"1": ack(5)}}, nil, true},
+		{"a node of a vanished 1s ago", twoNodes, map[string]map[string]etcdlayout.Ack{"a": {"1": ack(5), "2": ack(5)}, "b": {"1": ack(5)}},
+			func(st *state) { st.nodeGone["a"] = now.Add(-time.Second) }, true},
+		{"a node of a vanished 3s ago", twoNodes, map[string]map[string]etcdlayout.Ack{"a": {"1": ack(5), "2": ack(5)}, "b": {"1": ack(5)}},
+			func(st *state) { st.nodeGone["a"] = now.Add(-3 * time.Second) }, false},
+		{"leading for 1s", twoNodes, map[string]map[string]etcdlayout.Ack{"a": {"1": ack(5), "2": ack(5)}, "b": {"1": ack(5)}},
+			func(st *state) { st.leadSince = now.Add(-time.Second) }, true},
+		{"leading for 3s", twoNodes, map[string]map[string]etcdlayout.Ack{"a": {"1": ack(5), "2": ack(5)}, "b": {"1": ack(5)}},
+			func(st *state) { st.leadSince = now.Add(-3 * time.Second) }, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			st := newState()
+			if c.setup != nil {
+				c.setup(st)
+			}
+			snap := &snapshot{live: c.live, acks: c.acks}
+			why := ackWait(now, snap, st, &cfg, cur)
+			if (why != "") != c.wait {
+				t.Fatalf("ackWait = %q, want waiting %v", why, c.wait)
+			}
+		})
+	}
+}
+
+// TestTrackMissingNodes: a node that drops out of the registrations
+// between two snapshots is noted as gone for its region.
+func TestTrackMissingNodes(t *testing.T) {
+	st := newState()
+	reg := etcdlayout.Registration{}
+	t0 := time.Unix(1_700_000_000, 0)
+	st.trackMissing(t0, &snapshot{live: map[string]map[string]etcdlayout.Registration{"a": {"1": reg, "2": reg}}})
+	if len(st.nodeGone) != 0 {
+		t.Fatalf("nothing vanished yet: %v", st.nodeGone)
+	}
+	st.trackMissing(t0.Add(time.Second), &snapshot{live: map[string]map[string]etcdlayout.Registration{"a": {"1": reg}}})
+	if got, ok := st.nodeGone["a"]; !ok || !got.Equal(t0.Add(time.Second)) {
+		t.Fatalf("node a/2 vanished at +1s: %v", st.nodeGone)
 	}
 }
