@@ -90,13 +90,12 @@ func (n *Node) prepareCheck(set *policy.Set, req *quotav1.CheckRequest, shares *
 		return nil, status.Error(codes.InvalidArgument, "empty request")
 	}
 	subject := req.GetSubject()
+	// The subject is hashed when the request or any named policy says so
+	// (api_key, ip and email subjects by default): it is validated once the
+	// policies are known, as a raw identity or as a plain subject.
 	hash := req.GetHashSubject()
-	if hash {
-		if len(subject) == 0 || len(subject) > MaxRawSubjectLen {
-			return nil, status.Errorf(codes.InvalidArgument, "subject to hash has %d bytes, want 1 to %d", len(subject), MaxRawSubjectLen)
-		}
-	} else if err := bucket.ValidateSubject(subject); err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "subject: %v (set hash_subject for raw identities)", err)
+	if len(subject) == 0 || len(subject) > MaxRawSubjectLen {
+		return nil, status.Errorf(codes.InvalidArgument, "subject has %d bytes, want 1 to %d", len(subject), MaxRawSubjectLen)
 	}
 	names := req.GetPolicies()
 	if len(names) == 0 || len(names) > MaxPolicies {
@@ -150,6 +149,8 @@ func (n *Node) prepareCheck(set *policy.Set, req *quotav1.CheckRequest, shares *
 	}
 	if hash {
 		subject = bucket.HashSubject(n.cfg.SubjectSalt, subject)
+	} else if err := bucket.ValidateSubject(subject); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "subject: %v (set hash_subject for raw identities)", err)
 	}
 	c.subject = subject
 	c.items = make([]item, 0, len(pols))

@@ -166,3 +166,48 @@ func TestIdempotentReplay(t *testing.T) {
 		t.Fatal("replayed after the TTL")
 	}
 }
+
+// TestPolicyHashesRawSubjects: a policy whose subjects are untrusted (api_key,
+// ip, email: hash_subject by default) takes a raw identity without the
+// request's hash_subject, and only its hash reaches the store; a policy
+// with plain subjects still rejects it, alone or beside a hashing one.
+func TestPolicyHashesRawSubjects(t *testing.T) {
+	h := startNode(t, Config{}, map[string]string{"own.yaml": `policies:
+  - {name: per-ip, subject: ip, capacity: 5, rate: 5/second}
+  - {name: per-email, subject: email, capacity: 5, rate: 5/second}
+  - {name: plain, capacity: 5, rate: 5/second}
+`})
+	tests := []struct {
+		subject  string
+		policies []string
+		code     codes.Code
+	}{
+		{"203.0.113.77", []string{"per-ip"}, codes.OK},
+		{"2001:db8::1", []string{"per-ip"}, codes.OK},
+		{"alice@example.com", []string{"per-email"}, codes.OK},
+		{"203.0.113.77", []string{"plain"}, codes.InvalidArgument},
+		// One hashing policy hashes the subject for every policy of the check.
+		{"203.0.113.78", []string{"plain", "per-ip"}, codes.OK},
+		{strings.Repeat("1", MaxRawSubjectLen+1), []string{"per-ip"}, codes.InvalidArgument},
+		{"", []string{"per-ip"}, codes.InvalidArgument},
+	}
+	for _, tt := range tests {
+		r, err := h.adm.Check(ctxT(t), &quotav1.CheckRequest{Subject: tt.subject, Policies: tt.policies})
+		if status.Code(err) != tt.code {
+			t.Fatalf("%q %v: %v, %v; want %v", tt.subject, tt.policies, r, err, tt.code)
+		}
+		if err == nil && !r.Allowed {
+			t.Fatalf("%q %v: denied %v", tt.subject, tt.policies, r)
+		}
+	}
+	for _, k := range h.store.seen() {
+		for _, raw := range []string{"203", "2001", "alice", "example"} {
+			if strings.Contains(k.String(), raw) {
+				t.Fatalf("raw subject %q in key %s", raw, k)
+			}
+		}
+	}
+	if len(h.store.seen()) == 0 {
+		t.Fatal("no store call: the key check proves nothing")
+	}
+}
