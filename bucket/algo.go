@@ -61,23 +61,7 @@ func decideTB(p *params, op byte, st *state, exists bool, now, ttl float64, char
 	if ts > t {
 		t = ts
 	}
-	if tokens >= lim {
-		ts = t
-	} else if rate > 0 {
-		added := math.Floor(float64((t - ts) * rate))
-		if tokens+added >= lim {
-			tokens = lim
-			ts = t
-		} else if added > 0 {
-			tokens += added
-			adv := ts + math.Ceil(added/rate)
-			if adv < t {
-				ts = adv
-			} else {
-				ts = t
-			}
-		}
-	}
+	tokens, ts = tbRefill(lim, rate, tokens, ts, t)
 	o := outcome{ok: true}
 	wr := clamped
 	if op == opRefund {
@@ -134,6 +118,31 @@ func decideTB(p *params, op byte, st *state, exists bool, now, ttl float64, char
 		o.next = state{a: ts, b: tokens}
 	}
 	return o
+}
+
+// tbRefill is the token bucket's refill at t (the later of now and the
+// stored ts) from tokens stored at ts: whole units only, the remainder
+// carried in the returned ts. The same expressions as the scripts'.
+func tbRefill(lim, rate, tokens, ts, t float64) (float64, float64) {
+	if tokens >= lim {
+		return tokens, t
+	}
+	if rate > 0 {
+		added := math.Floor(float64((t - ts) * rate))
+		if tokens+added >= lim {
+			return lim, t
+		}
+		if added > 0 {
+			tokens += added
+			adv := ts + math.Ceil(added/rate)
+			if adv < t {
+				ts = adv
+			} else {
+				ts = t
+			}
+		}
+	}
+	return tokens, ts
 }
 
 func decideFW(p *params, op byte, st *state, exists bool, now float64, charge bool) outcome {

@@ -286,15 +286,63 @@ func (m *Memory) TakeAllAt(now time.Time, reqs []Request) ([]Decision, error) {
 			}
 		}
 	}
+	var outs [MaxTakeAll]outcome
+	var lws [MaxTakeAll]int64
+	var fresh [MaxTakeAll]bool // the write may need a new entry: room reserved
+	reserved := int64(0)
+	for i := range reqs {
+		outs[i], lws[i] = sts[i].step(&ps[i], opTake, us, charge)
+		if outs[i].w != writeSet {
+			continue
+		}
+		// Reserve room for every bucket the writes may create before
+		// writing any, so that ErrMemoryFull leaves every bucket as it was.
+		// An expired entry counts as new: reserve may sweep it away.
+		sh := &m.shards[shardIdx[i]]
+		if e := sh.find(&reqs[i].Key); e != nil && e.st.live(us) {
+			continue
+		}
+		if err := m.reserve(sh, us); err != nil {
+			m.live.Add(-reserved)
+			return nil, fmt.Errorf("take all, request %d: %w", i, err)
+		}
+		fresh[i] = true
+		reserved++
+	}
 	out := make([]Decision, len(reqs))
 	for i := range reqs {
-		o, lw := sts[i].step(&ps[i], opTake, us, charge)
-		if err := m.apply(&m.shards[shardIdx[i]], &reqs[i].Key, &ps[i], &o, lw, us); err != nil {
-			return nil, err
-		}
-		out[i] = decision(o.ok && charge, ps[i].lim, o.rem, o.retry, o.reset)
+		m.write(&m.shards[shardIdx[i]], &reqs[i].Key, &ps[i], &outs[i], lws[i], us, fresh[i])
+		out[i] = decision(outs[i].ok && charge, ps[i].lim, outs[i].rem, outs[i].retry, outs[i].reset)
 	}
 	return out, nil
+}
+
+// write stores o for k as apply does, with the room for a new entry already
+// counted when reserved (and given back when the entry turns out to exist).
+func (m *Memory) write(sh *memShard, k *Key, p *params, o *outcome, lastWrite, us int64, reserved bool) {
+	switch o.w {
+	case writeSet:
+		if e := sh.find(k); e != nil {
+			e.st.commit(p, o, lastWrite, us)
+			if reserved {
+				m.live.Add(-1)
+			}
+			return
+		}
+		if !reserved {
+			// TakeAllAt reserved for every entry absent or expired; a live
+			// one cannot have gone (sweeps drop expired entries only), so
+			// this only keeps the count right.
+			m.live.Add(1)
+		}
+		e := &entry{key: *k, next: sh.m[k.hash]}
+		e.st.commit(p, o, lastWrite, us)
+		sh.m[k.hash] = e
+	case writeDel:
+		if sh.unlink(k.hash, func(e *entry) bool { return e.key == *k }) > 0 {
+			m.live.Add(-1)
+		}
+	}
 }
 
 // Sweep drops every bucket expired at now (idle for its TTL since its last
