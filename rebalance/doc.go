@@ -7,7 +7,7 @@
 // # Rounds
 //
 // Every Config.Interval the leader reads, at one etcd revision, the live
-// region registrations, their demand reports and acknowledgements, the
+// node registrations, their demand reports and acknowledgements, the
 // operator controls, the policy documents and the published allocations.
 // It smooths demand (allocator.Smooth), computes per policy the default
 // split and the splits of at most Config.MaxOverrides pressured subjects
@@ -21,7 +21,17 @@
 // holds new. Only when every region of the allocation has acknowledged
 // e+1, or has lost its registration lease and SkewMargin has passed since
 // the leader saw it gone (it then holds its Safe share, its minimum), does
-// the leader publish e+2 = Target with phase "stable". Acknowledgements
+// the leader publish e+2 = Target with phase "stable".
+//
+// # Regions of several nodes
+//
+// Each node of a region registers, reports and acknowledges under its own
+// keys (etcdlayout.Node, NodeDemand, NodeAck). A region is live while any
+// node is registered and its demand is the sum of its nodes' reports. It
+// has acknowledged an epoch when every registered node has and no node of
+// it vanished less than SkewMargin ago; a new leader, which cannot know
+// the nodes that vanished before it led, holds growth for SkewMargin after
+// taking over. Acknowledgements
 // and registrations are watched, so the growth follows the last
 // acknowledgement at once. Pure growth is published in one step. The naive
 // protocol (ProtocolNaive) publishes new shares in one step, for
