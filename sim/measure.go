@@ -96,38 +96,6 @@ func UnderAdmission(admitted, idealAdmitted int64) float64 {
 	return math.Max(0, 1-float64(admitted)/float64(idealAdmitted))
 }
 
-// takeBatch decides n unit requests arriving together at now in the bucket
-// st at share: exactly as n requests of cost 1 one after the other, it
-// admits min(n, ⌊tokens⌋), asking in chunks of at most capacity (the
-// largest valid cost). It returns the admitted count and the decisions it
-// asked for.
-func takeBatch(st *bucket.State, p *bucket.Prepared, now time.Time, share float64, capacity, n int64) (admitted, calls int64, err error) {
-	for left := n; left > 0; {
-		c := min(left, capacity)
-		calls++
-		d, err := st.TakeAt(now, p, share, c)
-		if err != nil {
-			return admitted, calls, err
-		}
-		if d.Allowed {
-			admitted, left = admitted+c, left-c
-			continue
-		}
-		if k := min(c, int64(math.Floor(d.Remaining+1e-9))); k > 0 {
-			calls++
-			d2, err := st.TakeAt(now, p, share, k)
-			if err != nil {
-				return admitted, calls, err
-			}
-			if d2.Allowed {
-				admitted += k
-			}
-		}
-		break
-	}
-	return admitted, calls, nil
-}
-
 // IdealBucket is the simulator's ideal global bucket for streams that do not
 // come from the simulator (a live run's requests at their real instants):
 // one bucket per subject with the whole budget (share 1), deciding batches
@@ -135,8 +103,7 @@ func takeBatch(st *bucket.State, p *bucket.Prepared, now time.Time, share float6
 // concurrent use; the zero IdealBucket is not usable (use NewIdealBucket).
 type IdealBucket struct {
 	prep     bucket.Prepared
-	capacity int64
-	states   map[int]*bucket.State
+	states   map[int]*bucket.TokenState
 	admitted int64
 	last     time.Duration
 }
@@ -154,7 +121,7 @@ func NewIdealBucket(capacity int64, refillPerSecond float64) (*IdealBucket, erro
 	if err != nil {
 		return nil, fmt.Errorf("sim: ideal bucket: %w", err)
 	}
-	return &IdealBucket{prep: p, capacity: capacity, states: map[int]*bucket.State{}}, nil
+	return &IdealBucket{prep: p, states: map[int]*bucket.TokenState{}}, nil
 }
 
 // idealLimits are the simulator's bucket limits for C, r and ε: an idle
@@ -181,10 +148,10 @@ func (b *IdealBucket) Take(at time.Duration, subject int, count int64) (int64, e
 		if len(b.states) >= MaxIdealSubjects {
 			return 0, fmt.Errorf("sim: ideal bucket: more than %d subjects", MaxIdealSubjects)
 		}
-		st = new(bucket.State)
+		st = new(bucket.TokenState)
 		b.states[subject] = st
 	}
-	a, _, err := takeBatch(st, &b.prep, time.Unix(0, 0).Add(at), 1, b.capacity, count)
+	a, err := st.TakeUnitsAt(time.Unix(0, 0).Add(at), &b.prep, 1, count)
 	if err != nil {
 		return 0, fmt.Errorf("sim: ideal bucket: %w", err)
 	}

@@ -275,19 +275,20 @@ type report struct {
 }
 
 // model is one set of buckets deciding the stream: the simulated system or
-// a baseline. It holds one bucket.State per store (region, or one global)
-// and subject: the very decision code bucket.Memory runs.
+// a baseline. It holds one bucket.TokenState per store (region, or one
+// global) and subject: the decision code of bucket.State and bucket.Memory
+// for a token bucket, 24 bytes per bucket.
 type model struct {
-	states   [][]bucket.State // per store, per subject
+	states   [][]bucket.TokenState // per store, per subject; nil for the system (its buckets are in engine.sub)
 	win      *windows
 	admitted int64
-	calls    int64 // bucket decisions asked
+	calls    int64 // decisions the batches would ask of a Store (batchCalls)
 }
 
 func newModel(stores, subjects int, widths []int64, limits []float64) *model {
-	m := &model{states: make([][]bucket.State, stores), win: newWindows(subjects, widths, limits)}
+	m := &model{states: make([][]bucket.TokenState, stores), win: newWindows(subjects, widths, limits)}
 	for i := range m.states {
-		m.states[i] = make([]bucket.State, subjects)
+		m.states[i] = make([]bucket.TokenState, subjects)
 	}
 	return m
 }
@@ -301,11 +302,13 @@ type baseRun struct {
 	seriesIdeal                []float64
 }
 
-// subjectRegion is what the engine keeps per subject and region, together
-// so that a decision touches one cache line for it.
+// subjectRegion is what the engine keeps per subject and region, the
+// system's bucket included, together so that a decision touches one or two
+// adjacent cache lines for it (48 bytes).
 type subjectRegion struct {
-	ovr     float64 // the applied override share; NaN: the region's default
-	offered int64   // this report interval
+	st      bucket.TokenState // the system's bucket
+	ovr     float64           // the applied override share; NaN: the region's default
+	offered int64             // this report interval
 	denied  int64
 }
 
@@ -326,6 +329,8 @@ type engine struct {
 	up       []bool
 	downAt   []time.Duration
 	applied  []*allocation
+	defShare []float64 // per region: the default share of applied[r]
+	sec, bin int       // the current second and series bin
 	err      error
 
 	coordUp   bool
@@ -404,6 +409,7 @@ func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 		up:         make([]bool, n),
 		downAt:     make([]time.Duration, n),
 		applied:    make([]*allocation, n),
+		defShare:   make([]float64, n),
 		sub:        make([][]subjectRegion, n),
 		acked:      make([]int, n),
 		coordUp:    true,
@@ -433,6 +439,7 @@ func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 			e.sub[i][j].ovr = math.NaN()
 		}
 		e.applied[i] = first
+		e.defShare[i] = first.def[i]
 	}
 	e.published = first
 	e.retryOf = make([]int, sc.Subjects)
@@ -454,10 +461,8 @@ func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 		e.nextRetry = make([]int64, e.maxRetry+1)
 	}
 	e.touched = make([][]int32, n)
-	for i := 0; i < n; i++ {
-	}
 	if sys {
-		e.sys = newModel(n, sc.Subjects, e.windowsW, e.windowsL)
+		e.sys = newModel(0, sc.Subjects, e.windowsW, e.windowsL)
 	}
 	seconds := int(time.Duration(sc.Duration)/time.Second) + 1
 	ticks := int64(time.Duration(sc.Duration) / e.tick)
@@ -492,14 +497,7 @@ func (e *engine) setApplied(r int, a *allocation) {
 		sub[j].ovr = o[r]
 	}
 	e.applied[r] = a
-}
-
-// share returns the share region r enforces for subject j.
-func (e *engine) share(r int, j int32) float64 {
-	if s := e.sub[r][j].ovr; s == s { // not NaN
-		return s
-	}
-	return e.applied[r].def[r]
+	e.defShare[r] = a.def[r]
 }
 
 func (e *engine) push(ev *event) {
@@ -530,6 +528,7 @@ func (e *engine) run() error {
 	for t := int64(0); t < ticks; t++ {
 		e.now = time.Duration(t) * e.tick
 		e.nowT = epoch.Add(e.now)
+		e.sec, e.bin = int(e.now/time.Second), int(t/e.binTicks)
 		for len(e.events) > 0 && e.events[0].at <= e.now {
 			if err := e.handle(heap.Pop(&e.events).(*event)); err != nil {
 				return err
@@ -623,32 +622,36 @@ func (e *engine) decide(r int, t int64, j int32, fresh int64) {
 		return
 	}
 	e.offered += n
-	sec := int(e.now / time.Second)
-	bin := t / e.binTicks
+	sr := &e.sub[r][j]
 	a := n
 	if e.sys != nil {
-		a = e.take(e.sys, r, e.share(r, j), t, j, n)
-		e.perSecondSys[sec] += a
-		e.seriesRegion[r][bin] += float64(a)
+		share := sr.ovr
+		if share != share { // NaN: the region's default
+			share = e.defShare[r]
+		}
+		a = e.take(e.sys, &sr.st, share, t, j, n)
+		e.perSecondSys[e.sec] += a
+		e.seriesRegion[r][e.bin] += float64(a)
 	}
 	if e.baseOwn {
-		b := e.take(e.base.ideal, 0, 1, t, j, n)
-		e.base.perSecondIdeal[sec] += b
-		e.base.seriesIdeal[bin] += float64(b)
-		e.take(e.base.independent, r, 1, t, j, n)
-		e.take(e.base.static, r, 1/float64(e.n), t, j, n)
+		b := e.take(e.base.ideal, &e.base.ideal.states[0][j], 1, t, j, n)
+		e.base.perSecondIdeal[e.sec] += b
+		e.base.seriesIdeal[e.bin] += float64(b)
+		e.take(e.base.independent, &e.base.independent.states[r][j], 1, t, j, n)
+		e.take(e.base.static, &e.base.static.states[r][j], 1/float64(e.n), t, j, n)
 	}
 	if e.sys == nil {
 		return
 	}
-	d := n - a
-	sr := &e.sub[r][j]
 	if sr.offered == 0 {
 		e.touched[r] = append(e.touched[r], j)
 	}
 	sr.offered += n
-	sr.denied += d
+	sr.denied += n - a
 	e.intOffered[r] += n
+	if e.maxRetry == 0 {
+		return
+	}
 	R := e.retryOf[j]
 	if R == 0 {
 		return
@@ -674,22 +677,36 @@ func (e *engine) decide(r int, t int64, j int32, fresh int64) {
 	}
 }
 
-// take decides n unit requests of subject j arriving together in store
-// at share (takeBatch). A share above 1+ε (float rounding in the
-// allocator) is clamped to it.
-func (e *engine) take(m *model, store int, share float64, t int64, j int32, n int64) int64 {
+// take decides n unit requests of subject j arriving together in m's
+// bucket st at share (one after the other: bucket.TokenState.TakeUnitsAt).
+// A share above 1+ε (float rounding in the allocator) is clamped to it.
+func (e *engine) take(m *model, st *bucket.TokenState, share float64, t int64, j int32, n int64) int64 {
 	if share <= 0 {
 		return 0
 	}
-	a, calls, err := takeBatch(&m.states[store][j], &e.prep, e.nowT, min(share, e.maxShare), e.capacity, n)
-	m.calls += calls
+	a, err := st.TakeUnitsAt(e.nowT, &e.prep, min(share, e.maxShare), n)
 	if err != nil {
 		e.err = cmp.Or(e.err, fmt.Errorf("sim: bucket decision at %v: %w", e.now, err))
 		return 0
 	}
+	m.calls += batchCalls(n, a, e.capacity)
 	if a > 0 {
 		m.admitted += a
 		m.win.add(int(j), t, a)
 	}
 	return a
+}
+
+// batchCalls is the number of decisions n unit requests arriving together,
+// a of them admitted, ask of a Store that takes them in chunks of at most
+// capacity (the largest valid cost): one per chunk until one is denied,
+// and then one more for the whole tokens left, if any (a mod capacity).
+func batchCalls(n, a, capacity int64) int64 {
+	if a == n {
+		return (n + capacity - 1) / capacity
+	}
+	if a%capacity == 0 {
+		return a/capacity + 1
+	}
+	return a/capacity + 2
 }

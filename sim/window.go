@@ -20,14 +20,14 @@ type mark struct {
 // what has left the window) and a pointer to the first queued admission
 // still inside it; moving time forward subtracts what leaves. Cost per
 // admission: O(windows), touching the queue's end, its pointers (both
-// sequential) and one counter per window (subjects × 8 bytes per window,
-// small enough to stay in cache). Memory: the admissions within the
-// longest window, plus the counters.
+// sequential) and a subject's counters, one per window, side by side (one
+// cache line for the three windows of the simulator). Memory: the
+// admissions within the longest window, plus the counters.
 type windows struct {
 	width []int64   // window lengths in the time unit
 	limit []float64 // C + r·W
 	best  []int64   // largest count seen per window
-	count [][]int64 // per window, per subject: admitted inside the window
+	count []int64   // [subject·len(width) + window]: admitted inside the window
 	queue []mark    // time order; queue[:head] have left every window
 	ptr   []int     // per window: first queue index inside it
 	head  int
@@ -35,12 +35,8 @@ type windows struct {
 }
 
 func newWindows(subjects int, widths []int64, limits []float64) *windows {
-	w := &windows{width: widths, limit: limits, best: make([]int64, len(widths)),
-		count: make([][]int64, len(widths)), ptr: make([]int, len(widths))}
-	for k := range w.count {
-		w.count[k] = make([]int64, subjects)
-	}
-	return w
+	return &windows{width: widths, limit: limits, best: make([]int64, len(widths)),
+		count: make([]int64, subjects*len(widths)), ptr: make([]int, len(widths))}
 }
 
 // add records n > 0 admissions of subject j at t; t never decreases.
@@ -49,9 +45,11 @@ func (w *windows) add(j int, t int64, n int64) {
 		w.advance(t)
 	}
 	w.queue = append(w.queue, mark{at: t, n: n, subject: int32(j)})
-	for k, c := range w.count {
-		v := c[j] + n
-		c[j] = v
+	kn := len(w.best)
+	c := w.count[j*kn : j*kn+kn]
+	for k := range c {
+		v := c[k] + n
+		c[k] = v
 		if v > w.best[k] {
 			w.best[k] = v
 		}
@@ -62,10 +60,11 @@ func (w *windows) add(j int, t int64, n int64) {
 func (w *windows) advance(t int64) {
 	w.last = t
 	head := len(w.queue)
-	for k, c := range w.count {
+	kn := len(w.width)
+	for k := range w.width {
 		p, from := w.ptr[k], t-w.width[k]
 		for ; p < len(w.queue) && w.queue[p].at < from; p++ {
-			c[w.queue[p].subject] -= w.queue[p].n
+			w.count[int(w.queue[p].subject)*kn+k] -= w.queue[p].n
 		}
 		w.ptr[k] = p
 		head = min(head, p)
