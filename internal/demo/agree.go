@@ -311,6 +311,7 @@ func Agree(ctx context.Context, cfg AgreeConfig) (*Agreement, error) {
 	if err != nil {
 		return nil, err
 	}
+
 	length := time.Duration(sc.Duration)
 	fmt.Fprintf(cfg.Log, "replaying %d requests of %s over %v from %s\n", len(arrivals), sc.Name, length, start.Format("15:04:05.000"))
 

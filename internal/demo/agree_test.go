@@ -21,7 +21,7 @@ import (
 // A live run that could not play the stream faithfully (a machine so
 // loaded that requests went out late, failed or were decided by a failure
 // mode) measures the machine: it is run once more, and fails the test if
-// it is still not faithful.
+// it is still not faithful (or there is no time left for another).
 func TestSimAgreesWithLive(t *testing.T) {
 	sc, err := AgreementScenario()
 	if err != nil {
@@ -31,6 +31,9 @@ func TestSimAgreesWithLive(t *testing.T) {
 	defer cancel()
 	var a *Agreement
 	for attempt := 1; attempt <= 2; attempt++ {
+		if dl, _ := ctx.Deadline(); attempt > 1 && time.Until(dl) < time.Duration(sc.Duration)+15*time.Second {
+			break // no time for another faithful attempt
+		}
 		var log bytes.Buffer
 		a, err = Agree(ctx, AgreeConfig{Scenario: sc, Seed: 1, RebalanceInterval: time.Second, Smoothing: agreementSmoothing, Log: &log})
 		t.Log(log.String())
@@ -46,7 +49,7 @@ func TestSimAgreesWithLive(t *testing.T) {
 		t.Logf("attempt %d did not replay the scenario faithfully: %v", attempt, err)
 	}
 	if err != nil {
-		t.Fatalf("live run not faithful twice: %v", err)
+		t.Fatalf("live run not faithful: %v", err)
 	}
 	if a.Store != "redis-server" {
 		t.Errorf("store %q: the agreement is about real Redis", a.Store)

@@ -148,11 +148,19 @@ func Deploy(ctx context.Context, cfg DeployConfig) (d *Deployment, err error) {
 		say("store: the embedded in-process store (redis-server not available)")
 	}
 
-	d.Coord, err = StartCoordinator(ctx, CoordinatorConfig{Dir: filepath.Join(d.dir, "etcd"),
-		RebalanceInterval: cfg.RebalanceInterval, ReportInterval: cfg.ReportInterval, RegionLeaseTTL: cfg.LeaseTTL,
-		SkewMargin: cfg.SkewMargin, MaxStep: cfg.MaxStep, DeadBand: cfg.DeadBand, Alpha: cfg.Alpha, Log: d.log})
-	if err != nil {
-		return d, err
+	// The embedded etcd listens on a port that was free a moment ago;
+	// another process may take it first, so try a few.
+	for attempt := 1; ; attempt++ {
+		d.Coord, err = StartCoordinator(ctx, CoordinatorConfig{Dir: filepath.Join(d.dir, "etcd"+strconv.Itoa(attempt)),
+			RebalanceInterval: cfg.RebalanceInterval, ReportInterval: cfg.ReportInterval, RegionLeaseTTL: cfg.LeaseTTL,
+			SkewMargin: cfg.SkewMargin, MaxStep: cfg.MaxStep, DeadBand: cfg.DeadBand, Alpha: cfg.Alpha, Log: d.log})
+		if err == nil {
+			break
+		}
+		if attempt == 3 || !strings.Contains(err.Error(), "address already in use") {
+			return d, err
+		}
+		say("coordinator: %v; trying other ports", err)
 	}
 	say("coordinator: operator API %s (token file %s), embedded etcd %s, metrics http://%s/metrics",
 		d.Coord.GRPCAddr, d.Coord.TokenFile, d.Coord.EtcdAddr, d.Coord.HTTPAddr)
