@@ -91,6 +91,8 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	if cfg.Terminal != nil {
 		terminal = *cfg.Terminal
 	}
+	// The driver's goroutine (failure lines) and the view's write to Out.
+	cfg.Out = &lockedWriter{w: cfg.Out}
 	say := func(format string, a ...any) { fmt.Fprintf(cfg.Out, format+"\n", a...) }
 
 	// The failover phase must be long enough to show the share moving:
