@@ -367,19 +367,20 @@ func (e *engine) result() *Result {
 	if res.Algorithm == "" {
 		res.Algorithm = string(allocator.MaxMinFair)
 	}
+	b := e.baselines()
 	if e.sys != nil {
-		res.Figures = e.figures(e.sys)
+		res.Figures = e.figures(e.sys, b)
 		res.BucketCalls = e.sys.calls
 	}
-	if b := e.base; b != nil {
+	if b != nil {
 		res.IdealAdmitted = b.ideal.admitted
 		res.Baselines = map[string]Figures{
-			BaselineIdeal:       e.figures(b.ideal),
-			BaselineIndependent: e.figures(b.independent),
-			BaselineStaticEqual: e.figures(b.static),
+			BaselineIdeal:       e.figures(b.ideal, b),
+			BaselineIndependent: e.figures(b.independent, b),
+			BaselineStaticEqual: e.figures(b.static, b),
 		}
 		for _, sh := range sc.Shifts {
-			res.ConvergenceS = append(res.ConvergenceS, e.convergence(time.Duration(sh)))
+			res.ConvergenceS = append(res.ConvergenceS, e.convergence(time.Duration(sh), b))
 		}
 		bin := float64(e.binTicks) * e.tick.Seconds()
 		ticks := int64(time.Duration(sc.Duration) / e.tick)
@@ -407,25 +408,49 @@ func (e *engine) result() *Result {
 	return res
 }
 
-func (e *engine) figures(m *model) Figures {
+// figures are m's figures; under-admission against b's ideal bucket when b
+// is not nil.
+func (e *engine) figures(m *model, b *baseRun) Figures {
 	o := m.win.overshoot()
 	f := Figures{Overshoot1s: round(o[0]), Overshoot10s: round(o[1]), Overshoot60s: round(o[2]), Admitted: m.admitted}
-	if e.base != nil {
-		f.UnderAdmission = round(UnderAdmission(m.admitted, e.base.ideal.admitted))
+	if b != nil {
+		f.UnderAdmission = round(UnderAdmission(m.admitted, b.ideal.admitted))
 	}
 	return f
 }
 
+// baselines returns the baselines over every subject: the shared part, the
+// part decided here, or both merged; nil when there are none.
+func (e *engine) baselines() *baseRun {
+	switch {
+	case e.base == nil:
+		return e.own
+	case e.own == nil:
+		return e.base
+	}
+	a, b := e.base, e.own
+	m := &baseRun{ideal: a.ideal.merged(b.ideal), independent: a.independent.merged(b.independent), static: a.static.merged(b.static),
+		perSecondIdeal: make([]int64, len(a.perSecondIdeal)), seriesIdeal: make([]float64, len(a.seriesIdeal))}
+	for k := range m.perSecondIdeal {
+		m.perSecondIdeal[k] = a.perSecondIdeal[k] + b.perSecondIdeal[k]
+	}
+	// Sums of whole counts below 2^53: exact in any order.
+	for k := range m.seriesIdeal {
+		m.seriesIdeal[k] = a.seriesIdeal[k] + b.seriesIdeal[k]
+	}
+	return m
+}
+
 // convergence returns the seconds after shift until admitted over the next
-// 10 s reaches 95% of the ideal bucket's, or −1.
-func (e *engine) convergence(shift time.Duration) float64 {
+// 10 s reaches 95% of b's ideal bucket's, or −1.
+func (e *engine) convergence(shift time.Duration, b *baseRun) float64 {
 	const w = 10
 	start := int(shift / time.Second)
 	for s := start; s+w <= len(e.perSecondSys); s++ {
 		var a, i int64
 		for k := s; k < s+w; k++ {
 			a += e.perSecondSys[k]
-			i += e.base.perSecondIdeal[k]
+			i += b.perSecondIdeal[k]
 		}
 		if i == 0 || float64(a) >= 0.95*float64(i) {
 			return float64(s - start)

@@ -279,23 +279,27 @@ type report struct {
 // global) and subject: the decision code of bucket.State and bucket.Memory
 // for a token bucket, 24 bytes per bucket.
 type model struct {
-	states   [][]bucket.TokenState // per store, per subject; nil for the system (its buckets are in engine.sub)
+	states   [][]cell // per store, per subject; nil for the system (its buckets are in engine.sub)
 	win      *windows
 	admitted int64
 	calls    int64 // decisions the batches would ask of a Store (batchCalls)
 }
 
 func newModel(stores, subjects int, widths []int64, limits []float64) *model {
-	m := &model{states: make([][]bucket.TokenState, stores), win: newWindows(subjects, widths, limits)}
+	m := &model{states: make([][]cell, stores), win: newWindows(subjects, widths, limits)}
 	for i := range m.states {
-		m.states[i] = make([]bucket.TokenState, subjects)
+		m.states[i] = make([]cell, subjects)
 	}
 	return m
 }
 
-// baseRun is what the three baselines found on one request stream. With no
-// retries in the scenario it depends on the stream alone, so Sweep computes
-// it once and shares it between runs (rebalance intervals, protocols).
+// baseRun is what the three baselines found on one request stream, for
+// some of the subjects. For the subjects whose clients do not retry it
+// depends on the stream alone, so Sweep computes that part once and shares
+// it between runs (rebalance intervals, protocols); each run decides the
+// subjects that retry (their stream holds the system's denials) and merges
+// the two (subjects' buckets and windows are independent: admitted counts
+// add up, overshoot takes the larger best count).
 type baseRun struct {
 	ideal, independent, static *model
 	perSecondIdeal             []int64
@@ -306,10 +310,17 @@ type baseRun struct {
 // system's bucket included, together so that a decision touches one or two
 // adjacent cache lines for it (48 bytes).
 type subjectRegion struct {
-	st      bucket.TokenState // the system's bucket
 	ovr     float64           // the applied override share; NaN: the region's default
+	st      bucket.TokenState // the system's bucket
 	offered int64             // this report interval
-	denied  int64
+	denied  int64             // last: touch reads the first and last word
+}
+
+// cell is a baseline's bucket, padded to 32 bytes so that it never
+// straddles two cache lines (touch reads its first word).
+type cell struct {
+	pad int64
+	st  bucket.TokenState
 }
 
 type engine struct {
@@ -331,6 +342,7 @@ type engine struct {
 	applied  []*allocation
 	defShare []float64 // per region: the default share of applied[r]
 	sec, bin int       // the current second and series bin
+	sink     int64     // what touch read
 	err      error
 
 	coordUp   bool
@@ -344,9 +356,10 @@ type engine struct {
 	pressured map[int32]bool
 	maxSum    float64
 
-	sys      *model // nil when only the baselines run
-	base     *baseRun
-	baseOwn  bool // base is decided here, on this run's stream
+	sys      *model   // nil when only the baselines run
+	base     *baseRun // baselines shared from a pass over the same stream, or nil
+	own      *baseRun // baselines decided here, for the subjects ownSel picks, or nil
+	ownSel   int
 	offered  int64
 	windowsW []int64
 	windowsL []float64
@@ -370,6 +383,13 @@ type engine struct {
 	binTicks     int64
 }
 
+// Which subjects an engine's own baselines decide.
+const (
+	ownAll      = iota
+	ownRetrying // subjects whose clients retry (the rest are shared)
+	ownSettled  // subjects whose clients do not retry (a shared pass)
+)
+
 // Run simulates one configuration. It is deterministic: the same Config
 // gives the same Result, byte for byte once encoded.
 func Run(cfg Config) (*Result, error) {
@@ -380,9 +400,23 @@ func Run(cfg Config) (*Result, error) {
 	return run(cfg, nil, true)
 }
 
+// runPass decides cfg's baselines for the subjects whose clients do not
+// retry, for runs of cfg's stream to share (run with shared).
+func runPass(cfg Config) (*baseRun, error) {
+	e, err := newEngine(cfg, nil, false)
+	if err != nil {
+		return nil, err
+	}
+	e.ownSel = ownSettled
+	if err := e.run(); err != nil {
+		return nil, err
+	}
+	return e.own, nil
+}
+
 // run simulates cfg (already defaulted). base, when not nil, is the
-// baselines of cfg's stream from an earlier run; sys false runs only the
-// baselines.
+// baselines of cfg's stream for the subjects that do not retry (runPass);
+// sys false runs only the baselines.
 func run(cfg Config, base *baseRun, sys bool) (*Result, error) {
 	e, err := newEngine(cfg, base, sys)
 	if err != nil {
@@ -468,9 +502,11 @@ func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 	ticks := int64(time.Duration(sc.Duration) / e.tick)
 	e.binTicks = max(1, (ticks+int64(cfg.SeriesBins)-1)/int64(cfg.SeriesBins))
 	bins := int((ticks + e.binTicks - 1) / e.binTicks)
-	if !cfg.NoBaselines && e.base == nil {
-		e.baseOwn = true
-		e.base = &baseRun{
+	if base != nil {
+		e.ownSel = ownRetrying
+	}
+	if !cfg.NoBaselines && (base == nil || e.maxRetry > 0) {
+		e.own = &baseRun{
 			ideal:          newModel(1, sc.Subjects, e.windowsW, e.windowsL),
 			independent:    newModel(n, sc.Subjects, e.windowsW, e.windowsL),
 			static:         newModel(n, sc.Subjects, e.windowsW, e.windowsL),
@@ -541,6 +577,7 @@ func (e *engine) run() error {
 				continue
 			}
 			fresh := e.stream.out[r]
+			e.touch(r, fresh)
 			if e.maxRetry == 0 {
 				for _, b := range fresh {
 					e.decide(r, t, b.subject, b.n)
@@ -579,6 +616,33 @@ func (e *engine) run() error {
 		}
 	}
 	return nil
+}
+
+// touch reads, ahead of deciding them, the memory that region r's batches
+// will use: independent loads the processor overlaps, where decide would
+// wait for each cache miss in turn (a tick's batches hit random subjects
+// among thousands). It changes nothing but e.sink.
+func (e *engine) touch(r int, batches []batch) {
+	var x int64
+	if e.sys != nil {
+		sub, count := e.sub[r], e.sys.win.count
+		k := len(e.sys.win.best)
+		for _, b := range batches {
+			sr := &sub[b.subject]
+			x += int64(sr.ovr) + sr.denied + count[int(b.subject)*k]
+		}
+	}
+	if e.own != nil {
+		b := e.own
+		for _, m := range [...]*model{b.ideal, b.independent, b.static} {
+			st, count := m.states[min(r, len(m.states)-1)], m.win.count
+			k := len(m.win.best)
+			for _, a := range batches {
+				x += st[a.subject].pad + count[int(a.subject)*k]
+			}
+		}
+	}
+	e.sink += x
 }
 
 // retries returns subject j's pending retries in region r by attempt
@@ -633,12 +697,12 @@ func (e *engine) decide(r int, t int64, j int32, fresh int64) {
 		e.perSecondSys[e.sec] += a
 		e.seriesRegion[r][e.bin] += float64(a)
 	}
-	if e.baseOwn {
-		b := e.take(e.base.ideal, &e.base.ideal.states[0][j], 1, t, j, n)
-		e.base.perSecondIdeal[e.sec] += b
-		e.base.seriesIdeal[e.bin] += float64(b)
-		e.take(e.base.independent, &e.base.independent.states[r][j], 1, t, j, n)
-		e.take(e.base.static, &e.base.static.states[r][j], 1/float64(e.n), t, j, n)
+	if o := e.own; o != nil && (e.ownSel == ownAll || (e.retryOf[j] > 0) == (e.ownSel == ownRetrying)) {
+		b := e.take(o.ideal, &o.ideal.states[0][j].st, 1, t, j, n)
+		o.perSecondIdeal[e.sec] += b
+		o.seriesIdeal[e.bin] += float64(b)
+		e.take(o.independent, &o.independent.states[r][j].st, 1, t, j, n)
+		e.take(o.static, &o.static.states[r][j].st, 1/float64(e.n), t, j, n)
 	}
 	if e.sys == nil {
 		return

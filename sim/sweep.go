@@ -13,10 +13,10 @@ import (
 //
 // It decides the baselines once per request stream: Configs whose stream
 // is the same (same scenario after overrides, seed, overcommit and series
-// bins) and whose scenario has no retrying group share one baseline pass,
-// as the default sweep's rebalance intervals and protocols all do; a
-// retry scenario's baselines depend on the system's denials and are
-// decided in each run.
+// bins) share one baseline pass, as the default sweep's rebalance
+// intervals and protocols all do. The subjects of a retrying group are the
+// exception: their stream holds the system's denials, so each run decides
+// their baselines and merges them with the shared ones.
 //
 // Runs are independent and deterministic, so Sweep spreads them over
 // GOMAXPROCS goroutines (each run stays single-threaded; GOMAXPROCS=1
@@ -52,14 +52,11 @@ func Sweep(ctx context.Context, cfgs []Config, progress func(done, total int)) (
 	}
 	passOut := make([]*baseRun, len(passes))
 	if err := parallel(ctx, len(passes), nil, func(p int) error {
-		e, err := newEngine(cfgs[passes[p]], nil, false)
+		b, err := runPass(cfgs[passes[p]])
 		if err != nil {
-			return err
-		}
-		if err := e.run(); err != nil {
 			return fmt.Errorf("sim: baselines of %s: %w", cfgs[passes[p]].Scenario.Name, err)
 		}
-		passOut[p] = e.base
+		passOut[p] = b
 		return nil
 	}); err != nil {
 		return nil, err
@@ -149,16 +146,10 @@ func parallel(ctx context.Context, n int, progress func(done, total int), do fun
 }
 
 // streamKey identifies what a baseline pass of c depends on, or reports
-// false when the baselines must be decided with the system (no baselines
-// wanted, or retries that depend on the system's decisions).
+// false when c wants no baselines.
 func streamKey(c Config) (string, bool) {
 	if c.NoBaselines {
 		return "", false
-	}
-	for _, g := range c.Scenario.Groups {
-		if g.Retries > 0 {
-			return "", false
-		}
 	}
 	sc, err := json.Marshal(c.Scenario)
 	if err != nil {

@@ -88,3 +88,14 @@ func (w *windows) overshoot() []float64 {
 	}
 	return o
 }
+
+// merged returns a model with the admitted counts and window maxima of m
+// and o, which decided disjoint sets of subjects of one stream (figures
+// only: it holds no buckets or counters).
+func (m *model) merged(o *model) *model {
+	w := &windows{width: m.win.width, limit: m.win.limit, best: make([]int64, len(m.win.best))}
+	for k := range w.best {
+		w.best[k] = max(m.win.best[k], o.win.best[k])
+	}
+	return &model{win: w, admitted: m.admitted + o.admitted, calls: m.calls + o.calls}
+}
