@@ -172,7 +172,7 @@ func IdealAdmitted(cfg Config) (int64, error) {
 		return 0, err
 	}
 	cfg.NoBaselines = false
-	res, err := run(cfg, nil, false)
+	res, err := run(cfg, nil, nil, false)
 	if err != nil {
 		return 0, err
 	}

@@ -397,31 +397,38 @@ func Run(cfg Config) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	return run(cfg, nil, true)
+	return run(cfg, nil, nil, true)
 }
 
 // runPass decides cfg's baselines for the subjects whose clients do not
-// retry, for runs of cfg's stream to share (run with shared).
-func runPass(cfg Config) (*baseRun, error) {
+// retry, and records cfg's stream when it is within the bounds (nil
+// otherwise), for the runs of that stream to share (run's base and rec).
+func runPass(cfg Config) (*baseRun, *recording, error) {
 	e, err := newEngine(cfg, nil, false)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	e.ownSel = ownSettled
+	e.stream.tape = newRecording(e.sc)
 	if err := e.run(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return e.own, nil
+	if rec := e.stream.tape; rec != nil && rec.ok {
+		return e.own, rec, nil
+	}
+	return e.own, nil, nil
 }
 
 // run simulates cfg (already defaulted). base, when not nil, is the
-// baselines of cfg's stream for the subjects that do not retry (runPass);
-// sys false runs only the baselines.
-func run(cfg Config, base *baseRun, sys bool) (*Result, error) {
+// baselines of cfg's stream for the subjects that do not retry, and rec,
+// when not nil, the stream itself (runPass); sys false runs only the
+// baselines.
+func run(cfg Config, base *baseRun, rec *recording, sys bool) (*Result, error) {
 	e, err := newEngine(cfg, base, sys)
 	if err != nil {
 		return nil, err
 	}
+	e.stream.replay = rec
 	if err := e.run(); err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sort"
 	"time"
@@ -47,6 +48,64 @@ type stream struct {
 	w      []float64
 	cnt    []int64   // per subject: arrivals this tick in the region being drawn
 	out    [][]batch // per region: this tick's batches, in order of first arrival
+	replay *recording // when set, next reads the arrivals from it
+	tape   *recording // when set, next appends the arrivals it draws to it
+}
+
+// Bounds of a recording: ticks × regions and batches. A stream beyond them
+// is not recorded (its runs draw it again).
+const (
+	maxRecordedSlots   = 1 << 22
+	maxRecordedBatches = 1 << 24 // 128 MiB
+)
+
+// recording is a stream's arrivals, drawn once by a baseline pass for the
+// runs of the same stream (Sweep) to replay instead of drawing them again.
+// Read-only once complete, so runs on several goroutines share it.
+type recording struct {
+	off []int32       // per tick·regions + region: first batch; one more at the end
+	arr []packedBatch // every batch, in stream order
+	ok  bool          // complete and within the bounds
+}
+
+// packedBatch is a batch in 8 bytes; a count above 2^32−1 stops recording.
+type packedBatch struct {
+	subject int32
+	n       uint32
+}
+
+// newRecording returns an empty recording for sc's stream, or nil when
+// sc's ticks × regions exceed maxRecordedSlots.
+func newRecording(sc *Scenario) *recording {
+	slots := int64(time.Duration(sc.Duration)/time.Duration(sc.Tick)) * int64(sc.Regions)
+	if slots >= maxRecordedSlots {
+		return nil
+	}
+	// Room for the mean number of arrivals (batches are at most that),
+	// plus a little, so that append rarely copies.
+	mean := 0.0
+	for _, g := range compileGroups(sc, sc.Subjects) {
+		mean += g.total
+	}
+	mean *= time.Duration(sc.Duration).Seconds() * 1.02
+	return &recording{off: make([]int32, 1, slots+1), arr: make([]packedBatch, 0, int(min(mean, maxRecordedBatches))), ok: true}
+}
+
+// add appends tick t's batches (the ticks in order from 0).
+func (rec *recording) add(out [][]batch) {
+	if !rec.ok {
+		return
+	}
+	for _, o := range out {
+		for _, b := range o {
+			if b.n > math.MaxUint32 || len(rec.arr) >= maxRecordedBatches {
+				rec.ok, rec.off, rec.arr = false, nil, nil
+				return
+			}
+			rec.arr = append(rec.arr, packedBatch{subject: b.subject, n: uint32(b.n)})
+		}
+		rec.off = append(rec.off, int32(len(rec.arr)))
+	}
 }
 
 func newStream(sc *Scenario, seed uint64) *stream {
@@ -70,6 +129,17 @@ func newStream(sc *Scenario, seed uint64) *stream {
 
 // next draws tick t's arrivals into s.out (valid until the next call).
 func (s *stream) next(t int64) {
+	if rec := s.replay; rec != nil {
+		slot := int(t) * s.n
+		for r := range s.out {
+			out := s.out[r][:0]
+			for _, p := range rec.arr[rec.off[slot+r]:rec.off[slot+r+1]] {
+				out = append(out, batch{subject: p.subject, n: int64(p.n)})
+			}
+			s.out[r] = out
+		}
+		return
+	}
 	now := time.Duration(t) * s.tick
 	for s.nextEv < len(s.events) && time.Duration(s.events[s.nextEv].At) <= now {
 		ev := s.events[s.nextEv]
@@ -105,6 +175,9 @@ func (s *stream) next(t int64) {
 			s.cnt[j] = 0
 		}
 		s.out[r] = out
+	}
+	if s.tape != nil {
+		s.tape.add(s.out)
 	}
 }
 
