@@ -46,8 +46,8 @@ type stream struct {
 	events []Event // region failures, by time (stable)
 	nextEv int
 	w      []float64
-	cnt    []int64   // per subject: arrivals this tick in the region being drawn
-	out    [][]batch // per region: this tick's batches, in order of first arrival
+	cnt    []int64    // per subject: arrivals this tick in the region being drawn
+	out    [][]batch  // per region: this tick's batches, in order of first arrival
 	replay *recording // when set, next reads the arrivals from it
 	tape   *recording // when set, next appends the arrivals it draws to it
 }
