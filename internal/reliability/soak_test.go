@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"runtime"
 	"strconv"
 	"strings"
@@ -27,11 +28,62 @@ const soakPolicies = `policies:
   - {name: window, algorithm: fixed_window, capacity: 100, window: 1s, failure_mode: open}
 `
 
-// p99Budget is the decision latency budget of the soak's steady traffic
-// (the bursts queue 100 checks at once and are reported apart), over
-// loopback gRPC with -race on a shared 2-core machine; without -race a
-// decision takes well under a millisecond (scripts/bench-regional.sh).
-const p99Budget = 50 * time.Millisecond
+// Decision latency budgets of the soak's steady traffic (client-side, over
+// loopback gRPC, node and load generator in one process; the bursts queue
+// 100 checks at once and are reported apart), per build mode. The load is
+// closed-loop and saturates the machine on purpose (two hot-tenant clients
+// and one stream of new identities without think time), so these figures
+// are latencies at saturation on a shared 2-core machine, not the node's
+// unloaded latency (scripts/bench-regional.sh measures that).
+//
+// Measured with `go test [-race] -run 'TestSoak$' ./internal/reliability/`
+// (the CI form, 5 s of load), the soak alone in its binary while other
+// users' work kept the load average between 1.6 and 6.3:
+//
+//	plain: p50 87-118 µs, p99 2.2-6.6 ms (9 runs)
+//	-race: p50 1.5-3.4 ms, p99 6.9-34 ms (8 runs); 69 ms was seen
+//	       with the whole project suite running beside it
+//
+// The spread follows the machine's load, not the node: the same binary
+// gave race p99 6.9 and 13.8 ms minutes apart; the p99 of checks outside
+// the bursts is the overall p99; CPU, mutex and block profiles of the
+// plain soak show no node-side hot spot (node-side mutex wait under 1 ms
+// over the whole run, the store call 120 µs on average, no pipeline
+// linger, negative cache and breaker invisible in the CPU profile); GC
+// runs about 30 times a second (15 KB allocated per check by client and
+// node together) and GOGC=400 lowered p99 from 6.3 to 4.0 ms plain and
+// from 19.9 to 16.7 ms under -race, the test's in-process client as much
+// as the node. Calling the store inline instead of on a goroutine per
+// Redis group changed nothing measurable. Each p99 budget is about three
+// times the worst p99 measured alone; the p50 budgets leave 3 to 8 times
+// the worst p50.
+const (
+	plainP50Budget = time.Millisecond
+	plainP99Budget = 20 * time.Millisecond
+	raceP50Budget  = 10 * time.Millisecond
+	raceP99Budget  = 100 * time.Millisecond
+)
+
+// soakBudgets returns the p50 and p99 budgets of this build mode.
+func soakBudgets() (mode string, p50, p99 time.Duration) {
+	if raceEnabled {
+		return "race", raceP50Budget, raceP99Budget
+	}
+	return "plain", plainP50Budget, plainP99Budget
+}
+
+// loadAverage is the one-minute load average, or "unknown".
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return "unknown"
+	}
+	return f[0]
+}
 
 func redisInfo(t testing.TB, rc *redis.Client, field string) int64 {
 	t.Helper()
@@ -60,7 +112,8 @@ func dbsize(t testing.TB, rc *redis.Client) int64 {
 
 // TestSoak runs skewed traffic against a node on Redis, then idles past
 // the idle TTL: node heap and Redis memory and keys return to baseline,
-// nothing is lost, and the p99 decision latency stays in its budget.
+// nothing is lost, and the p50 and p99 decision latencies stay inside the
+// budgets of the build mode (plain or -race).
 func TestSoak(t *testing.T) {
 	dur := pick(5*time.Second, 4*time.Minute)
 	maxOneShot := pick(int64(3000), int64(200000))
@@ -108,6 +161,7 @@ func TestSoak(t *testing.T) {
 		}
 		return r
 	}
+	loadStart := loadAverage()
 	end := time.Now().Add(dur)
 	var wg sync.WaitGroup
 	run := func(f func()) {
@@ -173,6 +227,7 @@ func TestSoak(t *testing.T) {
 		}
 	}
 	wg.Wait()
+	loadEnd := loadAverage()
 	during := map[string]int64{"node_heap": heapAfterGC(), "redis_used_memory": redisInfo(t, rc, "used_memory"), "redis_keys": dbsize(t, rc)}
 	t.Logf("at the end of the load: %v", during)
 
@@ -220,10 +275,12 @@ func TestSoak(t *testing.T) {
 		ok = false
 		t.Errorf("goroutines %d after idling, baseline %d", after["goroutines"], before["goroutines"])
 	}
-	p99 := lat.quantile(0.99)
-	if p99 > p99Budget {
+	mode, p50Budget, p99Budget := soakBudgets()
+	p50, p99 := lat.quantile(0.5), lat.quantile(0.99)
+	if p50 > p50Budget || p99 > p99Budget {
 		ok = false
-		t.Errorf("p99 decision latency %v over the budget %v", p99, p99Budget)
+		t.Errorf("%s build: decision latency p50 %v, p99 %v over the budgets %v, %v (load average %s at the start of the load, %s at its end)",
+			mode, p50, p99, p50Budget, p99Budget, loadStart, loadEnd)
 	}
 	for _, b := range bad {
 		t.Errorf("lost decision: %s", b)
@@ -241,5 +298,7 @@ func TestSoak(t *testing.T) {
 	}
 	record(t, Entry{Kind: KindLoad, Name: fmt.Sprintf("soak %v: hot tenant, one-request identities, bursts, weighted costs", dur),
 		Injected: true, Survived: ok && !t.Failed(), Lost: lost.Load(), InvariantChecks: 1, Before: before, After: after, P99: p99,
-		Note: fmt.Sprintf("%d checks, %d one-shot identities, %d bursts (p99 %v), peak %d keys", total.Load(), min(oneShots.Load(), maxOneShot), bursts, burstLat.quantile(0.99), during["redis_keys"])})
+		Note: fmt.Sprintf("%s build: %d checks, p50 %v (budget %v), p99 budget %v; %d one-shot identities, %d bursts (p99 %v), peak %d keys; load average %s to %s",
+			mode, total.Load(), p50.Round(time.Microsecond), p50Budget, p99Budget, min(oneShots.Load(), maxOneShot), bursts,
+			burstLat.quantile(0.99).Round(time.Microsecond), during["redis_keys"], loadStart, loadEnd)})
 }
