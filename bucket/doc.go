@@ -3,6 +3,11 @@
 // (Memory). Memory is the specification: a differential test drives both
 // through the same random sequences and demands equal decisions.
 //
+// A caller that indexes its buckets itself (the simulator) holds them as
+// State values (the per-bucket code Memory runs) or, for token buckets,
+// TokenState values: 24 bytes without pointers, deciding a batch of n unit
+// requests at one instant exactly as n unit TakeAt calls of a State.
+//
 // # Units
 //
 // Capacity and costs are whole tokens; RefillPerSecond is tokens per
@@ -108,6 +113,7 @@
 // (Run sweeps if the caller runs it); NewRedis starts the flushers that
 // pipeline concurrent calls, and Close stops them. The zero Memory and the
 // zero Redis are not usable: build them with NewMemory and NewRedis. The
-// zero Limits are invalid; the zero Key is invalid (build keys with NewKey);
+// zero State and TokenState are absent buckets, which behave as full ones
+// (neither is safe for concurrent use). The zero Limits are invalid; the zero Key is invalid (build keys with NewKey);
 // the zero Decision denies.
 package bucket

@@ -246,6 +246,8 @@ func (m *Memory) reserve(sh *memShard, us int64) error {
 // is admitted and charged, or none is charged and every decision reports
 // Allowed false (the ones that blocked carry a RetryAfter). Requests may
 // name buckets of different subjects; they must not name one bucket twice.
+// Room for every bucket the call creates is reserved before any is
+// charged, so an error (ErrMemoryFull included) changes no bucket.
 func (m *Memory) TakeAllAt(now time.Time, reqs []Request) ([]Decision, error) {
 	if len(reqs) == 0 || len(reqs) > MaxTakeAll {
 		return nil, fmt.Errorf("%w: got %d", ErrTakeAllSize, len(reqs))

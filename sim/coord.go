@@ -84,14 +84,22 @@ func (e *engine) collect(r int) *report {
 	secs := e.cfg.ReportInterval.Seconds()
 	rep := &report{offered: float64(e.intOffered[r]) / secs, subjects: map[int32]float64{}}
 	type cand struct {
-		j      int32
-		denied int64
+		j               int32
+		denied, offered int64
 	}
+	for j := range e.applied[r].overrides {
+		rep.subjects[j] = float64(e.sub[r][j].offered) / secs
+	}
+	// One pass over the subjects touched: candidates, and the counters
+	// reset for the next interval.
 	var cands []cand
+	sub := e.sub[r]
 	for _, j := range e.touched[r] {
-		if e.sub[r][j].denied > 0 {
-			cands = append(cands, cand{j, e.sub[r][j].denied})
+		sr := &sub[j]
+		if sr.denied > 0 {
+			cands = append(cands, cand{j, sr.denied, sr.offered})
 		}
+		sr.offered, sr.denied = 0, 0
 	}
 	sort.Slice(cands, func(a, b int) bool {
 		if cands[a].denied != cands[b].denied {
@@ -103,13 +111,7 @@ func (e *engine) collect(r int) *report {
 		cands = cands[:e.cfg.MaxOverrides]
 	}
 	for _, c := range cands {
-		rep.subjects[c.j] = float64(e.sub[r][c.j].offered) / secs
-	}
-	for j := range e.applied[r].overrides {
-		rep.subjects[j] = float64(e.sub[r][j].offered) / secs
-	}
-	for _, j := range e.touched[r] {
-		e.sub[r][j].offered, e.sub[r][j].denied = 0, 0
+		rep.subjects[c.j] = float64(c.offered) / secs
 	}
 	e.touched[r] = e.touched[r][:0]
 	e.intOffered[r] = 0

@@ -20,15 +20,17 @@
 // assigned to a subject uniformly or by a Zipf law (Poisson splitting keeps
 // every subject's stream Poisson). A subject's arrivals in one tick arrive
 // together at the tick's start; they are decided exactly as that many unit
-// requests one after the other: a bucket.State TakeAt of cost n (in chunks
-// of at most C), and on denial a second of cost ⌊remaining⌋. The stream
+// requests one after the other, with one bucket.TokenState TakeUnitsAt
+// (held by a test to n State.TakeAt of cost 1). BucketCalls counts the
+// decisions a Store would be asked for the same batches: one per chunk of
+// at most C until one is denied, then one for ⌊remaining⌋. The stream
 // depends on the scenario, seed, regions, subjects and duration only, not
 // on the rebalance interval, protocol or any decision; clients that ignore
 // Retry-After (Group.Retries) add their retries on top.
 //
-// The system: each region holds one bucket.State per subject (the decision
-// code bucket.Memory runs, with the limits validated once by
-// bucket.Prepare) and enforces the share of the latest allocation it
+// The system: each region holds one bucket.TokenState per subject (24
+// bytes; the token bucket decisions of bucket.State and bucket.Memory, with
+// the limits validated once by bucket.Prepare) and enforces the share of the latest allocation it
 // applied (the policy default, or a per-subject override for the most
 // pressured subjects, at most MaxOverrides). Regions report offered demand
 // every ReportInterval (reports may be lost or late); the coordinator
@@ -43,8 +45,21 @@
 // Baselines decide the very same stream: an ideal global bucket per
 // subject, independent full-budget buckets per region, and a static equal
 // split. As they do not depend on the control plane, Sweep decides them
-// once per stream and shares them between the runs of a sweep (except for
-// scenarios with retries, whose stream depends on the system's denials).
+// once per stream, in a pass that also records the stream, and the runs of
+// a sweep share them and replay the recording. A retrying group's subjects
+// are decided in each run (their stream holds the system's denials) and
+// merged with the shared subjects: buckets and windows are per subject, so
+// admitted counts add up and window maxima take the larger.
+//
+// # Speed
+//
+// The default sweep (7 scenarios × 5 rebalance intervals × 2 protocols,
+// one simulated hour, 3 regions, 10,000 subjects: 279 million requests)
+// takes about 50 s of one core; BenchmarkSweep reports simulated requests
+// per second. A decision touches the subject's region record (bucket,
+// override share, counters: 48 bytes) and its window counters (24 bytes);
+// a tick's records are read ahead of deciding them, so that their cache
+// misses overlap.
 //
 // # Figures
 //
