@@ -33,6 +33,8 @@ import (
 
 	"github.com/quotacoord/quota/bucket"
 	"github.com/quotacoord/quota/internal/clock"
+	"github.com/quotacoord/quota/internal/etcdlayout"
+	"github.com/quotacoord/quota/internal/regionsync"
 	"github.com/quotacoord/quota/internal/tlsconfig"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
 )
@@ -47,6 +49,7 @@ func (n *Node) Register(s grpc.ServiceRegistrar) {
 // options are the command-line settings of one regional node.
 type options struct {
 	region, grpcAddr, httpAddr      string
+	nodeID                          string
 	redis, etcd, policies           string
 	storeTimeout, breakerCooldown   time.Duration
 	breakerThreshold                int
@@ -70,6 +73,7 @@ func parseFlags(args []string, env []string, stderr io.Writer) (*options, error)
 	fs := flag.NewFlagSet("regional", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.region, "region", "local", "this node's region, [A-Za-z0-9_-]")
+	fs.StringVar(&o.nodeID, "node-id", "", "this node's id within its region, [A-Za-z0-9_.-]{1,64}: each node of a region registers, reports demand and acknowledges under its own etcd keys; default the hostname plus a random suffix")
 	fs.StringVar(&o.grpcAddr, "grpc-addr", ":8081", "gRPC listen address (own Admission API, Envoy RLS, health, reflection)")
 	fs.StringVar(&o.httpAddr, "http-addr", ":8080", "HTTP listen address (/metrics, /healthz, /readyz)")
 	fs.StringVar(&o.redis, "redis", "", "Redis: host:port, a redis:// or rediss:// URL, or comma-separated cluster addresses; empty = in-process store")
@@ -138,6 +142,12 @@ func parseFlags(args []string, env []string, stderr io.Writer) (*options, error)
 	if (o.redisTLSCA != "" || o.redisTLSCert != "" || o.redisTLSServerName != "") && o.redis == "" {
 		return nil, errors.New("regional: -redis-tls-* flags need -redis")
 	}
+	if o.nodeID == "" {
+		o.nodeID = regionsync.DefaultNodeID()
+	}
+	if !etcdlayout.ValidName(o.nodeID) {
+		return nil, fmt.Errorf("regional: -node-id %q, want [A-Za-z0-9_.-]{1,%d}", o.nodeID, etcdlayout.MaxNameLen)
+	}
 	if o.localMaxBuckets < 1 {
 		return nil, fmt.Errorf("regional: -local-max-buckets %d, want at least 1", o.localMaxBuckets)
 	}
@@ -161,7 +171,7 @@ func Main(ctx context.Context, args, env []string, stdout io.Writer) error {
 		return fmt.Errorf("regional: -log-level %q, want trace, debug, info, warn or error", o.logLevel)
 	}
 	log := hclog.New(&hclog.LoggerOptions{Name: "regional", Output: stdout, JSONFormat: o.jsonLogs, Level: level})
-	log = log.With("region", o.region)
+	log = log.With("region", o.region, "node", o.nodeID)
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

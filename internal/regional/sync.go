@@ -51,7 +51,7 @@ func startSync(ctx context.Context, o *options, log hclog.Logger) (*syncer, erro
 	}
 	var node atomic.Pointer[Node]
 	cfg := regionsync.Config{
-		Region: o.region, Addr: o.grpcAddr, Client: client, ReportInterval: o.reportInterval,
+		Region: o.region, Node: o.nodeID, Addr: o.grpcAddr, Client: client, ReportInterval: o.reportInterval,
 		Recorder: rec, Logger: log,
 		// Outside an allocation the region may enforce only a minimum the
 		// policy names for it explicitly: those are validated to sum to at
