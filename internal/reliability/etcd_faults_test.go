@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/internal/faultproxy"
 )
@@ -171,7 +173,7 @@ func TestRegionReportsLostOrLate(t *testing.T) {
 		waitFor(t, "c's registration to expire", 10*time.Second, func() bool {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
-			resp, err := e.admin.Get(ctx, e.layout.Region("c"))
+			resp, err := e.admin.Get(ctx, e.layout.RegionNodes("c"), clientv3.WithPrefix())
 			return err == nil && len(resp.Kvs) == 0
 		})
 		time.Sleep(pick(500*time.Millisecond, 5*time.Second))
