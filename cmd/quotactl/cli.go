@@ -147,10 +147,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			}
 			return o.print(r, func(w *tabwriter.Writer) {
 				fmt.Fprintf(w, "leader: %s\n", r.Leader)
-				fmt.Fprintln(w, "POLICY\tEPOCH\tPHASE\tREGION\tSHARE\tTARGET\tSAFE\tLIVE\tACKED\tOFFERED/S\tADMITTED/S\tPINNED")
+				fmt.Fprintln(w, "POLICY\tEPOCH\tPHASE\tREGION\tSHARE\tTARGET\tSAFE\tLIVE\tACKED\tOFFERED/S\tADMITTED/S\tPINNED\tNODES (ACKED)")
 				for _, a := range r.Allocations {
 					for _, s := range a.Regions {
-						fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%.4f\t%.4f\t%.4f\t%v\t%d\t%.2f\t%.2f\t%v\n", a.Policy, a.Epoch, a.Phase, s.Region, s.Share, s.Target, s.Safe, s.Live, s.AckedEpoch, s.Offered, s.Admitted, s.Pinned)
+						fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%.4f\t%.4f\t%.4f\t%v\t%d\t%.2f\t%.2f\t%v\t%s\n", a.Policy, a.Epoch, a.Phase, s.Region, s.Share, s.Target, s.Safe, s.Live, s.AckedEpoch, s.Offered, s.Admitted, s.Pinned, nodeList(s.Nodes))
 					}
 				}
 			})
@@ -361,4 +361,21 @@ func orNone(s []string) string {
 		return "none"
 	}
 	return strings.Join(s, "; ")
+}
+
+// nodeList renders a region's nodes as "id(epoch)", a dead node marked
+// with "†".
+func nodeList(nodes []*quotav1.NodeAck) string {
+	if len(nodes) == 0 {
+		return "-"
+	}
+	parts := make([]string, len(nodes))
+	for i, n := range nodes {
+		mark := ""
+		if !n.Live {
+			mark = "†"
+		}
+		parts[i] = fmt.Sprintf("%s%s(%d)", n.Node, mark, n.AckedEpoch)
+	}
+	return strings.Join(parts, " ")
 }

@@ -134,7 +134,7 @@ func TestEveryCommand(t *testing.T) {
 		t.Fatalf("rebalance now: %q", out)
 	}
 	out := h.must("alloc", "show")
-	if !strings.Contains(out, "eu") || !strings.Contains(out, "0.5000") {
+	if !strings.Contains(out, "eu") || !strings.Contains(out, "0.5000") || !strings.Contains(out, coordtest.DefaultNode+"(") {
 		t.Fatalf("alloc show: %q", out)
 	}
 	var alloc struct {
@@ -144,11 +144,20 @@ func TestEveryCommand(t *testing.T) {
 			Regions []struct {
 				Region string
 				Share  float64
+				Nodes  []struct {
+					Node string
+					Live bool
+				}
 			}
 		}
 	}
 	if err := json.Unmarshal([]byte(h.must("alloc", "show", "exports", "-o", "json")), &alloc); err != nil || len(alloc.Allocations) != 1 || len(alloc.Allocations[0].Regions) != 2 {
 		t.Fatalf("alloc json: %+v %v", alloc, err)
+	}
+	for _, r := range alloc.Allocations[0].Regions {
+		if len(r.Nodes) != 1 || r.Nodes[0].Node != coordtest.DefaultNode || !r.Nodes[0].Live {
+			t.Fatalf("alloc json: region %s nodes %+v, want one live %s", r.Region, r.Nodes, coordtest.DefaultNode)
+		}
 	}
 	if out := h.must("dry-run", "exports"); !strings.Contains(out, "PROPOSED") {
 		t.Fatalf("dry-run: %q", out)

@@ -419,6 +419,7 @@ func (o *operator) ShowAllocation(ctx context.Context, req *quotav1.ShowAllocati
 				}
 			}
 			_, rs.Pinned = c.Pins[r]
+			rs.Nodes = nodeAcks(live[r], acks[r], name)
 			info.Regions = append(info.Regions, rs)
 		}
 		out.Allocations = append(out.Allocations, info)
@@ -456,6 +457,23 @@ func regionAck(nodes map[string]bool, acks map[string]etcdlayout.Ack, policy str
 		consider(a.Epochs[policy])
 	}
 	return least
+}
+
+// nodeAcks lists a region's nodes, registered or with a stored
+// acknowledgement, sorted by id.
+func nodeAcks(nodes map[string]bool, acks map[string]etcdlayout.Ack, policy string) []*quotav1.NodeAck {
+	ids := map[string]bool{}
+	for n := range nodes {
+		ids[n] = true
+	}
+	for n := range acks {
+		ids[n] = true
+	}
+	out := make([]*quotav1.NodeAck, 0, len(ids))
+	for _, n := range slices.Sorted(maps.Keys(ids)) {
+		out = append(out, &quotav1.NodeAck{Node: n, AckedEpoch: acks[n].Epochs[policy], Live: nodes[n]})
+	}
+	return out
 }
 
 func (o *operator) RebalanceNow(ctx context.Context, _ *quotav1.RebalanceNowRequest) (*quotav1.RebalanceNowResponse, error) {

@@ -791,7 +791,11 @@ type RegionShare struct {
 	// admitted is the region's last reported admitted rate, cost per second.
 	Admitted float64 `protobuf:"fixed64,8,opt,name=admitted,proto3" json:"admitted,omitempty"`
 	// pinned says the operator pinned this region's share.
-	Pinned        bool `protobuf:"varint,9,opt,name=pinned,proto3" json:"pinned,omitempty"`
+	Pinned bool `protobuf:"varint,9,opt,name=pinned,proto3" json:"pinned,omitempty"`
+	// nodes are the region's nodes, registered or with a stored
+	// acknowledgement, by node id. acked_epoch above is the least of them
+	// over the registered nodes.
+	Nodes         []*NodeAck `protobuf:"bytes,10,rep,name=nodes,proto3" json:"nodes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -889,6 +893,77 @@ func (x *RegionShare) GetPinned() bool {
 	return false
 }
 
+func (x *RegionShare) GetNodes() []*NodeAck {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+// NodeAck is one regional node's acknowledgement of a policy.
+type NodeAck struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// node is the node's id within its region.
+	Node string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// acked_epoch is the latest epoch of the policy the node applied (0: none).
+	AckedEpoch uint64 `protobuf:"varint,2,opt,name=acked_epoch,json=ackedEpoch,proto3" json:"acked_epoch,omitempty"`
+	// live says the node holds its registration lease.
+	Live          bool `protobuf:"varint,3,opt,name=live,proto3" json:"live,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeAck) Reset() {
+	*x = NodeAck{}
+	mi := &file_quota_v1_operator_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeAck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeAck) ProtoMessage() {}
+
+func (x *NodeAck) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_operator_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeAck.ProtoReflect.Descriptor instead.
+func (*NodeAck) Descriptor() ([]byte, []int) {
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *NodeAck) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *NodeAck) GetAckedEpoch() uint64 {
+	if x != nil {
+		return x.AckedEpoch
+	}
+	return 0
+}
+
+func (x *NodeAck) GetLive() bool {
+	if x != nil {
+		return x.Live
+	}
+	return false
+}
+
 // RebalanceNowRequest has no fields.
 type RebalanceNowRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -898,7 +973,7 @@ type RebalanceNowRequest struct {
 
 func (x *RebalanceNowRequest) Reset() {
 	*x = RebalanceNowRequest{}
-	mi := &file_quota_v1_operator_proto_msgTypes[12]
+	mi := &file_quota_v1_operator_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -910,7 +985,7 @@ func (x *RebalanceNowRequest) String() string {
 func (*RebalanceNowRequest) ProtoMessage() {}
 
 func (x *RebalanceNowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[12]
+	mi := &file_quota_v1_operator_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -923,7 +998,7 @@ func (x *RebalanceNowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceNowRequest.ProtoReflect.Descriptor instead.
 func (*RebalanceNowRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{12}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{13}
 }
 
 // RebalanceNowResponse reports the round.
@@ -939,7 +1014,7 @@ type RebalanceNowResponse struct {
 
 func (x *RebalanceNowResponse) Reset() {
 	*x = RebalanceNowResponse{}
-	mi := &file_quota_v1_operator_proto_msgTypes[13]
+	mi := &file_quota_v1_operator_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -951,7 +1026,7 @@ func (x *RebalanceNowResponse) String() string {
 func (*RebalanceNowResponse) ProtoMessage() {}
 
 func (x *RebalanceNowResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[13]
+	mi := &file_quota_v1_operator_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -964,7 +1039,7 @@ func (x *RebalanceNowResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceNowResponse.ProtoReflect.Descriptor instead.
 func (*RebalanceNowResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{13}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RebalanceNowResponse) GetPublished() []string {
@@ -992,7 +1067,7 @@ type DryRunRequest struct {
 
 func (x *DryRunRequest) Reset() {
 	*x = DryRunRequest{}
-	mi := &file_quota_v1_operator_proto_msgTypes[14]
+	mi := &file_quota_v1_operator_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1004,7 +1079,7 @@ func (x *DryRunRequest) String() string {
 func (*DryRunRequest) ProtoMessage() {}
 
 func (x *DryRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[14]
+	mi := &file_quota_v1_operator_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1017,7 +1092,7 @@ func (x *DryRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DryRunRequest.ProtoReflect.Descriptor instead.
 func (*DryRunRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{14}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DryRunRequest) GetPolicy() string {
@@ -1046,7 +1121,7 @@ type DryRunResponse struct {
 
 func (x *DryRunResponse) Reset() {
 	*x = DryRunResponse{}
-	mi := &file_quota_v1_operator_proto_msgTypes[15]
+	mi := &file_quota_v1_operator_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1058,7 +1133,7 @@ func (x *DryRunResponse) String() string {
 func (*DryRunResponse) ProtoMessage() {}
 
 func (x *DryRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[15]
+	mi := &file_quota_v1_operator_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1071,7 +1146,7 @@ func (x *DryRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DryRunResponse.ProtoReflect.Descriptor instead.
 func (*DryRunResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{15}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DryRunResponse) GetPolicy() string {
@@ -1126,7 +1201,7 @@ type ProposedShare struct {
 
 func (x *ProposedShare) Reset() {
 	*x = ProposedShare{}
-	mi := &file_quota_v1_operator_proto_msgTypes[16]
+	mi := &file_quota_v1_operator_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1138,7 +1213,7 @@ func (x *ProposedShare) String() string {
 func (*ProposedShare) ProtoMessage() {}
 
 func (x *ProposedShare) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[16]
+	mi := &file_quota_v1_operator_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1151,7 +1226,7 @@ func (x *ProposedShare) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposedShare.ProtoReflect.Descriptor instead.
 func (*ProposedShare) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{16}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ProposedShare) GetRegion() string {
@@ -1193,7 +1268,7 @@ type FreezeRequest struct {
 
 func (x *FreezeRequest) Reset() {
 	*x = FreezeRequest{}
-	mi := &file_quota_v1_operator_proto_msgTypes[17]
+	mi := &file_quota_v1_operator_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1205,7 +1280,7 @@ func (x *FreezeRequest) String() string {
 func (*FreezeRequest) ProtoMessage() {}
 
 func (x *FreezeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[17]
+	mi := &file_quota_v1_operator_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1218,7 +1293,7 @@ func (x *FreezeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FreezeRequest.ProtoReflect.Descriptor instead.
 func (*FreezeRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{17}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *FreezeRequest) GetPolicy() string {
@@ -1237,7 +1312,7 @@ type FreezeResponse struct {
 
 func (x *FreezeResponse) Reset() {
 	*x = FreezeResponse{}
-	mi := &file_quota_v1_operator_proto_msgTypes[18]
+	mi := &file_quota_v1_operator_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1249,7 +1324,7 @@ func (x *FreezeResponse) String() string {
 func (*FreezeResponse) ProtoMessage() {}
 
 func (x *FreezeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[18]
+	mi := &file_quota_v1_operator_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1262,7 +1337,7 @@ func (x *FreezeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FreezeResponse.ProtoReflect.Descriptor instead.
 func (*FreezeResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{18}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{19}
 }
 
 // UnfreezeRequest names a policy.
@@ -1276,7 +1351,7 @@ type UnfreezeRequest struct {
 
 func (x *UnfreezeRequest) Reset() {
 	*x = UnfreezeRequest{}
-	mi := &file_quota_v1_operator_proto_msgTypes[19]
+	mi := &file_quota_v1_operator_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1288,7 +1363,7 @@ func (x *UnfreezeRequest) String() string {
 func (*UnfreezeRequest) ProtoMessage() {}
 
 func (x *UnfreezeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[19]
+	mi := &file_quota_v1_operator_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1301,7 +1376,7 @@ func (x *UnfreezeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnfreezeRequest.ProtoReflect.Descriptor instead.
 func (*UnfreezeRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{19}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *UnfreezeRequest) GetPolicy() string {
@@ -1320,7 +1395,7 @@ type UnfreezeResponse struct {
 
 func (x *UnfreezeResponse) Reset() {
 	*x = UnfreezeResponse{}
-	mi := &file_quota_v1_operator_proto_msgTypes[20]
+	mi := &file_quota_v1_operator_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1332,7 +1407,7 @@ func (x *UnfreezeResponse) String() string {
 func (*UnfreezeResponse) ProtoMessage() {}
 
 func (x *UnfreezeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[20]
+	mi := &file_quota_v1_operator_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1345,7 +1420,7 @@ func (x *UnfreezeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnfreezeResponse.ProtoReflect.Descriptor instead.
 func (*UnfreezeResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{20}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{21}
 }
 
 // PinRequest pins a region's share.
@@ -1363,7 +1438,7 @@ type PinRequest struct {
 
 func (x *PinRequest) Reset() {
 	*x = PinRequest{}
-	mi := &file_quota_v1_operator_proto_msgTypes[21]
+	mi := &file_quota_v1_operator_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1375,7 +1450,7 @@ func (x *PinRequest) String() string {
 func (*PinRequest) ProtoMessage() {}
 
 func (x *PinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[21]
+	mi := &file_quota_v1_operator_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1388,7 +1463,7 @@ func (x *PinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PinRequest.ProtoReflect.Descriptor instead.
 func (*PinRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{21}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *PinRequest) GetPolicy() string {
@@ -1421,7 +1496,7 @@ type PinResponse struct {
 
 func (x *PinResponse) Reset() {
 	*x = PinResponse{}
-	mi := &file_quota_v1_operator_proto_msgTypes[22]
+	mi := &file_quota_v1_operator_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1433,7 +1508,7 @@ func (x *PinResponse) String() string {
 func (*PinResponse) ProtoMessage() {}
 
 func (x *PinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[22]
+	mi := &file_quota_v1_operator_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1446,7 +1521,7 @@ func (x *PinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PinResponse.ProtoReflect.Descriptor instead.
 func (*PinResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{22}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{23}
 }
 
 // UnpinRequest removes a pin.
@@ -1462,7 +1537,7 @@ type UnpinRequest struct {
 
 func (x *UnpinRequest) Reset() {
 	*x = UnpinRequest{}
-	mi := &file_quota_v1_operator_proto_msgTypes[23]
+	mi := &file_quota_v1_operator_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1474,7 +1549,7 @@ func (x *UnpinRequest) String() string {
 func (*UnpinRequest) ProtoMessage() {}
 
 func (x *UnpinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[23]
+	mi := &file_quota_v1_operator_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1487,7 +1562,7 @@ func (x *UnpinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnpinRequest.ProtoReflect.Descriptor instead.
 func (*UnpinRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{23}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *UnpinRequest) GetPolicy() string {
@@ -1513,7 +1588,7 @@ type UnpinResponse struct {
 
 func (x *UnpinResponse) Reset() {
 	*x = UnpinResponse{}
-	mi := &file_quota_v1_operator_proto_msgTypes[24]
+	mi := &file_quota_v1_operator_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1525,7 +1600,7 @@ func (x *UnpinResponse) String() string {
 func (*UnpinResponse) ProtoMessage() {}
 
 func (x *UnpinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[24]
+	mi := &file_quota_v1_operator_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1538,7 +1613,7 @@ func (x *UnpinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnpinResponse.ProtoReflect.Descriptor instead.
 func (*UnpinResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{24}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{25}
 }
 
 // SetWeightRequest sets a region's weight.
@@ -1556,7 +1631,7 @@ type SetWeightRequest struct {
 
 func (x *SetWeightRequest) Reset() {
 	*x = SetWeightRequest{}
-	mi := &file_quota_v1_operator_proto_msgTypes[25]
+	mi := &file_quota_v1_operator_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1568,7 +1643,7 @@ func (x *SetWeightRequest) String() string {
 func (*SetWeightRequest) ProtoMessage() {}
 
 func (x *SetWeightRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[25]
+	mi := &file_quota_v1_operator_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1581,7 +1656,7 @@ func (x *SetWeightRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetWeightRequest.ProtoReflect.Descriptor instead.
 func (*SetWeightRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{25}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SetWeightRequest) GetPolicy() string {
@@ -1614,7 +1689,7 @@ type SetWeightResponse struct {
 
 func (x *SetWeightResponse) Reset() {
 	*x = SetWeightResponse{}
-	mi := &file_quota_v1_operator_proto_msgTypes[26]
+	mi := &file_quota_v1_operator_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1626,7 +1701,7 @@ func (x *SetWeightResponse) String() string {
 func (*SetWeightResponse) ProtoMessage() {}
 
 func (x *SetWeightResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[26]
+	mi := &file_quota_v1_operator_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1639,7 +1714,7 @@ func (x *SetWeightResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetWeightResponse.ProtoReflect.Descriptor instead.
 func (*SetWeightResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{26}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{27}
 }
 
 // SetMinimumRequest sets a region's minimum share.
@@ -1657,7 +1732,7 @@ type SetMinimumRequest struct {
 
 func (x *SetMinimumRequest) Reset() {
 	*x = SetMinimumRequest{}
-	mi := &file_quota_v1_operator_proto_msgTypes[27]
+	mi := &file_quota_v1_operator_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1669,7 +1744,7 @@ func (x *SetMinimumRequest) String() string {
 func (*SetMinimumRequest) ProtoMessage() {}
 
 func (x *SetMinimumRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[27]
+	mi := &file_quota_v1_operator_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1682,7 +1757,7 @@ func (x *SetMinimumRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetMinimumRequest.ProtoReflect.Descriptor instead.
 func (*SetMinimumRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{27}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *SetMinimumRequest) GetPolicy() string {
@@ -1715,7 +1790,7 @@ type SetMinimumResponse struct {
 
 func (x *SetMinimumResponse) Reset() {
 	*x = SetMinimumResponse{}
-	mi := &file_quota_v1_operator_proto_msgTypes[28]
+	mi := &file_quota_v1_operator_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1727,7 +1802,7 @@ func (x *SetMinimumResponse) String() string {
 func (*SetMinimumResponse) ProtoMessage() {}
 
 func (x *SetMinimumResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[28]
+	mi := &file_quota_v1_operator_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1740,7 +1815,7 @@ func (x *SetMinimumResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetMinimumResponse.ProtoReflect.Descriptor instead.
 func (*SetMinimumResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{28}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{29}
 }
 
 // ListAuditRequest bounds the listing.
@@ -1754,7 +1829,7 @@ type ListAuditRequest struct {
 
 func (x *ListAuditRequest) Reset() {
 	*x = ListAuditRequest{}
-	mi := &file_quota_v1_operator_proto_msgTypes[29]
+	mi := &file_quota_v1_operator_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1766,7 +1841,7 @@ func (x *ListAuditRequest) String() string {
 func (*ListAuditRequest) ProtoMessage() {}
 
 func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[29]
+	mi := &file_quota_v1_operator_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1779,7 +1854,7 @@ func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{29}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListAuditRequest) GetLimit() uint32 {
@@ -1800,7 +1875,7 @@ type ListAuditResponse struct {
 
 func (x *ListAuditResponse) Reset() {
 	*x = ListAuditResponse{}
-	mi := &file_quota_v1_operator_proto_msgTypes[30]
+	mi := &file_quota_v1_operator_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1812,7 +1887,7 @@ func (x *ListAuditResponse) String() string {
 func (*ListAuditResponse) ProtoMessage() {}
 
 func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[30]
+	mi := &file_quota_v1_operator_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1825,7 +1900,7 @@ func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{30}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListAuditResponse) GetEntries() []*AuditEntry {
@@ -1855,7 +1930,7 @@ type AuditEntry struct {
 
 func (x *AuditEntry) Reset() {
 	*x = AuditEntry{}
-	mi := &file_quota_v1_operator_proto_msgTypes[31]
+	mi := &file_quota_v1_operator_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1867,7 +1942,7 @@ func (x *AuditEntry) String() string {
 func (*AuditEntry) ProtoMessage() {}
 
 func (x *AuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[31]
+	mi := &file_quota_v1_operator_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1880,7 +1955,7 @@ func (x *AuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
 func (*AuditEntry) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{31}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *AuditEntry) GetAt() *timestamppb.Timestamp {
@@ -1988,7 +2063,7 @@ const file_quota_v1_operator_proto_rawDesc = "" +
 	"\n" +
 	"overcommit\x18\b \x01(\x01R\n" +
 	"overcommit\x12\x16\n" +
-	"\x06frozen\x18\t \x01(\bR\x06frozen\"\xea\x01\n" +
+	"\x06frozen\x18\t \x01(\bR\x06frozen\"\x93\x02\n" +
 	"\vRegionShare\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x14\n" +
 	"\x05share\x18\x02 \x01(\x01R\x05share\x12\x16\n" +
@@ -1999,7 +2074,14 @@ const file_quota_v1_operator_proto_rawDesc = "" +
 	"ackedEpoch\x12\x18\n" +
 	"\aoffered\x18\a \x01(\x01R\aoffered\x12\x1a\n" +
 	"\badmitted\x18\b \x01(\x01R\badmitted\x12\x16\n" +
-	"\x06pinned\x18\t \x01(\bR\x06pinned\"\x15\n" +
+	"\x06pinned\x18\t \x01(\bR\x06pinned\x12'\n" +
+	"\x05nodes\x18\n" +
+	" \x03(\v2\x11.quota.v1.NodeAckR\x05nodes\"R\n" +
+	"\aNodeAck\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1f\n" +
+	"\vacked_epoch\x18\x02 \x01(\x04R\n" +
+	"ackedEpoch\x12\x12\n" +
+	"\x04live\x18\x03 \x01(\bR\x04live\"\x15\n" +
 	"\x13RebalanceNowRequest\"N\n" +
 	"\x14RebalanceNowResponse\x12\x1c\n" +
 	"\tpublished\x18\x01 \x03(\tR\tpublished\x12\x18\n" +
@@ -2083,7 +2165,7 @@ func file_quota_v1_operator_proto_rawDescGZIP() []byte {
 	return file_quota_v1_operator_proto_rawDescData
 }
 
-var file_quota_v1_operator_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_quota_v1_operator_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_quota_v1_operator_proto_goTypes = []any{
 	(*ApplyPolicyRequest)(nil),     // 0: quota.v1.ApplyPolicyRequest
 	(*ApplyPolicyResponse)(nil),    // 1: quota.v1.ApplyPolicyResponse
@@ -2097,77 +2179,79 @@ var file_quota_v1_operator_proto_goTypes = []any{
 	(*ShowAllocationResponse)(nil), // 9: quota.v1.ShowAllocationResponse
 	(*AllocationInfo)(nil),         // 10: quota.v1.AllocationInfo
 	(*RegionShare)(nil),            // 11: quota.v1.RegionShare
-	(*RebalanceNowRequest)(nil),    // 12: quota.v1.RebalanceNowRequest
-	(*RebalanceNowResponse)(nil),   // 13: quota.v1.RebalanceNowResponse
-	(*DryRunRequest)(nil),          // 14: quota.v1.DryRunRequest
-	(*DryRunResponse)(nil),         // 15: quota.v1.DryRunResponse
-	(*ProposedShare)(nil),          // 16: quota.v1.ProposedShare
-	(*FreezeRequest)(nil),          // 17: quota.v1.FreezeRequest
-	(*FreezeResponse)(nil),         // 18: quota.v1.FreezeResponse
-	(*UnfreezeRequest)(nil),        // 19: quota.v1.UnfreezeRequest
-	(*UnfreezeResponse)(nil),       // 20: quota.v1.UnfreezeResponse
-	(*PinRequest)(nil),             // 21: quota.v1.PinRequest
-	(*PinResponse)(nil),            // 22: quota.v1.PinResponse
-	(*UnpinRequest)(nil),           // 23: quota.v1.UnpinRequest
-	(*UnpinResponse)(nil),          // 24: quota.v1.UnpinResponse
-	(*SetWeightRequest)(nil),       // 25: quota.v1.SetWeightRequest
-	(*SetWeightResponse)(nil),      // 26: quota.v1.SetWeightResponse
-	(*SetMinimumRequest)(nil),      // 27: quota.v1.SetMinimumRequest
-	(*SetMinimumResponse)(nil),     // 28: quota.v1.SetMinimumResponse
-	(*ListAuditRequest)(nil),       // 29: quota.v1.ListAuditRequest
-	(*ListAuditResponse)(nil),      // 30: quota.v1.ListAuditResponse
-	(*AuditEntry)(nil),             // 31: quota.v1.AuditEntry
-	nil,                            // 32: quota.v1.PolicyInfo.MinShareEntry
-	nil,                            // 33: quota.v1.Control.PinsEntry
-	nil,                            // 34: quota.v1.Control.WeightsEntry
-	nil,                            // 35: quota.v1.Control.MinimumsEntry
-	(*timestamppb.Timestamp)(nil),  // 36: google.protobuf.Timestamp
+	(*NodeAck)(nil),                // 12: quota.v1.NodeAck
+	(*RebalanceNowRequest)(nil),    // 13: quota.v1.RebalanceNowRequest
+	(*RebalanceNowResponse)(nil),   // 14: quota.v1.RebalanceNowResponse
+	(*DryRunRequest)(nil),          // 15: quota.v1.DryRunRequest
+	(*DryRunResponse)(nil),         // 16: quota.v1.DryRunResponse
+	(*ProposedShare)(nil),          // 17: quota.v1.ProposedShare
+	(*FreezeRequest)(nil),          // 18: quota.v1.FreezeRequest
+	(*FreezeResponse)(nil),         // 19: quota.v1.FreezeResponse
+	(*UnfreezeRequest)(nil),        // 20: quota.v1.UnfreezeRequest
+	(*UnfreezeResponse)(nil),       // 21: quota.v1.UnfreezeResponse
+	(*PinRequest)(nil),             // 22: quota.v1.PinRequest
+	(*PinResponse)(nil),            // 23: quota.v1.PinResponse
+	(*UnpinRequest)(nil),           // 24: quota.v1.UnpinRequest
+	(*UnpinResponse)(nil),          // 25: quota.v1.UnpinResponse
+	(*SetWeightRequest)(nil),       // 26: quota.v1.SetWeightRequest
+	(*SetWeightResponse)(nil),      // 27: quota.v1.SetWeightResponse
+	(*SetMinimumRequest)(nil),      // 28: quota.v1.SetMinimumRequest
+	(*SetMinimumResponse)(nil),     // 29: quota.v1.SetMinimumResponse
+	(*ListAuditRequest)(nil),       // 30: quota.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),      // 31: quota.v1.ListAuditResponse
+	(*AuditEntry)(nil),             // 32: quota.v1.AuditEntry
+	nil,                            // 33: quota.v1.PolicyInfo.MinShareEntry
+	nil,                            // 34: quota.v1.Control.PinsEntry
+	nil,                            // 35: quota.v1.Control.WeightsEntry
+	nil,                            // 36: quota.v1.Control.MinimumsEntry
+	(*timestamppb.Timestamp)(nil),  // 37: google.protobuf.Timestamp
 }
 var file_quota_v1_operator_proto_depIdxs = []int32{
 	4,  // 0: quota.v1.ListPoliciesResponse.policies:type_name -> quota.v1.PolicyInfo
-	32, // 1: quota.v1.PolicyInfo.min_share:type_name -> quota.v1.PolicyInfo.MinShareEntry
+	33, // 1: quota.v1.PolicyInfo.min_share:type_name -> quota.v1.PolicyInfo.MinShareEntry
 	4,  // 2: quota.v1.ShowPolicyResponse.policy:type_name -> quota.v1.PolicyInfo
 	7,  // 3: quota.v1.ShowPolicyResponse.control:type_name -> quota.v1.Control
-	33, // 4: quota.v1.Control.pins:type_name -> quota.v1.Control.PinsEntry
-	34, // 5: quota.v1.Control.weights:type_name -> quota.v1.Control.WeightsEntry
-	35, // 6: quota.v1.Control.minimums:type_name -> quota.v1.Control.MinimumsEntry
+	34, // 4: quota.v1.Control.pins:type_name -> quota.v1.Control.PinsEntry
+	35, // 5: quota.v1.Control.weights:type_name -> quota.v1.Control.WeightsEntry
+	36, // 6: quota.v1.Control.minimums:type_name -> quota.v1.Control.MinimumsEntry
 	10, // 7: quota.v1.ShowAllocationResponse.allocations:type_name -> quota.v1.AllocationInfo
-	36, // 8: quota.v1.AllocationInfo.published_at:type_name -> google.protobuf.Timestamp
+	37, // 8: quota.v1.AllocationInfo.published_at:type_name -> google.protobuf.Timestamp
 	11, // 9: quota.v1.AllocationInfo.regions:type_name -> quota.v1.RegionShare
-	16, // 10: quota.v1.DryRunResponse.regions:type_name -> quota.v1.ProposedShare
-	31, // 11: quota.v1.ListAuditResponse.entries:type_name -> quota.v1.AuditEntry
-	36, // 12: quota.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
-	0,  // 13: quota.v1.Operator.ApplyPolicy:input_type -> quota.v1.ApplyPolicyRequest
-	2,  // 14: quota.v1.Operator.ListPolicies:input_type -> quota.v1.ListPoliciesRequest
-	5,  // 15: quota.v1.Operator.ShowPolicy:input_type -> quota.v1.ShowPolicyRequest
-	8,  // 16: quota.v1.Operator.ShowAllocation:input_type -> quota.v1.ShowAllocationRequest
-	12, // 17: quota.v1.Operator.RebalanceNow:input_type -> quota.v1.RebalanceNowRequest
-	14, // 18: quota.v1.Operator.DryRun:input_type -> quota.v1.DryRunRequest
-	17, // 19: quota.v1.Operator.Freeze:input_type -> quota.v1.FreezeRequest
-	19, // 20: quota.v1.Operator.Unfreeze:input_type -> quota.v1.UnfreezeRequest
-	21, // 21: quota.v1.Operator.Pin:input_type -> quota.v1.PinRequest
-	23, // 22: quota.v1.Operator.Unpin:input_type -> quota.v1.UnpinRequest
-	25, // 23: quota.v1.Operator.SetWeight:input_type -> quota.v1.SetWeightRequest
-	27, // 24: quota.v1.Operator.SetMinimum:input_type -> quota.v1.SetMinimumRequest
-	29, // 25: quota.v1.Operator.ListAudit:input_type -> quota.v1.ListAuditRequest
-	1,  // 26: quota.v1.Operator.ApplyPolicy:output_type -> quota.v1.ApplyPolicyResponse
-	3,  // 27: quota.v1.Operator.ListPolicies:output_type -> quota.v1.ListPoliciesResponse
-	6,  // 28: quota.v1.Operator.ShowPolicy:output_type -> quota.v1.ShowPolicyResponse
-	9,  // 29: quota.v1.Operator.ShowAllocation:output_type -> quota.v1.ShowAllocationResponse
-	13, // 30: quota.v1.Operator.RebalanceNow:output_type -> quota.v1.RebalanceNowResponse
-	15, // 31: quota.v1.Operator.DryRun:output_type -> quota.v1.DryRunResponse
-	18, // 32: quota.v1.Operator.Freeze:output_type -> quota.v1.FreezeResponse
-	20, // 33: quota.v1.Operator.Unfreeze:output_type -> quota.v1.UnfreezeResponse
-	22, // 34: quota.v1.Operator.Pin:output_type -> quota.v1.PinResponse
-	24, // 35: quota.v1.Operator.Unpin:output_type -> quota.v1.UnpinResponse
-	26, // 36: quota.v1.Operator.SetWeight:output_type -> quota.v1.SetWeightResponse
-	28, // 37: quota.v1.Operator.SetMinimum:output_type -> quota.v1.SetMinimumResponse
-	30, // 38: quota.v1.Operator.ListAudit:output_type -> quota.v1.ListAuditResponse
-	26, // [26:39] is the sub-list for method output_type
-	13, // [13:26] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	12, // 10: quota.v1.RegionShare.nodes:type_name -> quota.v1.NodeAck
+	17, // 11: quota.v1.DryRunResponse.regions:type_name -> quota.v1.ProposedShare
+	32, // 12: quota.v1.ListAuditResponse.entries:type_name -> quota.v1.AuditEntry
+	37, // 13: quota.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
+	0,  // 14: quota.v1.Operator.ApplyPolicy:input_type -> quota.v1.ApplyPolicyRequest
+	2,  // 15: quota.v1.Operator.ListPolicies:input_type -> quota.v1.ListPoliciesRequest
+	5,  // 16: quota.v1.Operator.ShowPolicy:input_type -> quota.v1.ShowPolicyRequest
+	8,  // 17: quota.v1.Operator.ShowAllocation:input_type -> quota.v1.ShowAllocationRequest
+	13, // 18: quota.v1.Operator.RebalanceNow:input_type -> quota.v1.RebalanceNowRequest
+	15, // 19: quota.v1.Operator.DryRun:input_type -> quota.v1.DryRunRequest
+	18, // 20: quota.v1.Operator.Freeze:input_type -> quota.v1.FreezeRequest
+	20, // 21: quota.v1.Operator.Unfreeze:input_type -> quota.v1.UnfreezeRequest
+	22, // 22: quota.v1.Operator.Pin:input_type -> quota.v1.PinRequest
+	24, // 23: quota.v1.Operator.Unpin:input_type -> quota.v1.UnpinRequest
+	26, // 24: quota.v1.Operator.SetWeight:input_type -> quota.v1.SetWeightRequest
+	28, // 25: quota.v1.Operator.SetMinimum:input_type -> quota.v1.SetMinimumRequest
+	30, // 26: quota.v1.Operator.ListAudit:input_type -> quota.v1.ListAuditRequest
+	1,  // 27: quota.v1.Operator.ApplyPolicy:output_type -> quota.v1.ApplyPolicyResponse
+	3,  // 28: quota.v1.Operator.ListPolicies:output_type -> quota.v1.ListPoliciesResponse
+	6,  // 29: quota.v1.Operator.ShowPolicy:output_type -> quota.v1.ShowPolicyResponse
+	9,  // 30: quota.v1.Operator.ShowAllocation:output_type -> quota.v1.ShowAllocationResponse
+	14, // 31: quota.v1.Operator.RebalanceNow:output_type -> quota.v1.RebalanceNowResponse
+	16, // 32: quota.v1.Operator.DryRun:output_type -> quota.v1.DryRunResponse
+	19, // 33: quota.v1.Operator.Freeze:output_type -> quota.v1.FreezeResponse
+	21, // 34: quota.v1.Operator.Unfreeze:output_type -> quota.v1.UnfreezeResponse
+	23, // 35: quota.v1.Operator.Pin:output_type -> quota.v1.PinResponse
+	25, // 36: quota.v1.Operator.Unpin:output_type -> quota.v1.UnpinResponse
+	27, // 37: quota.v1.Operator.SetWeight:output_type -> quota.v1.SetWeightResponse
+	29, // 38: quota.v1.Operator.SetMinimum:output_type -> quota.v1.SetMinimumResponse
+	31, // 39: quota.v1.Operator.ListAudit:output_type -> quota.v1.ListAuditResponse
+	27, // [27:40] is the sub-list for method output_type
+	14, // [14:27] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_quota_v1_operator_proto_init() }
@@ -2181,7 +2265,7 @@ func file_quota_v1_operator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quota_v1_operator_proto_rawDesc), len(file_quota_v1_operator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   36,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
