@@ -25,6 +25,31 @@ type TokenState struct {
 // microseconds) means absent.
 const tokenPresent = math.MinInt64
 
+// TokenLimits are a token bucket's limits at one share, checked and
+// converted once (Prepared.TokenLimits), for a caller that decides many
+// batches at a few shares, as the simulator does. The zero TokenLimits is
+// not usable (TakeUnitsWith rejects it). Read-only, safe for concurrent use.
+type TokenLimits struct {
+	lim, rate, cost float64 // units; units per µs; one request in units
+	ttlUs           int64   // idle TTL in µs
+	ok              bool
+}
+
+// TokenLimits checks share as State.TakeAt does and returns l's token
+// bucket limits at that share. Errors report limits that are not a token
+// bucket's or not built by Prepare, a share outside (0, 1+ε], or f·C above
+// MaxCapacity.
+func (l *Prepared) TokenLimits(share float64) (TokenLimits, error) {
+	var p params
+	if err := l.params(share, 1, &p); err != nil {
+		return TokenLimits{}, err
+	}
+	if p.alg != algTB {
+		return TokenLimits{}, l.notTokenErr()
+	}
+	return TokenLimits{lim: p.lim, rate: p.p, cost: p.cost, ttlUs: p.ttl * 1000, ok: true}, nil
+}
+
 // TakeUnitsAt decides n requests of cost 1 that arrive together at now, one
 // after the other, in the token bucket at share f of l, and returns how
 // many it admitted: what n calls of State.TakeAt with cost 1 would admit,
@@ -35,19 +60,26 @@ const tokenPresent = math.MinInt64
 // Prepare, a share outside (0, 1+ε], f·C above MaxCapacity, or a negative
 // n; an error leaves s unchanged. n = 0 changes nothing.
 func (s *TokenState) TakeUnitsAt(now time.Time, l *Prepared, share float64, n int64) (int64, error) {
-	var p params
-	if err := l.params(share, 1, &p); err != nil {
+	tl, err := l.TokenLimits(share)
+	if err != nil {
 		return 0, err
 	}
-	if p.alg != algTB || n < 0 {
-		return 0, l.unitsErr(n)
+	return s.TakeUnitsWith(now, &tl, n)
+}
+
+// TakeUnitsWith is TakeUnitsAt with the limits at the share converted
+// once. Errors report zero limits or a negative n, and leave s unchanged.
+// Use one Prepared's limits with a TokenState (shares may differ).
+func (s *TokenState) TakeUnitsWith(now time.Time, l *TokenLimits, n int64) (int64, error) {
+	if !l.ok || n < 0 {
+		return 0, unitsErr(l, n)
 	}
 	if n == 0 {
 		return 0, nil
 	}
 	us := now.UnixMicro()
-	ttlUs := p.ttl * 1000
-	lim, rate, cost, ttl, nowF := p.lim, p.p, p.cost, float64(ttlUs), float64(us)
+	ttlUs := l.ttlUs
+	lim, rate, cost, ttl, nowF := l.lim, l.rate, l.cost, float64(ttlUs), float64(us)
 
 	// The first take reads the stored bucket (State.into, decideTB).
 	lw, exists := int64(0), false
@@ -119,12 +151,19 @@ func (s *TokenState) store(ts, tokens float64, lw, us int64) {
 	s.ts, s.tokens, s.lw = ts, tokens, max(lw, us)^tokenPresent
 }
 
-// unitsErr explains why TakeUnitsAt refused limits l or n.
+// notTokenErr explains why TokenLimits refused limits l.
 //
 //go:noinline
-func (l *Prepared) unitsErr(n int64) error {
+func (l *Prepared) notTokenErr() error {
+	return requestErr("algorithm %q: a TokenState holds token buckets only", l.limits.Algorithm)
+}
+
+// unitsErr explains why TakeUnitsWith refused l or n.
+//
+//go:noinline
+func unitsErr(l *TokenLimits, n int64) error {
 	if n < 0 {
 		return requestErr("%d requests, want ≥ 0", n)
 	}
-	return requestErr("algorithm %q: a TokenState holds token buckets only", l.limits.Algorithm)
+	return requestErr("token limits not converted (build them with Prepared.TokenLimits)")
 }

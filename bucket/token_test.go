@@ -57,7 +57,16 @@ func TestTokenStateEqualsUnitTakes(t *testing.T) {
 					n = rng.Int64N(3)
 				}
 				at := time.UnixMicro(now)
-				got, err := ts.TakeUnitsAt(at, &p, share, n)
+				var got int64
+				if step%2 == 0 {
+					got, err = ts.TakeUnitsAt(at, &p, share, n)
+				} else {
+					tl, lerr := p.TokenLimits(share)
+					if lerr != nil {
+						t.Fatal(lerr)
+					}
+					got, err = ts.TakeUnitsWith(at, &tl, n)
+				}
 				if err != nil {
 					t.Fatalf("step %d: %v", step, err)
 				}
@@ -114,6 +123,16 @@ func TestTokenStateErrors(t *testing.T) {
 				t.Fatal("an error changed the bucket")
 			}
 		})
+	}
+	var s bucket.TokenState
+	if _, err := s.TakeUnitsWith(t0, &bucket.TokenLimits{}, 1); !errors.Is(err, bucket.ErrInvalidRequest) {
+		t.Fatalf("zero TokenLimits: err %v, want ErrInvalidRequest", err)
+	}
+	if _, err := tb.TokenLimits(0); !errors.Is(err, bucket.ErrInvalidRequest) {
+		t.Fatalf("TokenLimits at share 0: err %v, want ErrInvalidRequest", err)
+	}
+	if _, err := fw.TokenLimits(1); !errors.Is(err, bucket.ErrInvalidRequest) {
+		t.Fatalf("TokenLimits of a fixed window: err %v, want ErrInvalidRequest", err)
 	}
 }
 

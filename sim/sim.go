@@ -282,7 +282,15 @@ type model struct {
 	states   [][]cell // per store, per subject; nil for the system (its buckets are in engine.sub)
 	win      *windows
 	admitted int64
-	calls    int64 // decisions the batches would ask of a Store (batchCalls)
+	calls    int64       // decisions the batches would ask of a Store (batchCalls)
+	lim      shareLimits // a baseline's limits (its share never changes)
+}
+
+// shareLimits holds the bucket limits at the share last asked for, so
+// that they are converted only when the share changes (engine.limits).
+type shareLimits struct {
+	share float64 // 0: none yet
+	lim   bucket.TokenLimits
 }
 
 func newModel(stores, subjects int, widths []int64, limits []float64) *model {
@@ -341,8 +349,10 @@ type engine struct {
 	downAt   []time.Duration
 	applied  []*allocation
 	defShare []float64 // per region: the default share of applied[r]
-	sec, bin int       // the current second and series bin
-	sink     int64     // what touch read
+	defLim   []shareLimits
+	ovrLim   []shareLimits
+	sec, bin int   // the current second and series bin
+	sink     int64 // what touch read
 	err      error
 
 	coordUp   bool
@@ -451,6 +461,8 @@ func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 		downAt:     make([]time.Duration, n),
 		applied:    make([]*allocation, n),
 		defShare:   make([]float64, n),
+		defLim:     make([]shareLimits, n),
+		ovrLim:     make([]shareLimits, n),
 		sub:        make([][]subjectRegion, n),
 		acked:      make([]int, n),
 		coordUp:    true,
@@ -696,20 +708,20 @@ func (e *engine) decide(r int, t int64, j int32, fresh int64) {
 	sr := &e.sub[r][j]
 	a := n
 	if e.sys != nil {
-		share := sr.ovr
+		share, lim := sr.ovr, &e.ovrLim[r]
 		if share != share { // NaN: the region's default
-			share = e.defShare[r]
+			share, lim = e.defShare[r], &e.defLim[r]
 		}
-		a = e.take(e.sys, &sr.st, share, t, j, n)
+		a = e.take(e.sys, &sr.st, lim, share, t, j, n)
 		e.perSecondSys[e.sec] += a
 		e.seriesRegion[r][e.bin] += float64(a)
 	}
 	if o := e.own; o != nil && (e.ownSel == ownAll || (e.retryOf[j] > 0) == (e.ownSel == ownRetrying)) {
-		b := e.take(o.ideal, &o.ideal.states[0][j].st, 1, t, j, n)
+		b := e.take(o.ideal, &o.ideal.states[0][j].st, &o.ideal.lim, 1, t, j, n)
 		o.perSecondIdeal[e.sec] += b
 		o.seriesIdeal[e.bin] += float64(b)
-		e.take(o.independent, &o.independent.states[r][j].st, 1, t, j, n)
-		e.take(o.static, &o.static.states[r][j].st, 1/float64(e.n), t, j, n)
+		e.take(o.independent, &o.independent.states[r][j].st, &o.independent.lim, 1, t, j, n)
+		e.take(o.static, &o.static.states[r][j].st, &o.static.lim, 1/float64(e.n), t, j, n)
 	}
 	if e.sys == nil {
 		return
@@ -749,13 +761,23 @@ func (e *engine) decide(r int, t int64, j int32, fresh int64) {
 }
 
 // take decides n unit requests of subject j arriving together in m's
-// bucket st at share (one after the other: bucket.TokenState.TakeUnitsAt).
-// A share above 1+ε (float rounding in the allocator) is clamped to it.
-func (e *engine) take(m *model, st *bucket.TokenState, share float64, t int64, j int32, n int64) int64 {
+// bucket st at share (one after the other: bucket.TokenState.TakeUnitsAt),
+// with the limits memoised in lim. A share above 1+ε (float rounding in
+// the allocator) is clamped to it.
+func (e *engine) take(m *model, st *bucket.TokenState, lim *shareLimits, share float64, t int64, j int32, n int64) int64 {
 	if share <= 0 {
 		return 0
 	}
-	a, err := st.TakeUnitsAt(e.nowT, &e.prep, min(share, e.maxShare), n)
+	share = min(share, e.maxShare)
+	if share != lim.share {
+		l, err := e.prep.TokenLimits(share)
+		if err != nil {
+			e.err = cmp.Or(e.err, fmt.Errorf("sim: bucket decision at %v: %w", e.now, err))
+			return 0
+		}
+		lim.share, lim.lim = share, l
+	}
+	a, err := st.TakeUnitsWith(e.nowT, &lim.lim, n)
 	if err != nil {
 		e.err = cmp.Or(e.err, fmt.Errorf("sim: bucket decision at %v: %w", e.now, err))
 		return 0
@@ -773,6 +795,9 @@ func (e *engine) take(m *model, st *bucket.TokenState, share float64, t int64, j
 // capacity (the largest valid cost): one per chunk until one is denied,
 // and then one more for the whole tokens left, if any (a mod capacity).
 func batchCalls(n, a, capacity int64) int64 {
+	if a == n && n <= capacity {
+		return 1
+	}
 	if a == n {
 		return (n + capacity - 1) / capacity
 	}
