@@ -414,3 +414,29 @@ func TestPinDoesNotAllocate(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkCheckShares is what one check pays for its shares: begin, one
+// share read, end; with Standalone, with a real Syncer (a pin), and, for
+// comparison, the Syncer's unpinned Share that checks used before pins.
+func BenchmarkCheckShares(b *testing.B) {
+	e := startPinEnv(b, time.Second)
+	alone := startNode(b, Config{}, nil).node
+	read := map[string]func() float64{
+		"standalone": func() float64 { s := alone.beginShares(); defer s.end(); return s.share("pinned", "acme") },
+		"pinned":     func() float64 { s := e.h.node.beginShares(); defer s.end(); return s.share("pinned", "acme") },
+		"unpinned":   func() float64 { return e.sync.Share("pinned", "acme") },
+	}
+	for _, name := range []string{"standalone", "unpinned", "pinned"} {
+		f := read[name]
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			sum := 0.0
+			for b.Loop() {
+				sum += f()
+			}
+			if sum <= 0 {
+				b.Fatal("no share read")
+			}
+		})
+	}
+}
