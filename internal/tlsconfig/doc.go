@@ -11,7 +11,10 @@
 // pool together), clients in GetClientCertificate and VerifyConnection
 // (the server's chain is verified against the current CA pool and the
 // server name by hand, which is why InsecureSkipVerify is set on client
-// configurations with a CA file).
+// configurations with a CA file). gRPC clients that dial several servers
+// by address (an etcd cluster) use TransportCredentials, which builds a
+// client configuration per handshake and verifies each server against the
+// host it dialed.
 //
 // Files are checked lazily: a handshake that finds the last check older
 // than Config.CheckEvery (default 500 ms) reads the files (each at most
