@@ -287,14 +287,17 @@ type model struct {
 }
 
 // shareLimits holds the bucket limits at the share last asked for, so
-// that they are converted only when the share changes (engine.limits).
+// that they are converted only when the share changes (engine.take).
 type shareLimits struct {
 	share float64 // 0: none yet
 	lim   bucket.TokenLimits
 }
 
-func newModel(stores, subjects int, widths []int64, limits []float64) *model {
+// newModel returns a model with room for queue admissions in its window
+// queue before it grows.
+func newModel(stores, subjects int, widths []int64, limits []float64, queue int) *model {
 	m := &model{states: make([][]cell, stores), win: newWindows(subjects, widths, limits)}
+	m.win.queue = make([]mark, 0, queue)
 	for i := range m.states {
 		m.states[i] = make([]cell, subjects)
 	}
@@ -514,8 +517,9 @@ func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 		e.nextRetry = make([]int64, e.maxRetry+1)
 	}
 	e.touched = make([][]int32, n)
+	room := e.queueRoom()
 	if sys {
-		e.sys = newModel(0, sc.Subjects, e.windowsW, e.windowsL)
+		e.sys = newModel(0, sc.Subjects, e.windowsW, e.windowsL, room)
 	}
 	seconds := int(time.Duration(sc.Duration)/time.Second) + 1
 	ticks := int64(time.Duration(sc.Duration) / e.tick)
@@ -526,9 +530,9 @@ func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 	}
 	if !cfg.NoBaselines && (base == nil || e.maxRetry > 0) {
 		e.own = &baseRun{
-			ideal:          newModel(1, sc.Subjects, e.windowsW, e.windowsL),
-			independent:    newModel(n, sc.Subjects, e.windowsW, e.windowsL),
-			static:         newModel(n, sc.Subjects, e.windowsW, e.windowsL),
+			ideal:          newModel(1, sc.Subjects, e.windowsW, e.windowsL, room),
+			independent:    newModel(n, sc.Subjects, e.windowsW, e.windowsL, room),
+			static:         newModel(n, sc.Subjects, e.windowsW, e.windowsL, room),
 			perSecondIdeal: make([]int64, seconds),
 			seriesIdeal:    make([]float64, bins),
 		}
@@ -540,6 +544,18 @@ func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 	}
 	e.checkSum()
 	return e, nil
+}
+
+// queueRoom is the room a model's window queue starts with: the mean
+// arrivals within the longest window, twice (the queue compacts when half
+// of it has left every window), bounded by 2^20 marks (24 MiB); the queue
+// grows past it if it must.
+func (e *engine) queueRoom() int {
+	rate := 0.0
+	for _, g := range compileGroups(e.sc, e.sc.Subjects) {
+		rate += g.total
+	}
+	return int(min(2.2*rate*windowSeconds[len(windowSeconds)-1], 1<<20))
 }
 
 // setApplied makes a the allocation region r enforces.
@@ -648,7 +664,7 @@ func (e *engine) touch(r int, batches []batch) {
 		k := len(e.sys.win.best)
 		for _, b := range batches {
 			sr := &sub[b.subject]
-			x += int64(sr.ovr) + sr.denied + count[int(b.subject)*k]
+			x += int64(math.Float64bits(sr.ovr)) + sr.denied + count[int(b.subject)*k]
 		}
 	}
 	if e.own != nil {
