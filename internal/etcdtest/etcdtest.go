@@ -5,12 +5,16 @@ package etcdtest
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"net/url"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
@@ -22,6 +26,9 @@ type Server struct {
 	Endpoints []string
 	etcd      *embed.Etcd
 	dir       string
+	tls       *transport.TLSInfo // set by StartTLS
+	log       *os.File           // the running member's log (tls.go)
+	clientTLS *tls.Config        // what Client presents to a TLS server
 }
 
 // Start runs an embedded etcd for tb and waits until it serves.
@@ -42,6 +49,7 @@ func (s *Server) Client(tb testing.TB) *clientv3.Client {
 		Endpoints:   s.Endpoints,
 		DialTimeout: 5 * time.Second,
 		Logger:      zap.NewNop(),
+		TLS:         s.clientTLS, // nil unless StartTLS
 	})
 	if err != nil {
 		tb.Fatalf("etcdtest: client: %v", err)
@@ -58,6 +66,7 @@ func (s *Server) Stop() {
 	s.etcd.Close()
 	<-s.etcd.Server.StopNotify()
 	s.etcd = nil
+	s.closeLog()
 }
 
 // Restart starts a stopped server again on the same client address and data.
@@ -68,15 +77,18 @@ func (s *Server) Restart() error {
 
 func (s *Server) start(clientURL string) error {
 	cfg := embed.NewConfig()
-	cfg.Dir = s.dir
+	cfg.Dir = filepath.Join(s.dir, "data")
 	cfg.Logger = "zap"
 	cfg.LogLevel = "error"
+	if err := s.prepare(cfg); err != nil {
+		return err
+	}
 	if clientURL == "" {
 		a, err := freeAddr()
 		if err != nil {
 			return err
 		}
-		clientURL = "http://" + a
+		clientURL = s.scheme() + "://" + a
 	}
 	p, err := freeAddr()
 	if err != nil {
@@ -91,12 +103,14 @@ func (s *Server) start(clientURL string) error {
 	cfg.InitialCluster = cfg.Name + "=" + pu.String()
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
+		s.closeLog()
 		return fmt.Errorf("start embedded etcd: %w", err)
 	}
 	select {
 	case <-e.Server.ReadyNotify():
 	case <-time.After(30 * time.Second):
 		e.Close()
+		s.closeLog()
 		return fmt.Errorf("embedded etcd not ready after 30s")
 	}
 	s.etcd = e
