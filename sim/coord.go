@@ -1,8 +1,10 @@
 package sim
 
 import (
+	"cmp"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"time"
 
@@ -101,11 +103,11 @@ func (e *engine) collect(r int) *report {
 		}
 		sr.offered, sr.denied = 0, 0
 	}
-	sort.Slice(cands, func(a, b int) bool {
-		if cands[a].denied != cands[b].denied {
-			return cands[a].denied > cands[b].denied
+	slices.SortFunc(cands, func(a, b cand) int {
+		if a.denied != b.denied {
+			return cmp.Compare(b.denied, a.denied)
 		}
-		return cands[a].j < cands[b].j
+		return cmp.Compare(a.j, b.j)
 	})
 	if len(cands) > e.cfg.MaxOverrides {
 		cands = cands[:e.cfg.MaxOverrides]
@@ -124,18 +126,25 @@ func (e *engine) absorb(r int, rep *report) {
 	e.sOffered[r] = allocator.Smooth(e.sOffered[r], rep.offered, a)
 	// Most demanding first, so that which subjects get tracked when the
 	// table is full never depends on map order.
-	js := make([]int32, 0, len(rep.subjects))
-	for j := range rep.subjects {
-		js = append(js, j)
+	type demand struct {
+		j int32
+		v float64
 	}
-	sort.Slice(js, func(x, y int) bool {
-		if vx, vy := rep.subjects[js[x]], rep.subjects[js[y]]; vx != vy {
-			return vx > vy
+	js := make([]demand, 0, len(rep.subjects))
+	for j, v := range rep.subjects {
+		js = append(js, demand{j, v})
+	}
+	slices.SortFunc(js, func(x, y demand) int {
+		if x.v != y.v {
+			if x.v > y.v {
+				return -1
+			}
+			return 1
 		}
-		return js[x] < js[y]
+		return cmp.Compare(x.j, y.j)
 	})
-	for _, j := range js {
-		v := rep.subjects[j]
+	for _, jv := range js {
+		j, v := jv.j, jv.v
 		d, ok := e.sSubject[j]
 		if !ok {
 			if len(e.sSubject) >= 2*e.cfg.MaxOverrides {
