@@ -11,9 +11,6 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
-	"google.golang.org/grpc"
-	grpcbackoff "google.golang.org/grpc/backoff"
 
 	"github.com/quotacoord/quota/internal/clock"
 	"github.com/quotacoord/quota/internal/demand"
@@ -180,27 +177,4 @@ func DefaultNodeID() string {
 	var b [4]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
 	return host + "-" + hex.EncodeToString(b[:])
-}
-
-// Dial returns an etcd client for endpoints that does not wait for a
-// connection (a node starts, at its safe shares, while etcd is down) and
-// reconnects within about two seconds once etcd is back.
-func Dial(endpoints []string) (*clientv3.Client, error) {
-	if len(endpoints) == 0 {
-		return nil, fmt.Errorf("%w: no etcd endpoints", ErrInvalidConfig)
-	}
-	c, err := clientv3.New(clientv3.Config{
-		Endpoints:            endpoints,
-		DialKeepAliveTime:    5 * time.Second,
-		DialKeepAliveTimeout: 2 * time.Second,
-		Logger:               zap.NewNop(),
-		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff:           grpcbackoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
-			MinConnectTimeout: 2 * time.Second,
-		})},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("regionsync: etcd client for %v: %w", endpoints, err)
-	}
-	return c, nil
 }
