@@ -59,6 +59,8 @@ type options struct {
 	tlsCert, tlsKey, tlsClientCA    string
 	redisTLSCA, redisTLSCert        string
 	redisTLSKey, redisTLSServerName string
+	etcdTLSCA, etcdTLSCert          string
+	etcdTLSKey, etcdTLSServerName   string
 	unknownPolicy, headers          string
 	subjectSalt                     string
 	envoyPlainKeys                  string
@@ -92,6 +94,10 @@ func parseFlags(args []string, env []string, stderr io.Writer) (*options, error)
 	fs.StringVar(&o.redisTLSCert, "redis-tls-cert", "", "PEM client certificate for Redis (with -redis-tls-key; mutual TLS)")
 	fs.StringVar(&o.redisTLSKey, "redis-tls-key", "", "PEM private key of -redis-tls-cert")
 	fs.StringVar(&o.redisTLSServerName, "redis-tls-server-name", "", "name Redis's certificate must carry; default the host of -redis (needed for cluster seeds given as IP addresses)")
+	fs.StringVar(&o.etcdTLSCA, "etcd-tls-ca", "", "PEM CA bundle: connect to etcd over TLS (https) and verify its certificates (reloaded on change)")
+	fs.StringVar(&o.etcdTLSCert, "etcd-tls-cert", "", "PEM client certificate for etcd (with -etcd-tls-key; mutual TLS, reloaded on change)")
+	fs.StringVar(&o.etcdTLSKey, "etcd-tls-key", "", "PEM private key of -etcd-tls-cert")
+	fs.StringVar(&o.etcdTLSServerName, "etcd-tls-server-name", "", "name every etcd certificate must carry; default each endpoint's host")
 	fs.StringVar(&o.unknownPolicy, "unknown-policy", "error", "checks naming an unknown policy: error (NotFound), deny or allow")
 	fs.StringVar(&o.headers, "rls-headers", "off", "Envoy API response headers: off or draft (RateLimit-Limit/-Remaining/-Reset)")
 	fs.StringVar(&o.subjectSalt, "subject-salt", "", "salt for hashed subjects; the same in every region")
@@ -141,6 +147,12 @@ func parseFlags(args []string, env []string, stderr io.Writer) (*options, error)
 	}
 	if (o.redisTLSCA != "" || o.redisTLSCert != "" || o.redisTLSServerName != "") && o.redis == "" {
 		return nil, errors.New("regional: -redis-tls-* flags need -redis")
+	}
+	if (o.etcdTLSCert == "") != (o.etcdTLSKey == "") {
+		return nil, errors.New("regional: -etcd-tls-cert and -etcd-tls-key go together")
+	}
+	if (o.etcdTLSCA != "" || o.etcdTLSCert != "" || o.etcdTLSServerName != "") && o.etcd == "" {
+		return nil, errors.New("regional: -etcd-tls-* flags need -etcd")
 	}
 	if o.nodeID == "" {
 		o.nodeID = regionsync.DefaultNodeID()
