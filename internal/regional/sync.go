@@ -25,7 +25,8 @@ type syncer struct {
 	stop   func()
 }
 
-// startSync wires the region to etcd when -etcd is given: shares and
+// startSync wires the region to etcd when -etcd is given (over TLS with
+// the -etcd-tls-* flags, files reloaded on change): shares and
 // acknowledgements through internal/regionsync, demand through an
 // internal/demand recorder reported every -report-interval, and, unless
 // -policies is given, the policies stored in etcd. Standalone it returns
@@ -40,7 +41,8 @@ func startSync(ctx context.Context, o *options, log hclog.Logger) (*syncer, erro
 			endpoints = append(endpoints, e)
 		}
 	}
-	client, err := regionsync.Dial(endpoints)
+	client, err := regionsync.DialTLS(endpoints, regionsync.TLS{CAFile: o.etcdTLSCA, CertFile: o.etcdTLSCert,
+		KeyFile: o.etcdTLSKey, ServerName: o.etcdTLSServerName, Logger: log.Named("etcd-tls")})
 	if err != nil {
 		return nil, fmt.Errorf("regional: -etcd: %w", err)
 	}
