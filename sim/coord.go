@@ -84,13 +84,15 @@ func (e *engine) handle(ev *event) error {
 // of every subject the region holds an override for.
 func (e *engine) collect(r int) *report {
 	secs := e.cfg.ReportInterval.Seconds()
-	rep := &report{offered: float64(e.intOffered[r]) / secs, subjects: map[int32]float64{}}
+	rep := &report{offered: float64(e.intOffered[r]) / secs}
 	type cand struct {
 		j               int32
 		denied, offered int64
 	}
+	seq := e.nextStamp()
 	for j := range e.applied[r].overrides {
-		rep.subjects[j] = float64(e.sub[r][j].offered) / secs
+		rep.subjects = append(rep.subjects, demand{j, float64(e.sub[r][j].offered) / secs})
+		e.stamp[j] = seq
 	}
 	// One pass over the subjects touched: candidates, and the counters
 	// reset for the next interval.
@@ -113,8 +115,21 @@ func (e *engine) collect(r int) *report {
 		cands = cands[:e.cfg.MaxOverrides]
 	}
 	for _, c := range cands {
-		rep.subjects[c.j] = float64(c.offered) / secs
+		if e.stamp[c.j] != seq { // not an override subject already in
+			rep.subjects = append(rep.subjects, demand{c.j, float64(c.offered) / secs})
+		}
 	}
+	// Most demanding first, so that which subjects get tracked when the
+	// table is full never depends on map order.
+	slices.SortFunc(rep.subjects, func(x, y demand) int {
+		if x.v != y.v {
+			if x.v > y.v {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Compare(x.j, y.j)
+	})
 	e.touched[r] = e.touched[r][:0]
 	e.intOffered[r] = 0
 	return rep
@@ -124,27 +139,10 @@ func (e *engine) collect(r int) *report {
 func (e *engine) absorb(r int, rep *report) {
 	a := e.cfg.Smoothing
 	e.sOffered[r] = allocator.Smooth(e.sOffered[r], rep.offered, a)
-	// Most demanding first, so that which subjects get tracked when the
-	// table is full never depends on map order.
-	type demand struct {
-		j int32
-		v float64
-	}
-	js := make([]demand, 0, len(rep.subjects))
-	for j, v := range rep.subjects {
-		js = append(js, demand{j, v})
-	}
-	slices.SortFunc(js, func(x, y demand) int {
-		if x.v != y.v {
-			if x.v > y.v {
-				return -1
-			}
-			return 1
-		}
-		return cmp.Compare(x.j, y.j)
-	})
-	for _, jv := range js {
+	seq := e.nextStamp()
+	for _, jv := range rep.subjects {
 		j, v := jv.j, jv.v
+		e.stamp[j] = seq
 		d, ok := e.sSubject[j]
 		if !ok {
 			if len(e.sSubject) >= 2*e.cfg.MaxOverrides {
@@ -157,10 +155,17 @@ func (e *engine) absorb(r int, rep *report) {
 	}
 	// Subjects tracked but absent from this report decay in this region.
 	for j, d := range e.sSubject {
-		if _, ok := rep.subjects[j]; !ok {
+		if e.stamp[j] != seq {
 			d[r] = allocator.Smooth(d[r], 0, a)
 		}
 	}
+}
+
+// nextStamp returns a fresh mark for e.stamp: subjects stamped with it
+// are in the set being built.
+func (e *engine) nextStamp() uint64 {
+	e.stampSeq++
+	return e.stampSeq
 }
 
 // live reports whether the coordinator still counts region r as holding
@@ -349,13 +354,13 @@ func (e *engine) checkSum() {
 		sum += share(r, 0, true)
 	}
 	e.maxSum = math.Max(e.maxSum, sum)
-	seen := map[int32]bool{}
+	seen := e.nextStamp()
 	for r := 0; r < e.n; r++ {
 		for j := range e.applied[r].overrides {
-			if seen[j] {
+			if e.stamp[j] == seen {
 				continue
 			}
-			seen[j] = true
+			e.stamp[j] = seen
 			s := 0.0
 			for q := 0; q < e.n; q++ {
 				s += share(q, j, false)

@@ -270,8 +270,14 @@ func (h *eventHeap) Pop() any {
 
 // report is a region's demand report for one interval.
 type report struct {
-	offered  float64 // requests per second, all subjects
-	subjects map[int32]float64
+	offered  float64  // requests per second, all subjects
+	subjects []demand // the most pressured and the overridden subjects, most demanding first
+}
+
+// demand is a subject's offered rate in a report, requests per second.
+type demand struct {
+	j int32
+	v float64
 }
 
 // model is one set of buckets deciding the stream: the simulated system or
@@ -354,8 +360,10 @@ type engine struct {
 	defShare []float64 // per region: the default share of applied[r]
 	defLim   []shareLimits
 	ovrLim   []shareLimits
-	sec, bin int   // the current second and series bin
-	sink     int64 // what touch read
+	sec, bin int      // the current second and series bin
+	sink     int64    // what touch read
+	stamp    []uint64 // per subject: marks of set membership (nextStamp)
+	stampSeq uint64
 	err      error
 
 	coordUp   bool
@@ -517,6 +525,7 @@ func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 		e.nextRetry = make([]int64, e.maxRetry+1)
 	}
 	e.touched = make([][]int32, n)
+	e.stamp = make([]uint64, sc.Subjects)
 	room := e.queueRoom()
 	if sys {
 		e.sys = newModel(0, sc.Subjects, e.windowsW, e.windowsL, room)
