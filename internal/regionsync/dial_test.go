@@ -2,17 +2,14 @@ package regionsync
 
 import (
 	"context"
-	"errors"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/internal/etcdtest"
+	"github.com/quotacoord/quota/internal/tlsconfig"
 )
 
 // TestDialTLS: against an etcd that requires client certificates, only a
@@ -28,17 +25,17 @@ func TestDialTLS(t *testing.T) {
 	tests := []struct {
 		name      string
 		endpoints []string
-		tls       TLS
+		tls       tlsconfig.Etcd
 		ok        bool
 	}{
-		{"client certificate from etcd's CA, endpoint's IP verified", srv.Endpoints, TLS{CAFile: ca.File, CertFile: cert, KeyFile: key}, true},
-		{"endpoint without a scheme", []string{hostPort}, TLS{CAFile: ca.File, CertFile: cert, KeyFile: key}, true},
-		{"fixed server name the certificate carries", srv.Endpoints, TLS{CAFile: ca.File, CertFile: cert, KeyFile: key, ServerName: "localhost"}, true},
-		{"fixed server name the certificate lacks", srv.Endpoints, TLS{CAFile: ca.File, CertFile: cert, KeyFile: key, ServerName: "etcd.example.com"}, false},
-		{"no client certificate", srv.Endpoints, TLS{CAFile: ca.File}, false},
-		{"client certificate from another CA", srv.Endpoints, TLS{CAFile: ca.File, CertFile: otherCert, KeyFile: otherKey}, false},
-		{"etcd's certificate not trusted", srv.Endpoints, TLS{CAFile: other.File, CertFile: cert, KeyFile: key}, false},
-		{"plaintext client", []string{"http://" + hostPort}, TLS{}, false},
+		{"client certificate from etcd's CA, endpoint's IP verified", srv.Endpoints, tlsconfig.Etcd{CAFile: ca.File, CertFile: cert, KeyFile: key}, true},
+		{"endpoint without a scheme", []string{hostPort}, tlsconfig.Etcd{CAFile: ca.File, CertFile: cert, KeyFile: key}, true},
+		{"fixed server name the certificate carries", srv.Endpoints, tlsconfig.Etcd{CAFile: ca.File, CertFile: cert, KeyFile: key, ServerName: "localhost"}, true},
+		{"fixed server name the certificate lacks", srv.Endpoints, tlsconfig.Etcd{CAFile: ca.File, CertFile: cert, KeyFile: key, ServerName: "etcd.example.com"}, false},
+		{"no client certificate", srv.Endpoints, tlsconfig.Etcd{CAFile: ca.File}, false},
+		{"client certificate from another CA", srv.Endpoints, tlsconfig.Etcd{CAFile: ca.File, CertFile: otherCert, KeyFile: otherKey}, false},
+		{"etcd's certificate not trusted", srv.Endpoints, tlsconfig.Etcd{CAFile: other.File, CertFile: cert, KeyFile: key}, false},
+		{"plaintext client", []string{"http://" + hostPort}, tlsconfig.Etcd{}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -58,46 +55,6 @@ func TestDialTLS(t *testing.T) {
 	}
 }
 
-// TestTLSApplyErrors: configurations that cannot work fail before
-// dialing, with ErrInvalidConfig or the file at fault.
-func TestTLSApplyErrors(t *testing.T) {
-	ca := etcdtest.NewCA(t, "ca")
-	dir := t.TempDir()
-	cert, key, _ := ca.IssueFiles(t, dir, "node")
-	tests := []struct {
-		name      string
-		endpoints []string
-		tls       TLS
-		invalid   bool
-		text      string
-	}{
-		{"plaintext endpoint with TLS", []string{"http://127.0.0.1:2379"}, TLS{CAFile: ca.File}, true, "https"},
-		{"other scheme with TLS", []string{"unix:///tmp/etcd.sock"}, TLS{CAFile: ca.File}, true, "https"},
-		{"certificate without key", []string{"https://127.0.0.1:2379"}, TLS{CAFile: ca.File, CertFile: cert}, true, "go together"},
-		{"server name alone", []string{"https://127.0.0.1:2379"}, TLS{ServerName: "etcd"}, true, "CA file"},
-		{"missing CA file", []string{"https://127.0.0.1:2379"}, TLS{CAFile: filepath.Join(dir, "none.pem")}, false, "none.pem"},
-		{"key of another certificate", []string{"https://127.0.0.1:2379"}, TLS{CertFile: cert, KeyFile: ca.File}, false, "key pair"},
-		{"no endpoints", nil, TLS{CAFile: ca.File, CertFile: cert, KeyFile: key}, true, "no etcd endpoints"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			c, err := DialTLS(tt.endpoints, tt.tls)
-			if err == nil {
-				c.Close()
-				t.Fatal("accepted")
-			}
-			if errors.Is(err, ErrInvalidConfig) != tt.invalid || !strings.Contains(err.Error(), tt.text) {
-				t.Errorf("%v, want ErrInvalidConfig=%v and %q", err, tt.invalid, tt.text)
-			}
-		})
-	}
-	// A zero TLS leaves the configuration alone.
-	cfg := clientv3.Config{Endpoints: []string{"http://127.0.0.1:2379"}}
-	if err := (TLS{}).Apply(&cfg); err != nil || cfg.TLS != nil || len(cfg.DialOptions) != 0 {
-		t.Errorf("zero TLS changed the configuration: %v %+v", err, cfg)
-	}
-}
-
 // TestSyncerRotatedClientCertificate: a node whose client certificate etcd
 // refuses keeps retrying; once the files hold a certificate from etcd's
 // CA, its next connection uses it and the node registers and acknowledges
@@ -110,7 +67,7 @@ func TestSyncerRotatedClientCertificate(t *testing.T) {
 
 	dir := t.TempDir()
 	cert, key, _ := other.IssueFiles(t, dir, "node")
-	c, err := DialTLS(srv.Endpoints, TLS{CAFile: ca.File, CertFile: cert, KeyFile: key, CheckEvery: 50 * time.Millisecond})
+	c, err := DialTLS(srv.Endpoints, tlsconfig.Etcd{CAFile: ca.File, CertFile: cert, KeyFile: key, CheckEvery: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,7 @@
 // configurations with a CA file). gRPC clients that dial several servers
 // by address (an etcd cluster) use TransportCredentials, which builds a
 // client configuration per handshake and verifies each server against the
-// host it dialed.
+// host it dialed. Etcd applies both to an etcd client configuration.
 //
 // Files are checked lazily: a handshake that finds the last check older
 // than Config.CheckEvery (default 500 ms) reads the files (each at most
