@@ -13,6 +13,7 @@ import (
 	"github.com/quotacoord/quota/internal/demand"
 	"github.com/quotacoord/quota/internal/policy"
 	"github.com/quotacoord/quota/internal/regionsync"
+	"github.com/quotacoord/quota/internal/tlsconfig"
 )
 
 // syncer is what Main needs from the etcd side: shares, a demand sink, a
@@ -41,7 +42,7 @@ func startSync(ctx context.Context, o *options, log hclog.Logger) (*syncer, erro
 			endpoints = append(endpoints, e)
 		}
 	}
-	client, err := regionsync.DialTLS(endpoints, regionsync.TLS{CAFile: o.etcdTLSCA, CertFile: o.etcdTLSCert,
+	client, err := regionsync.DialTLS(endpoints, tlsconfig.Etcd{CAFile: o.etcdTLSCA, CertFile: o.etcdTLSCert,
 		KeyFile: o.etcdTLSKey, ServerName: o.etcdTLSServerName, Logger: log.Named("etcd-tls")})
 	if err != nil {
 		return nil, fmt.Errorf("regional: -etcd: %w", err)
