@@ -91,19 +91,15 @@ func (e *engine) collect(r int) *report {
 	}
 	seq := e.nextStamp()
 	for j := range e.applied[r].overrides {
-		rep.subjects = append(rep.subjects, demand{j, float64(e.sub[r][j].offered) / secs})
+		rep.subjects = append(rep.subjects, demand{j, float64(e.offeredIn(r, j)) / secs})
 		e.stamp[j] = seq
 	}
-	// One pass over the subjects touched: candidates, and the counters
-	// reset for the next interval.
-	var cands []cand
-	sub := e.sub[r]
-	for _, j := range e.touched[r] {
-		sr := &sub[j]
-		if sr.denied > 0 {
-			cands = append(cands, cand{j, sr.denied, sr.offered})
-		}
-		sr.offered, sr.denied = 0, 0
+	// The candidates: subjects with denials this interval. The counters
+	// of every subject reset when the next interval touches them.
+	cands := make([]cand, 0, len(e.denials[r]))
+	for _, j := range e.denials[r] {
+		sr := &e.sub[r][j]
+		cands = append(cands, cand{j, sr.denied, sr.offered})
 	}
 	slices.SortFunc(cands, func(a, b cand) int {
 		if a.denied != b.denied {
@@ -130,9 +126,19 @@ func (e *engine) collect(r int) *report {
 		}
 		return cmp.Compare(x.j, y.j)
 	})
-	e.touched[r] = e.touched[r][:0]
+	e.denials[r] = e.denials[r][:0]
+	e.interval[r]++
 	e.intOffered[r] = 0
 	return rep
+}
+
+// offeredIn returns subject j's requests offered in region r this report
+// interval.
+func (e *engine) offeredIn(r int, j int32) int64 {
+	if sr := &e.sub[r][j]; sr.interval == e.interval[r] {
+		return sr.offered
+	}
+	return 0
 }
 
 // absorb folds a report into the coordinator's smoothed demand.

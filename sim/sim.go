@@ -325,12 +325,13 @@ type baseRun struct {
 
 // subjectRegion is what the engine keeps per subject and region, the
 // system's bucket included, together so that a decision touches one or two
-// adjacent cache lines for it (48 bytes).
+// adjacent cache lines for it (56 bytes).
 type subjectRegion struct {
-	ovr     float64           // the applied override share; NaN: the region's default
-	st      bucket.TokenState // the system's bucket
-	offered int64             // this report interval
-	denied  int64             // last: touch reads the first and last word
+	ovr      float64           // the applied override share; NaN: the region's default
+	st       bucket.TokenState // the system's bucket
+	interval int64             // the report interval offered and denied count in
+	offered  int64             // in interval
+	denied   int64             // in interval; last: touch reads the first and last word
 }
 
 // cell is a baseline's bucket, padded to 32 bytes so that it never
@@ -397,7 +398,8 @@ type engine struct {
 	// per-interval counters per region
 	intOffered []int64
 	sub        [][]subjectRegion // per region and subject
-	touched    [][]int32
+	interval   []int64           // per region: the report interval, from 1
+	denials    [][]int32         // per region: subjects with denials this interval
 
 	perSecondSys []int64
 	seriesRegion [][]float64
@@ -524,7 +526,11 @@ func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 		e.freshAt = make([]int64, sc.Subjects)
 		e.nextRetry = make([]int64, e.maxRetry+1)
 	}
-	e.touched = make([][]int32, n)
+	e.interval = make([]int64, n)
+	for i := range e.interval {
+		e.interval[i] = 1
+	}
+	e.denials = make([][]int32, n)
 	e.stamp = make([]uint64, sc.Subjects)
 	room := e.queueRoom()
 	if sys {
@@ -751,11 +757,16 @@ func (e *engine) decide(r int, t int64, j int32, fresh int64) {
 	if e.sys == nil {
 		return
 	}
-	if sr.offered == 0 {
-		e.touched[r] = append(e.touched[r], j)
+	if sr.interval != e.interval[r] { // first batch of the interval
+		sr.interval, sr.offered, sr.denied = e.interval[r], 0, 0
 	}
 	sr.offered += n
-	sr.denied += n - a
+	if d := n - a; d > 0 {
+		if sr.denied == 0 {
+			e.denials[r] = append(e.denials[r], j)
+		}
+		sr.denied += d
+	}
 	e.intOffered[r] += n
 	if e.maxRetry == 0 {
 		return
