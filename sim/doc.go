@@ -55,11 +55,12 @@
 //
 // The default sweep (7 scenarios × 5 rebalance intervals × 2 protocols,
 // one simulated hour, 3 regions, 10,000 subjects: 279 million requests)
-// takes about 50 s of one core; BenchmarkSweep reports simulated requests
-// per second. A decision touches the subject's region record (bucket,
-// override share, counters: 48 bytes) and its window counters (24 bytes);
-// a tick's records are read ahead of deciding them, so that their cache
-// misses overlap.
+// takes about 35 s of one core; BenchmarkSweep reports simulated requests
+// per second (and per CPU-second). A decision touches the subject's region
+// record (bucket, override share, report counters: 56 bytes) and its
+// window counters (24 bytes); a tick's records are read ahead of deciding
+// them, so that their cache misses overlap. Report counters reset lazily,
+// when a new interval first touches them.
 //
 // # Figures
 //
