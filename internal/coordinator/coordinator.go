@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/quotacoord/quota/internal/tlsconfig"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
 	"github.com/quotacoord/quota/rebalance"
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
@@ -45,6 +47,17 @@ type Config struct {
 	// EmbeddedPeerAddr is the embedded etcd's peer address. Default a free
 	// loopback port.
 	EmbeddedPeerAddr string
+	// EmbeddedTLSCert and EmbeddedTLSKey make the embedded etcd serve its
+	// clients over TLS (https); EmbeddedClientCA then requires client
+	// certificates from that CA (mutual TLS), and the coordinator's own
+	// client presents EtcdTLS's certificate. Without EtcdTLS.CAFile the
+	// coordinator's client trusts EmbeddedTLSCert itself. Without them the
+	// embedded etcd serves plain http (keep it on loopback).
+	EmbeddedTLSCert, EmbeddedTLSKey, EmbeddedClientCA string
+	// EtcdTLS is the TLS of the coordinator's etcd client, for
+	// EtcdEndpoints or the embedded etcd; its files are reloaded when they
+	// change. The zero value means plaintext.
+	EtcdTLS tlsconfig.Etcd
 	// GRPCAddr serves the operator API, health and reflection. Default
 	// 127.0.0.1:8091: loopback, because without TLS bearer tokens travel
 	// in plaintext (see checkOperatorTransport).
@@ -123,18 +136,25 @@ func Start(ctx context.Context, cfg Config) (*Coordinator, error) {
 	}
 	log := cfg.Logger
 	c := &Coordinator{done: make(chan struct{})}
-	endpoints := cfg.EtcdEndpoints
-	if len(endpoints) == 0 {
-		e, err := startEmbedded(cfg)
+	endpoints, etcdTLS, err := etcdClientSettings(cfg)
+	if err != nil {
+		return fail(err)
+	}
+	if len(cfg.EtcdEndpoints) == 0 {
+		stopEtcd, err := startEmbedded(cfg)
 		if err != nil {
 			return fail(err)
 		}
-		cleanup = append(cleanup, func() { e.Close(); <-e.Server.StopNotify() })
-		endpoints = []string{"http://" + cfg.EmbeddedEtcdAddrOrDefault()}
-		log.Info("embedded etcd serving", "client_url", endpoints[0], "data_dir", cfg.DataDir)
+		cleanup = append(cleanup, stopEtcd)
+		log.Info("embedded etcd serving", "client_url", endpoints[0], "data_dir", cfg.DataDir,
+			"client_cert_auth", cfg.EmbeddedClientCA != "", "log", embeddedLogFile(cfg))
 	}
-	c.EtcdEndpoints = endpoints
-	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	ccfg := clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()}
+	if err := etcdTLS.Apply(&ccfg); err != nil {
+		return fail(fmt.Errorf("coordinator: etcd client: %w", err))
+	}
+	c.EtcdEndpoints = ccfg.Endpoints
+	cli, err := clientv3.New(ccfg)
 	if err != nil {
 		return fail(fmt.Errorf("coordinator: etcd client: %w", err))
 	}
@@ -287,7 +307,50 @@ func (cfg Config) EmbeddedEtcdAddrOrDefault() string {
 	return cfg.EmbeddedEtcdAddr
 }
 
-func startEmbedded(cfg Config) (*embed.Etcd, error) {
+// etcdClientSettings returns the endpoints and the TLS of the
+// coordinator's etcd client: cfg.EtcdEndpoints with cfg.EtcdTLS, or the
+// embedded etcd's URL, https with its TLS flags, where the client trusts
+// the embedded certificate itself unless EtcdTLS names a CA. It checks the
+// embedded TLS flags (ErrConfig) without reading any file.
+func etcdClientSettings(cfg Config) ([]string, tlsconfig.Etcd, error) {
+	embedded := cfg.EmbeddedTLSCert != "" || cfg.EmbeddedTLSKey != "" || cfg.EmbeddedClientCA != ""
+	if len(cfg.EtcdEndpoints) > 0 {
+		if embedded {
+			return nil, cfg.EtcdTLS, fmt.Errorf("%w: embedded etcd TLS settings with etcd endpoints (no embedded etcd runs)", ErrConfig)
+		}
+		return cfg.EtcdEndpoints, cfg.EtcdTLS, nil
+	}
+	if !embedded {
+		if cfg.EtcdTLS.Enabled() {
+			return nil, cfg.EtcdTLS, fmt.Errorf("%w: etcd client TLS for an embedded etcd that serves plain http: "+
+				"give the embedded etcd a certificate (-embedded-etcd-tls-cert, -embedded-etcd-tls-key)", ErrConfig)
+		}
+		return []string{"http://" + cfg.EmbeddedEtcdAddrOrDefault()}, cfg.EtcdTLS, nil
+	}
+	if cfg.EmbeddedTLSCert == "" || cfg.EmbeddedTLSKey == "" {
+		return nil, cfg.EtcdTLS, fmt.Errorf("%w: the embedded etcd's TLS needs a certificate and its key "+
+			"(-embedded-etcd-tls-cert, -embedded-etcd-tls-key)", ErrConfig)
+	}
+	t := cfg.EtcdTLS
+	if cfg.EmbeddedClientCA != "" && t.CertFile == "" {
+		return nil, t, fmt.Errorf("%w: an embedded etcd requiring client certificates (-embedded-etcd-client-ca) "+
+			"needs one for the coordinator's own client (-etcd-tls-cert, -etcd-tls-key)", ErrConfig)
+	}
+	if t.CAFile == "" {
+		t.CAFile = cfg.EmbeddedTLSCert
+	}
+	return []string{"https://" + cfg.EmbeddedEtcdAddrOrDefault()}, t, nil
+}
+
+// embeddedLogFile is where the embedded etcd logs (errors only).
+func embeddedLogFile(cfg Config) string { return filepath.Join(cfg.DataDir, "etcd.log") }
+
+// startEmbedded starts the embedded etcd in DataDir/etcd, serving clients
+// on EmbeddedEtcdAddr (https with EmbeddedTLSCert and EmbeddedTLSKey,
+// client certificates from EmbeddedClientCA required) and logging its
+// errors to DataDir/etcd.log, and waits until it is ready. The returned
+// function stops it and closes the log.
+func startEmbedded(cfg Config) (stop func(), err error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("coordinator: data dir: %w", err)
 	}
@@ -295,7 +358,13 @@ func startEmbedded(cfg Config) (*embed.Etcd, error) {
 	ec.Dir = cfg.DataDir + "/etcd"
 	ec.Logger = "zap"
 	ec.LogLevel = "error"
-	cu, err := url.Parse("http://" + cfg.EmbeddedEtcdAddrOrDefault())
+	scheme := "http"
+	if cfg.EmbeddedTLSCert != "" {
+		scheme = "https"
+		ec.ClientTLSInfo = transport.TLSInfo{CertFile: cfg.EmbeddedTLSCert, KeyFile: cfg.EmbeddedTLSKey,
+			TrustedCAFile: cfg.EmbeddedClientCA, ClientCertAuth: cfg.EmbeddedClientCA != ""}
+	}
+	cu, err := url.Parse(scheme + "://" + cfg.EmbeddedEtcdAddrOrDefault())
 	if err != nil {
 		return nil, fmt.Errorf("%w: embedded etcd address: %w", ErrConfig, err)
 	}
@@ -317,16 +386,27 @@ func startEmbedded(cfg Config) (*embed.Etcd, error) {
 	ec.ListenPeerUrls = []url.URL{*pu}
 	ec.AdvertisePeerUrls = []url.URL{*pu}
 	ec.InitialCluster = ec.Name + "=" + pu.String()
+	logw, err := openEtcdLog(embeddedLogFile(cfg), maxEtcdLogBytes)
+	if err != nil {
+		return nil, err
+	}
+	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(etcdLogger(logw))
 	e, err := embed.StartEtcd(ec)
 	if err != nil {
+		_ = logw.Close()
 		return nil, fmt.Errorf("coordinator: start embedded etcd: %w", err)
+	}
+	stop = func() {
+		e.Close()
+		<-e.Server.StopNotify()
+		_ = logw.Close()
 	}
 	select {
 	case <-e.Server.ReadyNotify():
-		return e, nil
+		return stop, nil
 	case <-time.After(60 * time.Second):
-		e.Close()
-		return nil, errors.New("coordinator: embedded etcd not ready after 60s")
+		stop()
+		return nil, fmt.Errorf("coordinator: embedded etcd not ready after 60s (see %s)", embeddedLogFile(cfg))
 	}
 }
 
