@@ -1,7 +1,11 @@
 // Command coordinator runs a quota coordinator: with -etcd it joins an
 // etcd cluster, without it starts an embedded etcd in -data-dir that
-// regional nodes can join on -embedded-etcd-addr. It serves the operator
-// API on -grpc-addr and /metrics and /healthz on -http-addr.
+// regional nodes can join on -embedded-etcd-addr (https with
+// -embedded-etcd-tls-cert and -embedded-etcd-tls-key, client certificates
+// required with -embedded-etcd-client-ca; its log goes to
+// DATA_DIR/etcd.log). The -etcd-tls-* flags configure the coordinator's
+// own etcd client. It serves the operator API on -grpc-addr and /metrics
+// and /healthz on -http-addr.
 package main
 
 import (
@@ -66,6 +70,13 @@ func parse(args []string, stderr io.Writer) (coordinator.Config, error) {
 	fs.StringVar(&cfg.ClientCA, "tls-client-ca", "", "CA of operator client certificates (mTLS); a verified certificate may read")
 	fs.BoolVar(&cfg.InsecureOperatorPlaintext, "insecure-operator-plaintext", false, "allow the operator API without TLS on a non-loopback -grpc-addr (bearer tokens in plaintext)")
 	fs.StringVar(&writeNames, "tls-write-names", "", "comma-separated client certificate common names that may write (* for all)")
+	fs.StringVar(&cfg.EtcdTLS.CAFile, "etcd-tls-ca", "", "PEM CA bundle etcd's certificates are verified against (https; reloaded on change); with the embedded etcd default -embedded-etcd-tls-cert itself")
+	fs.StringVar(&cfg.EtcdTLS.CertFile, "etcd-tls-cert", "", "PEM client certificate presented to etcd (with -etcd-tls-key; mutual TLS, reloaded on change)")
+	fs.StringVar(&cfg.EtcdTLS.KeyFile, "etcd-tls-key", "", "PEM private key of -etcd-tls-cert")
+	fs.StringVar(&cfg.EtcdTLS.ServerName, "etcd-tls-server-name", "", "name every etcd certificate must carry; default each endpoint's host")
+	fs.StringVar(&cfg.EmbeddedTLSCert, "embedded-etcd-tls-cert", "", "PEM certificate: the embedded etcd serves its clients over TLS (https)")
+	fs.StringVar(&cfg.EmbeddedTLSKey, "embedded-etcd-tls-key", "", "PEM private key of -embedded-etcd-tls-cert")
+	fs.StringVar(&cfg.EmbeddedClientCA, "embedded-etcd-client-ca", "", "PEM CA bundle: the embedded etcd requires client certificates from it (the coordinator's own client then needs -etcd-tls-cert/-etcd-tls-key)")
 	fs.StringVar(&prefix, "etcd-prefix", etcdlayout.DefaultPrefix, "prefix of every etcd key")
 	fs.StringVar(&name, "name", "", "identity in the leader election (default the gRPC address)")
 	fs.DurationVar(&interval, "rebalance-interval", 5*time.Second, "time between rebalance rounds")
@@ -101,6 +112,7 @@ func parse(args []string, stderr io.Writer) (coordinator.Config, error) {
 		return cfg, fmt.Errorf("-log-level %q: want trace, debug, info, warn or error", logLevel)
 	}
 	cfg.Logger = hclog.New(&hclog.LoggerOptions{Name: "coordinator", Level: lvl, Output: stderr})
+	cfg.EtcdTLS.Logger = cfg.Logger.Named("etcd-tls")
 	cfg.Rebalance = rebalance.Config{
 		Layout: etcdlayout.Layout{Prefix: prefix}, Name: name,
 		Interval: interval, ReportInterval: report, RegionLeaseTTL: leaseTTL, SkewMargin: skew, SessionTTL: sessionTTL,
