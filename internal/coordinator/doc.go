@@ -16,6 +16,18 @@
 // write and is recorded in the audit log (at most AuditMax entries are
 // kept). Refused calls are logged with the method and peer.
 //
+// The operator API listens on loopback unless it has TLS or
+// InsecureOperatorPlaintext: tokens must not cross a network in the clear.
+//
+// # etcd
+//
+// With EtcdEndpoints the coordinator joins an etcd cluster, over TLS or
+// mutual TLS when the etcd TLS settings are given (certificate files are
+// re-read for new connections). Without, it starts an embedded single
+// member in DataDir that serves clients on the embedded address, plain on
+// loopback or over (mutual) TLS; its log goes to DataDir/etcd.log, size
+// capped, not to stderr.
+//
 // # Concurrency and zero values
 //
 // Start returns a running Coordinator; Wait blocks until the context given
