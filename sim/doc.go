@@ -58,9 +58,8 @@
 // takes about 35 s of one core; BenchmarkSweep reports simulated requests
 // per second (and per CPU-second). A decision touches the subject's region
 // record (bucket, override share, report counters: 56 bytes) and its
-// window counters (24 bytes); a tick's records are read ahead of deciding
-// them, so that their cache misses overlap. Report counters reset lazily,
-// when a new interval first touches them.
+// window counters (24 bytes). Report counters reset lazily, when a new
+// interval first touches them.
 //
 // # Figures
 //

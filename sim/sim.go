@@ -285,7 +285,7 @@ type demand struct {
 // global) and subject: the decision code of bucket.State and bucket.Memory
 // for a token bucket, 24 bytes per bucket.
 type model struct {
-	states   [][]cell // per store, per subject; nil for the system (its buckets are in engine.sub)
+	states   [][]bucket.TokenState // per store, per subject; nil for the system (its buckets are in engine.sub)
 	win      *windows
 	admitted int64
 	calls    int64       // decisions the batches would ask of a Store (batchCalls)
@@ -302,10 +302,10 @@ type shareLimits struct {
 // newModel returns a model with room for queue admissions in its window
 // queue before it grows.
 func newModel(stores, subjects int, widths []int64, limits []float64, queue int) *model {
-	m := &model{states: make([][]cell, stores), win: newWindows(subjects, widths, limits)}
+	m := &model{states: make([][]bucket.TokenState, stores), win: newWindows(subjects, widths, limits)}
 	m.win.queue = make([]mark, 0, queue)
 	for i := range m.states {
-		m.states[i] = make([]cell, subjects)
+		m.states[i] = make([]bucket.TokenState, subjects)
 	}
 	return m
 }
@@ -331,14 +331,7 @@ type subjectRegion struct {
 	st       bucket.TokenState // the system's bucket
 	interval int64             // the report interval offered and denied count in
 	offered  int64             // in interval
-	denied   int64             // in interval; last: touch reads the first and last word
-}
-
-// cell is a baseline's bucket, padded to 32 bytes so that it never
-// straddles two cache lines (touch reads its first word).
-type cell struct {
-	pad int64
-	st  bucket.TokenState
+	denied   int64             // in interval
 }
 
 type engine struct {
@@ -362,7 +355,6 @@ type engine struct {
 	defLim   []shareLimits
 	ovrLim   []shareLimits
 	sec, bin int      // the current second and series bin
-	sink     int64    // what touch read
 	stamp    []uint64 // per subject: marks of set membership (nextStamp)
 	stampSeq uint64
 	err      error
@@ -627,7 +619,6 @@ func (e *engine) run() error {
 				continue
 			}
 			fresh := e.stream.out[r]
-			e.touch(r, fresh)
 			if e.maxRetry == 0 {
 				for _, b := range fresh {
 					e.decide(r, t, b.subject, b.n)
@@ -666,33 +657,6 @@ func (e *engine) run() error {
 		}
 	}
 	return nil
-}
-
-// touch reads, ahead of deciding them, the memory that region r's batches
-// will use: independent loads the processor overlaps, where decide would
-// wait for each cache miss in turn (a tick's batches hit random subjects
-// among thousands). It changes nothing but e.sink.
-func (e *engine) touch(r int, batches []batch) {
-	var x int64
-	if e.sys != nil {
-		sub, count := e.sub[r], e.sys.win.count
-		k := len(e.sys.win.best)
-		for _, b := range batches {
-			sr := &sub[b.subject]
-			x += int64(math.Float64bits(sr.ovr)) + sr.denied + count[int(b.subject)*k]
-		}
-	}
-	if e.own != nil {
-		b := e.own
-		for _, m := range [...]*model{b.ideal, b.independent, b.static} {
-			st, count := m.states[min(r, len(m.states)-1)], m.win.count
-			k := len(m.win.best)
-			for _, a := range batches {
-				x += st[a.subject].pad + count[int(a.subject)*k]
-			}
-		}
-	}
-	e.sink += x
 }
 
 // retries returns subject j's pending retries in region r by attempt
@@ -748,11 +712,11 @@ func (e *engine) decide(r int, t int64, j int32, fresh int64) {
 		e.seriesRegion[r][e.bin] += float64(a)
 	}
 	if o := e.own; o != nil && (e.ownSel == ownAll || (e.retryOf[j] > 0) == (e.ownSel == ownRetrying)) {
-		b := e.take(o.ideal, &o.ideal.states[0][j].st, &o.ideal.lim, 1, t, j, n)
+		b := e.take(o.ideal, &o.ideal.states[0][j], &o.ideal.lim, 1, t, j, n)
 		o.perSecondIdeal[e.sec] += b
 		o.seriesIdeal[e.bin] += float64(b)
-		e.take(o.independent, &o.independent.states[r][j].st, &o.independent.lim, 1, t, j, n)
-		e.take(o.static, &o.static.states[r][j].st, &o.static.lim, 1/float64(e.n), t, j, n)
+		e.take(o.independent, &o.independent.states[r][j], &o.independent.lim, 1, t, j, n)
+		e.take(o.static, &o.static.states[r][j], &o.static.lim, 1/float64(e.n), t, j, n)
 	}
 	if e.sys == nil {
 		return
