@@ -138,12 +138,20 @@ func (m *Memory) one(now time.Time, req Request, op byte) (Decision, error) {
 	us := now.UnixMicro()
 	sh := &m.shards[m.shardOf(&req.Key)]
 	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	st := m.load(sh, &req.Key)
+	// One lookup serves the read and, for an existing bucket, the write.
+	e := sh.find(&req.Key)
+	var st State
+	if e != nil {
+		st = e.st
+	}
 	o, lw := st.step(&p, op, us, true)
-	if err := m.apply(sh, &req.Key, &p, &o, lw, us); err != nil {
+	if e != nil && o.w == writeSet {
+		e.st.commit(&p, &o, lw, us)
+	} else if err := m.apply(sh, &req.Key, &p, &o, lw, us); err != nil {
+		sh.mu.Unlock()
 		return Decision{}, err
 	}
+	sh.mu.Unlock()
 	return decision(o.ok, p.lim, o.rem, o.retry, o.reset), nil
 }
 
