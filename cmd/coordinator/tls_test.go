@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/quotacoord/quota/internal/etcdtest"
+	"github.com/quotacoord/quota/internal/testca"
 )
 
 func freeAddr(t *testing.T) string {
@@ -45,7 +45,7 @@ func TestParseEtcdTLS(t *testing.T) {
 // log out of stderr; without a client certificate for itself it refuses
 // to start.
 func TestRunEmbeddedEtcdMutualTLS(t *testing.T) {
-	ca := etcdtest.NewCA(t, "quota-ca")
+	ca := testca.New(t, "quota-ca")
 	dir := t.TempDir()
 	srvCert, srvKey, _ := ca.IssueFiles(t, dir, "etcd")
 	coCert, coKey, _ := ca.IssueFiles(t, dir, "coordinator")

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotacoord/quota/internal/testca"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -37,7 +38,7 @@ func TestStartPutGetRestart(t *testing.T) {
 // certificate from its CA, refuses clients without one or with one from
 // another CA, keeps TLS across Restart, and logs to its file.
 func TestStartTLS(t *testing.T) {
-	ca, other := NewCA(t, "etcd-ca"), NewCA(t, "other-ca")
+	ca, other := testca.New(t, "etcd-ca"), testca.New(t, "other-ca")
 	s := StartTLS(t, ca)
 	if !strings.HasPrefix(s.Endpoints[0], "https://127.0.0.1:") {
 		t.Fatalf("endpoints %v, want https on loopback", s.Endpoints)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/internal/etcdtest"
+	"github.com/quotacoord/quota/internal/testca"
 	"github.com/quotacoord/quota/internal/tlsconfig"
 )
 
@@ -16,7 +17,7 @@ import (
 // client with a certificate from etcd's CA that verifies etcd's
 // certificate gets an answer.
 func TestDialTLS(t *testing.T) {
-	ca, other := etcdtest.NewCA(t, "etcd-ca"), etcdtest.NewCA(t, "other-ca")
+	ca, other := testca.New(t, "etcd-ca"), testca.New(t, "other-ca")
 	srv := etcdtest.StartTLS(t, ca)
 	dir := t.TempDir()
 	cert, key, _ := ca.IssueFiles(t, dir, "node")
@@ -60,7 +61,7 @@ func TestDialTLS(t *testing.T) {
 // CA, its next connection uses it and the node registers and acknowledges
 // without a restart.
 func TestSyncerRotatedClientCertificate(t *testing.T) {
-	ca, other := etcdtest.NewCA(t, "etcd-ca"), etcdtest.NewCA(t, "other-ca")
+	ca, other := testca.New(t, "etcd-ca"), testca.New(t, "other-ca")
 	srv := etcdtest.StartTLS(t, ca)
 	admin := srv.Client(t)
 	putJSON(t, admin, lay.Alloc("exports"), alloc("exports", 1, map[string]float64{"eu": 1}, map[string]float64{"eu": 0.5}, nil))

@@ -7,18 +7,20 @@ import (
 	"testing"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/quotacoord/quota/internal/testca"
 )
 
 // TestEtcdApply: endpoints get https:// when they have no scheme, and
 // configurations that cannot work fail before dialing with ErrConfig or
 // ErrFiles naming the file at fault; a zero Etcd changes nothing.
 func TestEtcdApply(t *testing.T) {
-	ca := newTestCA(t, "ca")
+	ca := testca.New(t, "ca")
 	f := newFiles(t)
-	c, k, _ := ca.issue(t, "node")
+	c, k, _ := ca.Issue(t, "node")
 	write(t, f.cert, c)
 	write(t, f.key, k)
-	write(t, f.ca, ca.pem)
+	write(t, f.ca, ca.CertPEM())
 	good := Etcd{CAFile: f.ca, CertFile: f.cert, KeyFile: f.key}
 	tests := []struct {
 		name      string

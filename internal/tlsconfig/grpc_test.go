@@ -16,20 +16,21 @@ import (
 	"google.golang.org/grpc/peer"
 
 	"github.com/quotacoord/quota/internal/clock"
+	"github.com/quotacoord/quota/internal/testca"
 )
 
 // grpcServer serves gRPC health over TLS with a certificate from ca on
 // loopback, requiring client certificates from clientCA; it records the
 // serial of the last client certificate it saw. Stopped at cleanup.
-func grpcServer(t *testing.T, ca, clientCA *testCA) (addr string, lastClient *atomic.Int64) {
+func grpcServer(t *testing.T, ca, clientCA *testca.CA) (addr string, lastClient *atomic.Int64) {
 	t.Helper()
-	c, k, _ := ca.issue(t, "server")
+	c, k, _ := ca.Issue(t, "server")
 	pair, err := tls.X509KeyPair(c, k)
 	if err != nil {
 		t.Fatal(err)
 	}
 	pool := x509.NewCertPool()
-	pool.AddCert(clientCA.cert)
+	pool.AddCert(clientCA.Cert)
 	tc := &tls.Config{Certificates: []tls.Certificate{pair}, ClientCAs: pool,
 		ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12}
 	lastClient = new(atomic.Int64)
@@ -71,15 +72,15 @@ func check(target string, creds credentials.TransportCredentials) error {
 // fixed server name, and presents the current client certificate, so a
 // rotated certificate is used by the next connection.
 func TestTransportCredentials(t *testing.T) {
-	good, other := newTestCA(t, "good"), newTestCA(t, "other")
+	good, other := testca.New(t, "good"), testca.New(t, "other")
 	goodSrv, lastClient := grpcServer(t, good, good)
 	otherSrv, _ := grpcServer(t, other, good)
 	_, port, _ := net.SplitHostPort(goodSrv)
 	f := newFiles(t)
-	c1, k1, s1 := good.issue(t, "client")
+	c1, k1, s1 := good.Issue(t, "client")
 	write(t, f.cert, c1)
 	write(t, f.key, k1)
-	write(t, f.ca, good.pem)
+	write(t, f.ca, good.CertPEM())
 	clk := clock.NewManual(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 	r, err := New(Config{CertFile: f.cert, KeyFile: f.key, CAFile: f.ca, Clock: clk})
 	if err != nil {
@@ -107,7 +108,7 @@ func TestTransportCredentials(t *testing.T) {
 
 	creds := r.TransportCredentials(nil, "")
 	// A client certificate from a CA the server does not trust is refused.
-	oc, ok, _ := other.issue(t, "client")
+	oc, ok, _ := other.Issue(t, "client")
 	write(t, f.cert, oc)
 	write(t, f.key, ok)
 	clk.Advance(DefaultCheckEvery)
@@ -115,7 +116,7 @@ func TestTransportCredentials(t *testing.T) {
 		t.Error("a client certificate from another CA was accepted")
 	}
 	// The rotated certificate is used by the next connection.
-	c2, k2, s2 := good.issue(t, "client")
+	c2, k2, s2 := good.Issue(t, "client")
 	write(t, f.cert, c2)
 	write(t, f.key, k2)
 	clk.Advance(DefaultCheckEvery)

@@ -1,84 +1,24 @@
 package tlsconfig
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
 	"github.com/quotacoord/quota/internal/clock"
+	"github.com/quotacoord/quota/internal/testca"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-// testCA is a certificate authority made for one test.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-var serials atomic.Int64
-
-func newTestCA(t testing.TB, name string) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(serials.Add(1)), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-// issue returns a PEM certificate and key for cn, valid for 127.0.0.1
-// and localhost, for server and client use, and its serial.
-func (c *testCA) issue(t testing.TB, cn string) (certPEM, keyPEM []byte, serial int64) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serial = serials.Add(1)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage:    x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, c.cert, &key.PublicKey, c.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), serial
-}
 
 func write(t testing.TB, path string, b []byte) {
 	t.Helper()
@@ -92,7 +32,7 @@ type files struct{ cert, key, ca string }
 
 func newFiles(t testing.TB) files {
 	d := t.TempDir()
-	return files{filepath.Join(d, "tls.crt"), filepath.Join(d, "tls.key"), filepath.Join(d, "ca.pem")}
+	return files{filepath.Join(d, "tls.crt"), filepath.Join(d, "tls.key"), filepath.Join(d, "ca.CertPEM()")}
 }
 
 // serve runs a TLS listener on loopback that answers each completed
@@ -140,9 +80,9 @@ func dial(addr string, tc *tls.Config) (int64, error) {
 	return c.ConnectionState().PeerCertificates[0].SerialNumber.Int64(), nil
 }
 
-func trusting(ca *testCA) *tls.Config {
+func trusting(ca *testca.CA) *tls.Config {
 	pool := x509.NewCertPool()
-	pool.AddCert(ca.cert)
+	pool.AddCert(ca.Cert)
 	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 }
 
@@ -161,9 +101,9 @@ func withCert(tc *tls.Config, certPEM, keyPEM []byte) *tls.Config {
 // certificate written before its key (a pair that does not match) keeps
 // the previous pair until the key arrives.
 func TestServerCertificateReload(t *testing.T) {
-	ca := newTestCA(t, "ca")
+	ca := testca.New(t, "ca")
 	f := newFiles(t)
-	c1, k1, s1 := ca.issue(t, "server")
+	c1, k1, s1 := ca.Issue(t, "server")
 	write(t, f.cert, c1)
 	write(t, f.key, k1)
 	clk := clock.NewManual(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
@@ -184,7 +124,7 @@ func TestServerCertificateReload(t *testing.T) {
 		}
 		return s
 	}
-	c2, k2, s2 := ca.issue(t, "server")
+	c2, k2, s2 := ca.Issue(t, "server")
 	steps := []struct {
 		name    string
 		do      func()
@@ -218,12 +158,12 @@ func TestServerCertificateReload(t *testing.T) {
 // clients with a certificate from that CA get in, and a replaced CA file
 // changes who gets in without a restart.
 func TestMutualTLS(t *testing.T) {
-	good, other := newTestCA(t, "good"), newTestCA(t, "other")
+	good, other := testca.New(t, "good"), testca.New(t, "other")
 	f := newFiles(t)
-	sc, sk, _ := good.issue(t, "server")
+	sc, sk, _ := good.Issue(t, "server")
 	write(t, f.cert, sc)
 	write(t, f.key, sk)
-	write(t, f.ca, good.pem)
+	write(t, f.ca, good.CertPEM())
 	clk := clock.NewManual(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 	r, err := New(Config{CertFile: f.cert, KeyFile: f.key, CAFile: f.ca, Clock: clk})
 	if err != nil {
@@ -234,8 +174,8 @@ func TestMutualTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := serve(t, tc)
-	gc, gk, _ := good.issue(t, "client")
-	oc, ok, _ := other.issue(t, "client")
+	gc, gk, _ := good.Issue(t, "client")
+	oc, ok, _ := other.Issue(t, "client")
 	clients := []struct {
 		name string
 		tc   *tls.Config
@@ -254,7 +194,7 @@ func TestMutualTLS(t *testing.T) {
 		}
 	}
 	check("configured CA", []bool{true, false, false})
-	write(t, f.ca, other.pem)
+	write(t, f.ca, other.CertPEM())
 	clk.Advance(DefaultCheckEvery)
 	check("CA file replaced", []bool{false, false, true})
 }
@@ -263,24 +203,24 @@ func TestMutualTLS(t *testing.T) {
 // the server name), presents its certificate for mutual TLS, and follows
 // a replaced CA file.
 func TestClientConfig(t *testing.T) {
-	good, other := newTestCA(t, "good"), newTestCA(t, "other")
-	serverFor := func(ca *testCA) string {
-		c, k, _ := ca.issue(t, "server")
+	good, other := testca.New(t, "good"), testca.New(t, "other")
+	serverFor := func(ca *testca.CA) string {
+		c, k, _ := ca.Issue(t, "server")
 		pair, err := tls.X509KeyPair(c, k)
 		if err != nil {
 			t.Fatal(err)
 		}
 		pool := x509.NewCertPool()
-		pool.AddCert(good.cert)
+		pool.AddCert(good.Cert)
 		return serve(t, &tls.Config{Certificates: []tls.Certificate{pair}, ClientCAs: pool,
 			ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12})
 	}
 	goodSrv, otherSrv := serverFor(good), serverFor(other)
 	f := newFiles(t)
-	cc, ck, _ := good.issue(t, "client")
+	cc, ck, _ := good.Issue(t, "client")
 	write(t, f.cert, cc)
 	write(t, f.key, ck)
-	write(t, f.ca, good.pem)
+	write(t, f.ca, good.CertPEM())
 	clk := clock.NewManual(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 	r, err := New(Config{CertFile: f.cert, KeyFile: f.key, CAFile: f.ca, Clock: clk})
 	if err != nil {
@@ -311,7 +251,7 @@ func TestClientConfig(t *testing.T) {
 		t.Errorf("dial by IP without a server name: %v, want ErrNoServerName", err)
 	}
 
-	write(t, f.ca, other.pem)
+	write(t, f.ca, other.CertPEM())
 	clk.Advance(DefaultCheckEvery)
 	if _, err := dial(otherSrv, r.ClientConfig(ip)); err != nil {
 		t.Errorf("after the CA file changed, the other CA's server is not trusted: %v", err)
@@ -324,18 +264,18 @@ func TestClientConfig(t *testing.T) {
 // TestNewErrors: bad configurations and files fail at New with errors
 // that say which.
 func TestNewErrors(t *testing.T) {
-	ca := newTestCA(t, "ca")
+	ca := testca.New(t, "ca")
 	f := newFiles(t)
-	c, k, _ := ca.issue(t, "s")
+	c, k, _ := ca.Issue(t, "s")
 	write(t, f.cert, c)
 	write(t, f.key, k)
-	write(t, f.ca, ca.pem)
+	write(t, f.ca, ca.CertPEM())
 	dir := filepath.Dir(f.cert)
 	junk := filepath.Join(dir, "junk.pem")
 	write(t, junk, []byte("not pem"))
 	big := filepath.Join(dir, "big.pem")
 	write(t, big, make([]byte, MaxFileBytes+1))
-	_, otherKey, _ := ca.issue(t, "s")
+	_, otherKey, _ := ca.Issue(t, "s")
 	mismatched := filepath.Join(dir, "other.key")
 	write(t, mismatched, otherKey)
 	tests := []struct {
@@ -371,7 +311,7 @@ func TestNewErrors(t *testing.T) {
 // TestRefreshRate: files are read at most once per CheckEvery, and never
 // with a negative CheckEvery.
 func TestRefreshRate(t *testing.T) {
-	ca := newTestCA(t, "ca")
+	ca := testca.New(t, "ca")
 	for _, tt := range []struct {
 		name    string
 		every   time.Duration
@@ -383,7 +323,7 @@ func TestRefreshRate(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newFiles(t)
-			write(t, f.ca, ca.pem)
+			write(t, f.ca, ca.CertPEM())
 			clk := clock.NewManual(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 			r, err := New(Config{CAFile: f.ca, CheckEvery: tt.every, Clock: clk})
 			if err != nil {
@@ -391,7 +331,7 @@ func TestRefreshRate(t *testing.T) {
 			}
 			for i, d := range tt.advance {
 				// Each step rewrites the file with one more certificate.
-				write(t, f.ca, append(append([]byte(nil), ca.pem...), newTestCA(t, "x").pem...))
+				write(t, f.ca, append(ca.CertPEM(), testca.New(t, "x").CertPEM()...))
 				r.Refresh(clk.Advance(d))
 				if got := r.Reloads(); got != tt.reloads[i] {
 					t.Errorf("step %d: %d reloads, want %d", i, got, tt.reloads[i])
