@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // ErrRedisSpec reports a Redis address DialRedis cannot use.
@@ -52,7 +53,9 @@ type DialOptions struct {
 //   - "host1:port1,host2:port2,...": seed nodes of a Redis Cluster (a
 //     single seed is written with a trailing comma, "host:port,").
 //
-// The client honours context deadlines (ContextTimeoutEnabled), never
+// The client speaks RESP2 (unless a URL names a protocol): the scripts'
+// integer replies read the same, and RESP2 spares a check for push
+// notifications on every reply. It honours context deadlines (ContextTimeoutEnabled), never
 // retries a command (a failure mode answers faster than a retry: the
 // caller decides) and tries a dial once. DialRedis does not connect: the
 // first command does, so an unreachable server shows as that command's
@@ -81,6 +84,10 @@ func DialRedis(spec string, opt DialOptions) (RedisConn, error) {
 			o.Username, o.Password = opt.Username, opt.Password
 		}
 		o.ContextTimeoutEnabled, o.MaxRetries = true, -1
+		if o.Protocol == 0 { // the URL names none
+			o.Protocol = 2
+		}
+		o.MaintNotificationsConfig = noMaint()
 		o.DialerRetries, o.DialerRetryTimeout = 1, time.Millisecond
 		if opt.TLS != nil {
 			o.TLSConfig = opt.TLS
@@ -108,6 +115,7 @@ func DialRedis(spec string, opt DialOptions) (RedisConn, error) {
 			Addrs: addrs, Username: opt.Username, Password: opt.Password, TLSConfig: opt.TLS,
 			ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1, DialerRetryTimeout: time.Millisecond,
 			PoolSize: opt.PoolSize, DialTimeout: opt.DialTimeout, ReadTimeout: opt.ReadTimeout, WriteTimeout: opt.WriteTimeout,
+			Protocol: 2, MaintNotificationsConfig: noMaint(),
 		}), nil
 	default:
 		if err := checkHostPort(spec); err != nil {
@@ -117,8 +125,16 @@ func DialRedis(spec string, opt DialOptions) (RedisConn, error) {
 			Addr: spec, Username: opt.Username, Password: opt.Password, TLSConfig: opt.TLS,
 			ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1, DialerRetryTimeout: time.Millisecond,
 			PoolSize: opt.PoolSize, DialTimeout: opt.DialTimeout, ReadTimeout: opt.ReadTimeout, WriteTimeout: opt.WriteTimeout,
+			Protocol: 2, MaintNotificationsConfig: noMaint(),
 		}), nil
 	}
+}
+
+// noMaint turns go-redis's maintenance notifications off: they need RESP3
+// push messages, and peeking for a push before every reply costs about a
+// tenth of the CPU of a script call.
+func noMaint() *maintnotifications.Config {
+	return &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 }
 
 func setIf[T comparable](dst *T, v T) {

@@ -234,6 +234,14 @@ func scriptSource(s *redis.Script) string {
 
 // do queues c and waits for its answer.
 func (r *Redis) do(ctx context.Context, c *call) error {
+	if err := r.enqueue(ctx, c); err != nil {
+		return err
+	}
+	return wait(ctx, c)
+}
+
+// enqueue puts c on the queue of the flushers.
+func (r *Redis) enqueue(ctx context.Context, c *call) error {
 	r.mu.RLock()
 	if r.closed {
 		r.mu.RUnlock()
@@ -242,10 +250,15 @@ func (r *Redis) do(ctx context.Context, c *call) error {
 	select {
 	case r.queue <- c:
 		r.mu.RUnlock()
+		return nil
 	case <-ctx.Done():
 		r.mu.RUnlock()
 		return ctx.Err()
 	}
+}
+
+// wait waits for the answer of a queued c.
+func wait(ctx context.Context, c *call) error {
 	select {
 	case <-c.done:
 		return c.err
@@ -377,25 +390,30 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Decision, error)
 	calls := make([]*call, len(idx))
 	errs := make([]error, len(idx))
 	active := make([]bool, len(idx))
+	// run queues the call of every active group, then waits for each: the
+	// flushers send them concurrently (in one pipeline when they are
+	// waiting together), with no goroutine per group here.
 	run := func(op byte) {
-		var wg sync.WaitGroup
 		for g, grp := range idx {
 			if !active[g] {
 				continue
 			}
-			gr := make([]Request, len(grp))
-			gp := make([]params, len(grp))
-			for k, i := range grp {
-				gr[k], gp[k] = reqs[i], ps[i]
+			gr, gp := reqs, ps
+			if len(idx) > 1 {
+				gr = make([]Request, len(grp))
+				gp = make([]params, len(grp))
+				for k, i := range grp {
+					gr[k], gp[k] = reqs[i], ps[i]
+				}
 			}
 			calls[g] = r.newCall(op, tags[g], gr, gp)
-			wg.Add(1)
-			go func(g int) {
-				defer wg.Done()
-				errs[g] = r.do(ctx, calls[g])
-			}(g)
+			errs[g] = r.enqueue(ctx, calls[g])
 		}
-		wg.Wait()
+		for g := range idx {
+			if active[g] && errs[g] == nil {
+				errs[g] = wait(ctx, calls[g])
+			}
+		}
 	}
 	for g := range active {
 		active[g] = true
