@@ -11,13 +11,14 @@ import (
 
 	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/internal/etcdtest"
+	"github.com/quotacoord/quota/internal/testca"
 )
 
 // TestMainEtcdTLS: a node given -etcd-tls-* (the CA through QUOTA_ env)
 // reaches an etcd that requires client certificates: it loads its
 // policies, becomes ready and registers under its node id.
 func TestMainEtcdTLS(t *testing.T) {
-	ca := etcdtest.NewCA(t, "etcd-ca")
+	ca := testca.New(t, "etcd-ca")
 	srv := etcdtest.StartTLS(t, ca)
 	cli := srv.Client(t)
 	ctx := ctxT(t)
@@ -67,7 +68,7 @@ func TestMainEtcdTLS(t *testing.T) {
 // TestMainEtcdTLSFlags: etcd TLS settings that cannot work stop Main with
 // an error naming the problem.
 func TestMainEtcdTLSFlags(t *testing.T) {
-	ca := etcdtest.NewCA(t, "etcd-ca")
+	ca := testca.New(t, "etcd-ca")
 	base := []string{"-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0"}
 	tests := []struct {
 		name string

@@ -2,19 +2,9 @@ package regional
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"net"
-	"os"
-	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,87 +13,14 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/quotacoord/quota/internal/redistest"
+	"github.com/quotacoord/quota/internal/testca"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
 )
 
-// testCA is a certificate authority made for one test.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-var certSerial atomic.Int64
-
-func newTestCA(t testing.TB) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(certSerial.Add(1)), Subject: pkix.Name{CommonName: "test-ca"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-// issue writes dir/name.crt and dir/name.key, a pair valid for 127.0.0.1
-// as server and client, and returns their paths and the serial.
-func (c *testCA) issue(t testing.TB, dir, name string) (certFile, keyFile string, serial int64) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serial = certSerial.Add(1)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage:    x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, c.cert, &key.PublicKey, c.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile = filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
-	// The key first: a reader between the two writes sees an old
-	// certificate with a new key, which must not load.
-	writeOrFail(t, keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}))
-	writeOrFail(t, certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
-	return certFile, keyFile, serial
-}
-
-func (c *testCA) file(t testing.TB, dir string) string {
-	p := filepath.Join(dir, "ca.pem")
-	writeOrFail(t, p, c.pem)
-	return p
-}
-
-func writeOrFail(t testing.TB, path string, b []byte) {
-	t.Helper()
-	if err := os.WriteFile(path, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // clientTLS trusts ca and presents certFile/keyFile when given.
-func clientTLS(t testing.TB, ca *testCA, certFile, keyFile string) *tls.Config {
+func clientTLS(t testing.TB, ca *testca.CA, certFile, keyFile string) *tls.Config {
 	t.Helper()
-	pool := x509.NewCertPool()
-	pool.AddCert(ca.cert)
-	tc := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	tc := &tls.Config{RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}
 	if certFile != "" {
 		pair, err := tls.LoadX509KeyPair(certFile, keyFile)
 		if err != nil {
@@ -119,12 +36,12 @@ func clientTLS(t testing.TB, ca *testCA, certFile, keyFile string) *tls.Config {
 // replaced on disk to new connections without a restart.
 func TestGRPCTLSReload(t *testing.T) {
 	dir := t.TempDir()
-	ca, other := newTestCA(t), newTestCA(t)
-	scert, skey, first := ca.issue(t, dir, "server")
-	ccert, ckey, _ := ca.issue(t, dir, "client")
-	ocert, okey, _ := other.issue(t, t.TempDir(), "client")
+	ca, other := testca.New(t, "test-ca"), testca.New(t, "test-ca")
+	scert, skey, first := ca.IssueFiles(t, dir, "server")
+	ccert, ckey, _ := ca.IssueFiles(t, dir, "client")
+	ocert, okey, _ := other.IssueFiles(t, t.TempDir(), "client")
 	g, _, _, stop := runMain(t, []string{"-policies", "../../examples/policies", "-grpc-addr", "127.0.0.1:0",
-		"-http-addr", "127.0.0.1:0", "-tls-cert", scert, "-tls-key", skey, "-tls-client-ca", ca.file(t, dir)}, nil)
+		"-http-addr", "127.0.0.1:0", "-tls-cert", scert, "-tls-key", skey, "-tls-client-ca", ca.WriteFile(t, dir)}, nil)
 	defer func() {
 		if err := stop(); err != nil {
 			t.Error(err)
@@ -166,7 +83,7 @@ func TestGRPCTLSReload(t *testing.T) {
 	if s := served(); s != first {
 		t.Fatalf("served serial %d, want %d", s, first)
 	}
-	_, _, second := ca.issue(t, dir, "server")
+	_, _, second := ca.IssueFiles(t, dir, "server")
 	deadline := time.Now().Add(10 * time.Second)
 	for served() != second {
 		if time.Now().After(deadline) {
@@ -197,11 +114,11 @@ func freePort(t testing.TB) string {
 // mode decides.
 func TestRedisTLS(t *testing.T) {
 	dir := t.TempDir()
-	ca, other := newTestCA(t), newTestCA(t)
-	scert, skey, _ := ca.issue(t, dir, "redis")
-	ccert, ckey, _ := ca.issue(t, dir, "client")
-	caFile := ca.file(t, dir)
-	otherCA := other.file(t, t.TempDir())
+	ca, other := testca.New(t, "test-ca"), testca.New(t, "test-ca")
+	scert, skey, _ := ca.IssueFiles(t, dir, "redis")
+	ccert, ckey, _ := ca.IssueFiles(t, dir, "client")
+	caFile := ca.WriteFile(t, dir)
+	otherCA := other.WriteFile(t, t.TempDir())
 	port := freePort(t)
 	srv := redistest.Start(t, "--tls-port", port, "--tls-cert-file", scert, "--tls-key-file", skey,
 		"--tls-ca-cert-file", caFile, "--tls-auth-clients", "yes")
