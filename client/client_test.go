@@ -2,14 +2,8 @@ package client_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
-	"math/big"
 	"net"
 	"strings"
 	"testing"
@@ -21,6 +15,7 @@ import (
 
 	"github.com/quotacoord/quota/client"
 	"github.com/quotacoord/quota/client/clienttest"
+	"github.com/quotacoord/quota/internal/testca"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -243,10 +238,10 @@ func TestNewOptions(t *testing.T) {
 }
 
 func TestTLS(t *testing.T) {
-	cert, pool := selfSigned(t)
-	srv := clienttest.Start(t, map[string]int64{"p": 5}, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
+	ca := testca.New(t, "clienttest-ca")
+	srv := clienttest.Start(t, map[string]int64{"p": 5}, &tls.Config{Certificates: []tls.Certificate{ca.IssuePair(t, "clienttest")}, MinVersion: tls.VersionTLS12})
 
-	c := newClient(t, srv.Addr, client.WithTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}))
+	c := newClient(t, srv.Addr, client.WithTLS(&tls.Config{RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}))
 	if d, err := c.Allow(context.Background(), "s", "p", 1); err != nil || !d.Allowed {
 		t.Fatalf("TLS check: %+v, %v", d, err)
 	}
@@ -258,34 +253,4 @@ func TestTLS(t *testing.T) {
 	if _, err := untrusting.Allow(context.Background(), "s", "p", 1); err == nil {
 		t.Error("client accepted an unknown certificate")
 	}
-}
-
-func selfSigned(t *testing.T) (tls.Certificate, *x509.CertPool) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "clienttest"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IPAddresses:           []net.IP{net.ParseIP("127.0.0.1")},
-		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(leaf)
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, pool
 }

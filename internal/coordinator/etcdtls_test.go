@@ -16,6 +16,7 @@ import (
 	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/internal/etcdtest"
 	"github.com/quotacoord/quota/internal/regionsync"
+	"github.com/quotacoord/quota/internal/testca"
 	"github.com/quotacoord/quota/internal/tlsconfig"
 	"github.com/quotacoord/quota/rebalance"
 )
@@ -73,7 +74,7 @@ func waitLeader(t *testing.T, c *Coordinator) {
 // another CA, or in plaintext are refused. etcd's own log goes to
 // DATA_DIR/etcd.log.
 func TestEmbeddedEtcdMutualTLS(t *testing.T) {
-	ca, other := etcdtest.NewCA(t, "quota-ca"), etcdtest.NewCA(t, "other-ca")
+	ca, other := testca.New(t, "quota-ca"), testca.New(t, "other-ca")
 	dir := t.TempDir()
 	srvCert, srvKey, _ := ca.IssueFiles(t, dir, "etcd")
 	coCert, coKey, _ := ca.IssueFiles(t, dir, "coordinator")
@@ -158,7 +159,7 @@ func TestEmbeddedEtcdMutualTLS(t *testing.T) {
 // TestExternalEtcdTLS: with endpoints and EtcdTLS the coordinator reaches
 // an etcd that requires client certificates.
 func TestExternalEtcdTLS(t *testing.T) {
-	ca := etcdtest.NewCA(t, "etcd-ca")
+	ca := testca.New(t, "etcd-ca")
 	srv := etcdtest.StartTLS(t, ca)
 	cert, key, _ := ca.IssueFiles(t, t.TempDir(), "coordinator")
 	c, _ := startCoordinator(t, Config{EtcdEndpoints: srv.Endpoints, TokenFile: filepath.Join(t.TempDir(), "tokens"),

@@ -2,26 +2,18 @@ package coordinator
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
-	"math/big"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/quotacoord/quota/internal/etcdtest"
+	"github.com/quotacoord/quota/internal/testca"
 	"github.com/quotacoord/quota/rebalance"
 )
 
@@ -63,60 +55,13 @@ func TestOperatorTransport(t *testing.T) {
 	}
 }
 
-var certSerial atomic.Int64
-
-// issuePair writes a CA-signed pair valid for 127.0.0.1 into dir/name.*
-// (key first) and returns the CA pool and the serial.
-func issuePair(t *testing.T, caCert *x509.Certificate, caKey *ecdsa.PrivateKey, dir, name string) (string, string, int64) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serial := certSerial.Add(1)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf, kf := filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
-	if err := os.WriteFile(kf, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(cf, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return cf, kf, serial
-}
-
 // TestOperatorCertificateReload: a certificate replaced on disk is served
 // by the operator listener to the next connection without a restart.
 func TestOperatorCertificateReload(t *testing.T) {
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(certSerial.Add(1)), Subject: pkix.Name{CommonName: "ops-ca"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caCert, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(caCert)
+	ca := testca.New(t, "ops-ca")
+	pool := ca.Pool()
 	dir := t.TempDir()
-	cf, kf, first := issuePair(t, caCert, caKey, dir, "coordinator")
+	cf, kf, first := ca.IssueFiles(t, dir, "coordinator")
 	srv := etcdtest.Start(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	c, err := Start(ctx, Config{EtcdEndpoints: srv.Endpoints, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
@@ -148,7 +93,7 @@ func TestOperatorCertificateReload(t *testing.T) {
 	if s := served(); s != first {
 		t.Fatalf("served serial %d, want %d", s, first)
 	}
-	_, _, second := issuePair(t, caCert, caKey, dir, "coordinator")
+	_, _, second := ca.IssueFiles(t, dir, "coordinator")
 	deadline := time.Now().Add(10 * time.Second)
 	for served() != second {
 		if time.Now().After(deadline) {
