@@ -50,10 +50,9 @@ type Config struct {
 
 // Limiter is the middleware.
 type Limiter struct {
-	cfg      Config
-	names    []string
-	policyHd string // RateLimit-Policy when decisions carry no per-policy limits
-	windows  map[string]time.Duration
+	cfg     Config
+	names   []string
+	windows map[string]time.Duration
 }
 
 // New validates cfg and returns its Limiter.

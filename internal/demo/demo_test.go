@@ -24,8 +24,6 @@ func TestMain(m *testing.M) {
 	)
 }
 
-func ms(n int) time.Duration { return time.Duration(n) * time.Millisecond }
-
 func TestMeasure(t *testing.T) {
 	adm := func(at time.Duration) Event { return Event{At: at, Cost: 1, Admitted: true} }
 	den := func(at time.Duration) Event { return Event{At: at, Cost: 1} }

@@ -56,9 +56,10 @@ func (c *reloadingCreds) ServerHandshake(net.Conn) (net.Conn, credentials.AuthIn
 	return nil, nil, errors.New("tlsconfig: client transport credentials cannot serve")
 }
 
-// Info reports TLS and the fixed server name, if any.
+// Info reports TLS. (The server name is applied per handshake, not through
+// the deprecated ProtocolInfo.ServerName.)
 func (c *reloadingCreds) Info() credentials.ProtocolInfo {
-	return credentials.ProtocolInfo{SecurityProtocol: "tls", SecurityVersion: "1.2", ServerName: c.serverName}
+	return credentials.ProtocolInfo{SecurityProtocol: "tls"}
 }
 
 // Clone returns an independent copy.
