@@ -255,8 +255,13 @@ func Main(ctx context.Context, args, env []string, stdout io.Writer) error {
 	}
 	ss.attach(n)
 
-	serverOpts := []grpc.ServerOption{grpc.StatsHandler(otelgrpc.NewServerHandler(
-		otelgrpc.WithTracerProvider(tp), otelgrpc.WithPropagators(propagation.TraceContext{})))}
+	// The gRPC tracing handler only when tracing is on: even with a no-op
+	// provider it costs allocations and CPU on every call.
+	var serverOpts []grpc.ServerOption
+	if o.otlpEndpoint != "" {
+		serverOpts = append(serverOpts, grpc.StatsHandler(otelgrpc.NewServerHandler(
+			otelgrpc.WithTracerProvider(tp), otelgrpc.WithPropagators(propagation.TraceContext{}))))
+	}
 	if o.tlsCert != "" {
 		tc, err := serverTLS(o, log)
 		if err != nil {
