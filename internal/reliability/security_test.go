@@ -24,6 +24,7 @@ import (
 	"github.com/quotacoord/quota/internal/coordinator"
 	"github.com/quotacoord/quota/internal/etcdtest"
 	"github.com/quotacoord/quota/internal/redistest"
+	"github.com/quotacoord/quota/internal/testca"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
 	"github.com/quotacoord/quota/rebalance"
 )
@@ -47,12 +48,11 @@ func checkOnce(conn *grpc.ClientConn) error {
 // TLS, accepts exactly the clients it should.
 func TestRegionalTLS(t *testing.T) {
 	dir := t.TempDir()
-	good, other := newCA(t, "quota-test-ca"), newCA(t, "intruder-ca")
-	sc, sk := good.issue(t, "regional")
-	scert, skey := writePair(t, dir, "server", sc, sk)
-	caFile := writeFile(t, filepath.Join(dir, "ca.pem"), good.pem)
-	ccert, ckey := good.issue(t, "client")
-	bcert, bkey := other.issue(t, "client")
+	good, other := testca.New(t, "quota-test-ca"), testca.New(t, "intruder-ca")
+	scert, skey, _ := good.IssueFiles(t, dir, "server")
+	caFile := good.WriteFile(t, dir)
+	ccert, ckey, _ := good.Issue(t, "client")
+	bcert, bkey, _ := other.Issue(t, "client")
 	pol := writePolicies(t, simplePolicy)
 	type client struct {
 		name string
@@ -153,16 +153,15 @@ func operatorCall(op quotav1.OperatorClient, ctx context.Context, write bool) er
 // does both; by token and by client certificate.
 func TestOperatorAuth(t *testing.T) {
 	dir := t.TempDir()
-	good, other := newCA(t, "ops-ca"), newCA(t, "intruder-ca")
-	sc, sk := good.issue(t, "coordinator")
-	scert, skey := writePair(t, dir, "coord", sc, sk)
-	caFile := writeFile(t, filepath.Join(dir, "ca.pem"), good.pem)
+	good, other := testca.New(t, "ops-ca"), testca.New(t, "intruder-ca")
+	scert, skey, _ := good.IssueFiles(t, dir, "coord")
+	caFile := good.WriteFile(t, dir)
 	c, logs, readTok, writeTok := startCoordinator(t, func(cfg *coordinator.Config) {
 		cfg.TLSCert, cfg.TLSKey, cfg.ClientCA, cfg.WriteNames = scert, skey, caFile, []string{"ops-admin"}
 	})
-	adminCert, adminKey := good.issue(t, "ops-admin")
-	viewCert, viewKey := good.issue(t, "ops-viewer")
-	evilCert, evilKey := other.issue(t, "ops-admin")
+	adminCert, adminKey, _ := good.Issue(t, "ops-admin")
+	viewCert, viewKey, _ := good.Issue(t, "ops-viewer")
+	evilCert, evilKey, _ := other.Issue(t, "ops-admin")
 	conn := func(tc *tls.Config) quotav1.OperatorClient {
 		cc, err := grpc.NewClient(c.GRPCAddr, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
 		if err != nil {
@@ -224,12 +223,11 @@ func TestOperatorAuth(t *testing.T) {
 // looks at the files at most every CheckEvery). A listener that keeps its
 // first certificate fails the test.
 func TestCertificateReload(t *testing.T) {
-	good := newCA(t, "reload-ca")
+	good := testca.New(t, "reload-ca")
 	for _, which := range []string{"regional", "coordinator"} {
 		t.Run(which, func(t *testing.T) {
 			dir := t.TempDir()
-			sc, sk := good.issue(t, which)
-			scert, skey := writePair(t, dir, "server", sc, sk)
+			scert, skey, _ := good.IssueFiles(t, dir, "server")
 			var addr string
 			switch which {
 			case "regional":
@@ -244,8 +242,7 @@ func TestCertificateReload(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			newCert, newKey := good.issue(t, which)
-			writePair(t, dir, "server", newCert, newKey)
+			good.IssueFiles(t, dir, "server")
 			written := time.Now()
 			reloaded := false
 			// tlsconfig looks at the files at most every 500 ms by default:
