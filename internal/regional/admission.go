@@ -221,7 +221,7 @@ func (n *Node) runCheck(ctx context.Context, c *check) (*quotav1.CheckResponse, 
 }
 
 func (n *Node) checkNow(ctx context.Context, now time.Time, c *check) (*quotav1.CheckResponse, error) {
-	ctx, span := n.tracer.Start(ctx, "regional.Check")
+	ctx, span := n.startSpan(ctx, "regional.Check")
 	defer span.End()
 	out, err := n.decide(ctx, now, c.items)
 	if err != nil {

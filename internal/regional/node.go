@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/quotacoord/quota/bucket"
 	"github.com/quotacoord/quota/internal/policy"
@@ -36,7 +37,10 @@ type Node struct {
 	replay *replayCache
 	m      *metrics
 	tracer trace.Tracer
-	log    hclog.Logger
+	// tracing is false with the no-op provider: spans are then not started
+	// at all (starting a no-op span still allocates its options and context).
+	tracing bool
+	log     hclog.Logger
 	// envoySubj turns Envoy descriptor values into subjects: salted
 	// hashes except for Config.EnvoyPlainKeys.
 	envoySubj policy.EnvoySubjects
@@ -59,13 +63,14 @@ func New(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{
-		cfg:    cfg,
-		brk:    newBreaker(cfg.BreakerThreshold, cfg.BreakerCooldown),
-		neg:    newNegativeCache(cfg.NegativeCacheSize),
-		replay: newReplayCache(cfg.IdempotencySize, cfg.IdempotencyTTL),
-		m:      m,
-		tracer: cfg.TracerProvider.Tracer("github.com/quotacoord/quota/internal/regional"),
-		log:    cfg.Logger,
+		cfg:     cfg,
+		brk:     newBreaker(cfg.BreakerThreshold, cfg.BreakerCooldown),
+		neg:     newNegativeCache(cfg.NegativeCacheSize),
+		replay:  newReplayCache(cfg.IdempotencySize, cfg.IdempotencyTTL),
+		m:       m,
+		tracer:  cfg.TracerProvider.Tracer("github.com/quotacoord/quota/internal/regional"),
+		tracing: !isNoopProvider(cfg.TracerProvider),
+		log:     cfg.Logger,
 
 		envoySubj: policy.EnvoySubjects{Salt: cfg.SubjectSalt, PlainKeys: cfg.EnvoyPlainKeys},
 	}
@@ -352,8 +357,11 @@ func overCapacity(reqs []bucket.Request) int {
 func (n *Node) callStore(ctx context.Context, now time.Time, reqs []bucket.Request, probe bool) ([]bucket.Decision, error) {
 	sctx, cancel := context.WithTimeout(ctx, n.cfg.StoreTimeout)
 	defer cancel()
-	sctx, span := n.tracer.Start(sctx, "bucket.TakeAll", trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(attribute.Int("quota.buckets", len(reqs))))
+	var span trace.Span = noop.Span{}
+	if n.tracing {
+		sctx, span = n.tracer.Start(sctx, "bucket.TakeAll", trace.WithSpanKind(trace.SpanKindClient),
+			trace.WithAttributes(attribute.Int("quota.buckets", len(reqs))))
+	}
 	start := time.Now()
 	decs, err := n.cfg.Store.TakeAll(sctx, reqs)
 	n.takeLatency.Observe(time.Since(start).Seconds())
@@ -555,4 +563,19 @@ func (n *Node) account(items []item, out outcome) {
 		pressured := out.known[i] && (!d.Allowed || d.Remaining < d.Limit/2)
 		n.cfg.Demand.Record(it.pol.Name, it.subject, it.req.Cost, admitted, pressured)
 	}
+}
+
+// isNoopProvider reports whether tp is the no-op tracer provider.
+func isNoopProvider(tp trace.TracerProvider) bool {
+	_, ok := tp.(noop.TracerProvider)
+	return ok
+}
+
+// startSpan starts a span named name when tracing is on; otherwise it
+// returns ctx and a no-op span without allocating.
+func (n *Node) startSpan(ctx context.Context, name string) (context.Context, trace.Span) {
+	if !n.tracing {
+		return ctx, noop.Span{}
+	}
+	return n.tracer.Start(ctx, name)
 }

@@ -49,7 +49,7 @@ func (r *rls) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) 
 		return nil, err
 	}
 	now := r.n.cfg.Clock.Now()
-	ctx, span := r.n.tracer.Start(ctx, "regional.ShouldRateLimit")
+	ctx, span := r.n.startSpan(ctx, "regional.ShouldRateLimit")
 	defer span.End()
 	out, err := r.n.decide(ctx, now, ec.items)
 	if err != nil {
