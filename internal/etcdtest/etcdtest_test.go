@@ -49,13 +49,8 @@ func TestStartTLS(t *testing.T) {
 	if _, err := c.Put(ctx, "k", "v"); err != nil {
 		t.Fatal(err)
 	}
-	oc, ok, _ := other.Issue(t, "intruder")
-	pair, err := tls.X509KeyPair(oc, ok)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(ca.Cert)
+	pair := other.IssuePair(t, "intruder")
+	pool := ca.Pool()
 	for name, tc := range map[string]*tls.Config{
 		"no client certificate":           {RootCAs: pool, MinVersion: tls.VersionTLS12},
 		"certificate from another CA":     {RootCAs: pool, Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12},
