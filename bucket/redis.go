@@ -100,6 +100,23 @@ type call struct {
 	res    []int64
 	err    error
 	done   chan struct{}
+	// Room for the keys and arguments of a one-bucket call, so that it
+	// needs no slices of its own.
+	keyBuf [1]string
+	argBuf [2 + argsPerBucket]any
+}
+
+// Script arguments boxed once: boxing a string into an interface
+// allocates on every call otherwise.
+var (
+	argOpTake, argOpRefund any = string(rune(opTake)), string(rune(opRefund))
+	argAlg                 [len(algCodes)]any
+)
+
+func init() {
+	for i, a := range algCodes {
+		argAlg[i] = a
+	}
 }
 
 // NewRedis validates cfg and starts the store's Flushers goroutines; Close
@@ -166,6 +183,7 @@ func (r *Redis) Close() error {
 func (r *Redis) flusher() {
 	defer r.wg.Done()
 	batch := make([]*call, 0, r.maxBatch)
+	cmds := make([]*redis.Cmd, r.maxBatch)
 	for {
 		select {
 		case <-r.stop:
@@ -181,17 +199,17 @@ func (r *Redis) flusher() {
 					break fill
 				}
 			}
-			r.send(batch)
+			r.send(batch, cmds[:len(batch)])
 			clear(batch)
+			clear(cmds)
 		}
 	}
 }
 
-// send runs one pipeline of EVALSHA calls, resends the NOSCRIPT ones with
+// send runs one pipeline (cmds has one slot per call) of EVALSHA calls, resends the NOSCRIPT ones with
 // EVAL, and answers every call.
-func (r *Redis) send(batch []*call) {
+func (r *Redis) send(batch []*call, cmds []*redis.Cmd) {
 	ctx := context.Background()
-	cmds := make([]*redis.Cmd, len(batch))
 	pipe := r.client.Pipeline()
 	for i, c := range batch {
 		cmds[i] = pipe.EvalSha(ctx, c.script.Hash(), c.keys, c.args...)
@@ -276,13 +294,16 @@ const (
 // newCall builds the script call for reqs, whose subjects share group g
 // (and so one hash tag and Redis Cluster slot).
 func (r *Redis) newCall(op byte, g uint32, reqs []Request, ps []params) *call {
-	c := &call{
-		keys: make([]string, len(reqs)),
-		args: make([]any, 2, 2+argsPerBucket*len(reqs)),
-		n:    len(reqs),
-		done: make(chan struct{}),
+	c := &call{n: len(reqs), done: make(chan struct{})}
+	if len(reqs) == 1 {
+		c.keys, c.args = c.keyBuf[:], c.argBuf[:2]
+	} else {
+		c.keys, c.args = make([]string, len(reqs)), make([]any, 2, 2+argsPerBucket*len(reqs))
 	}
-	c.args[0] = string(op)
+	c.args[0] = argOpTake
+	if op == opRefund {
+		c.args[0] = argOpRefund
+	}
 	c.args[1] = ""
 	if r.now != nil {
 		c.args[1] = strconv.FormatInt(r.now(), 10)
@@ -300,7 +321,7 @@ func (r *Redis) newCall(op byte, g uint32, reqs []Request, ps []params) *call {
 		} else {
 			c.keys[i] = ownKey(k, g)
 		}
-		c.args = append(c.args, algCodes[p.alg],
+		c.args = append(c.args, argAlg[p.alg],
 			strconv.FormatFloat(p.lim, 'f', -1, 64),
 			strconv.FormatFloat(p.p, 'g', -1, 64),
 			strconv.FormatFloat(p.cost, 'f', -1, 64),
