@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -257,7 +258,9 @@ func Main(ctx context.Context, args, env []string, stdout io.Writer) error {
 
 	// The gRPC tracing handler only when tracing is on: even with a no-op
 	// provider it costs allocations and CPU on every call.
-	var serverOpts []grpc.ServerOption
+	// Stream workers serve calls on reused goroutines (no new goroutine and
+	// stack per call); a shared write buffer per connection.
+	serverOpts := []grpc.ServerOption{grpc.NumStreamWorkers(uint32(4 * runtime.GOMAXPROCS(0))), grpc.SharedWriteBuffer(true)}
 	if o.otlpEndpoint != "" {
 		serverOpts = append(serverOpts, grpc.StatsHandler(otelgrpc.NewServerHandler(
 			otelgrpc.WithTracerProvider(tp), otelgrpc.WithPropagators(propagation.TraceContext{}))))
