@@ -92,7 +92,12 @@ func BenchmarkRedisTake(b *testing.B) {
 	keys := subjectKeys(b, "bench-", 10_000)
 	for _, callers := range []int{1, 64} {
 		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
-			c := redis.NewClient(&redis.Options{Addr: addr})
+			// The client production uses (bucket.DialRedis: RESP2, no
+			// maintenance notifications), so the figure is the node's.
+			c, err := bucket.DialRedis(addr, bucket.DialOptions{})
+			if err != nil {
+				b.Fatal(err)
+			}
 			defer c.Close()
 			r, err := bucket.NewRedis(bucket.RedisConfig{Client: c})
 			if err != nil {

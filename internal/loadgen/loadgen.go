@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net"
+	"runtime"
 	"sort"
 	"strconv"
 	"sync"
@@ -338,9 +339,11 @@ func (noop) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitRequest) (*rl
 }
 
 // ServeNoop serves a rate limit service that does no work on lis until
-// ctx is done, then stops it and returns nil (or the serve error).
+// ctx is done, then stops it and returns nil (or the serve error). Its
+// gRPC server options are the regional node's, so that the ceiling and
+// the node differ only in the work.
 func ServeNoop(ctx context.Context, lis net.Listener) error {
-	s := grpc.NewServer()
+	s := grpc.NewServer(grpc.NumStreamWorkers(uint32(4*runtime.GOMAXPROCS(0))), grpc.SharedWriteBuffer(true))
 	rlsv3.RegisterRateLimitServiceServer(s, noop{})
 	errc := make(chan error, 1)
 	go func() { errc <- s.Serve(lis) }()
