@@ -36,6 +36,14 @@ type Proposal struct {
 	Demand map[string]float64
 	// Note explains why nothing would be published, if so.
 	Note string
+	// HottestSubject maps each region to the offered rate (cost per
+	// second) of the most pressured subject it reported for the policy, 0
+	// when it reported none: what a prediction of overshoot for the
+	// proposed split should drive.
+	HottestSubject map[string]float64
+	// Interval and Protocol are the loop's, for predictions.
+	Interval time.Duration
+	Protocol Protocol
 }
 
 type roundReq struct {
@@ -304,7 +312,15 @@ func (l *Loop) DryRun(ctx context.Context, policyName string) (Proposal, error) 
 	st.trackMissing(now, snap)
 	st.observe(snap, &l.cfg)
 	pp := planPolicy(now, snap, st, &l.cfg, p, true)
-	out := Proposal{Policy: policyName, Current: snap.allocs[policyName], Next: pp.proposal, Demand: pp.demand, Note: pp.note}
+	out := Proposal{Policy: policyName, Current: snap.allocs[policyName], Next: pp.proposal, Demand: pp.demand, Note: pp.note,
+		HottestSubject: map[string]float64{}, Interval: l.cfg.Interval, Protocol: l.cfg.Protocol}
+	for region, rep := range snap.demand {
+		hot := 0.0
+		for _, sd := range rep.Policies[policyName].Pressured {
+			hot = max(hot, finite(sd.Offered))
+		}
+		out.HottestSubject[region] = hot
+	}
 	if out.Next == nil && pp.pub != nil {
 		out.Next = &etcdlayout.Shares{Default: pp.pub.Default, Overrides: pp.pub.Overrides}
 	}

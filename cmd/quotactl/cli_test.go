@@ -65,7 +65,9 @@ func start(t *testing.T) *harness {
 			t.Fatal(err)
 		}
 		t.Cleanup(r.Kill)
-		if err := r.Report(ctx, time.Second, map[string]etcdlayout.PolicyDemand{"exports": {Offered: 3, Admitted: 3}}); err != nil {
+		// One pressured subject offering half of the policy's 10/s.
+		if err := r.Report(ctx, time.Second, map[string]etcdlayout.PolicyDemand{"exports": {Offered: 8, Admitted: 7,
+			Pressured: []etcdlayout.SubjectDemand{{Subject: "acme", Offered: 5, Admitted: 4, Denied: true}}}}); err != nil {
 			t.Fatal(err)
 		}
 		actx, stopAck := context.WithCancel(context.Background())
@@ -159,8 +161,18 @@ func TestEveryCommand(t *testing.T) {
 			t.Fatalf("alloc json: region %s nodes %+v, want one live %s", r.Region, r.Nodes, coordtest.DefaultNode)
 		}
 	}
-	if out := h.must("dry-run", "exports"); !strings.Contains(out, "PROPOSED") {
+	if out := h.must("dry-run", "exports"); !strings.Contains(out, "PROPOSED") || !strings.Contains(out, "predicted by the simulator") {
 		t.Fatalf("dry-run: %q", out)
+	}
+	var dry struct {
+		Prediction *struct {
+			SubjectDemand map[string]float64
+			SimulatedS    float64
+		}
+	}
+	if err := json.Unmarshal([]byte(h.must("dry-run", "exports", "-o", "json")), &dry); err != nil || dry.Prediction == nil ||
+		dry.Prediction.SimulatedS != 600 || dry.Prediction.SubjectDemand["eu"] != 0.5 {
+		t.Fatalf("dry-run json prediction: %+v %v", dry.Prediction, err)
 	}
 	if _, err := json.Marshal(h.must("dry-run", "exports", "-o", "json")); err != nil {
 		t.Fatal(err)

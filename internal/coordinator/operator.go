@@ -12,13 +12,16 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/quotacoord/quota/bucket"
 	"github.com/quotacoord/quota/internal/clock"
 	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/internal/policy"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
 	"github.com/quotacoord/quota/rebalance"
+	"github.com/quotacoord/quota/sim"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -521,10 +524,53 @@ func (o *operator) DryRun(ctx context.Context, req *quotav1.DryRunRequest) (*quo
 	for r := range proposed {
 		regions[r] = true
 	}
-	for _, r := range slices.Sorted(maps.Keys(regions)) {
+	names := slices.Sorted(maps.Keys(regions))
+	for _, r := range names {
 		out.Regions = append(out.Regions, &quotav1.ProposedShare{Region: r, Current: current[r], Proposed: proposed[r], Demand: pr.Demand[r]})
 	}
+	if pr.Next != nil {
+		p, err := o.policy(ctx, req.Policy)
+		if err != nil {
+			return nil, err
+		}
+		out.Prediction = predict(p, names, current, proposed, pr)
+	}
 	return out, nil
+}
+
+// predictDuration is how much traffic a dry-run simulates.
+const predictDuration = 10 * time.Minute
+
+// predict asks the simulator what moving from current to proposed costs
+// the policy's hottest reported subject, or returns nil when the policy is
+// not a token bucket the simulator models.
+func predict(p *policy.Policy, names []string, current, proposed map[string]float64, pr rebalance.Proposal) *quotav1.Prediction {
+	l := p.Limits
+	if p.Unlimited || (l.Algorithm != "" && l.Algorithm != bucket.TokenBucket) || !(l.RefillPerSecond > 0) || len(names) == 0 || len(names) > sim.MaxRegions {
+		return nil
+	}
+	sp := sim.Proposal{
+		Capacity: l.Capacity, RefillPerSecond: l.RefillPerSecond, Overcommit: l.Overcommit,
+		RebalanceInterval: pr.Interval, Protocol: sim.TwoStep, Duration: predictDuration, Seed: 1,
+	}
+	if pr.Protocol == rebalance.ProtocolNaive {
+		sp.Protocol = sim.Naive
+	}
+	out := &quotav1.Prediction{SubjectDemand: map[string]float64{}, SimulatedS: predictDuration.Seconds()}
+	for _, r := range names {
+		d := pr.HottestSubject[r] / l.RefillPerSecond
+		sp.Current = append(sp.Current, current[r])
+		sp.Proposed = append(sp.Proposed, proposed[r])
+		sp.Demand = append(sp.Demand, d)
+		out.SubjectDemand[r] = d
+	}
+	res, err := sim.PredictOvershoot(sp)
+	if err != nil {
+		return nil
+	}
+	out.Overshoot_1S, out.Overshoot_10S, out.Overshoot_60S = res.Overshoot1s, res.Overshoot10s, res.Overshoot60s
+	out.UnderAdmission, out.MaxShareSum = res.UnderAdmission, res.MaxShareSum
+	return out
 }
 
 func (o *operator) Freeze(ctx context.Context, req *quotav1.FreezeRequest) (*quotav1.FreezeResponse, error) {

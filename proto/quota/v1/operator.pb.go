@@ -1114,7 +1114,11 @@ type DryRunResponse struct {
 	// overrides is the number of subject overrides proposed.
 	Overrides uint32 `protobuf:"varint,4,opt,name=overrides,proto3" json:"overrides,omitempty"`
 	// note explains why nothing would move (frozen, waiting), if so.
-	Note          string `protobuf:"bytes,5,opt,name=note,proto3" json:"note,omitempty"`
+	Note string `protobuf:"bytes,5,opt,name=note,proto3" json:"note,omitempty"`
+	// prediction is the simulator's estimate of what the proposed default
+	// split costs for the policy's hottest reported subject; absent when it
+	// cannot be simulated (not a token bucket, nothing proposed).
+	Prediction    *Prediction `protobuf:"bytes,6,opt,name=prediction,proto3" json:"prediction,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1184,6 +1188,115 @@ func (x *DryRunResponse) GetNote() string {
 	return ""
 }
 
+func (x *DryRunResponse) GetPrediction() *Prediction {
+	if x != nil {
+		return x.Prediction
+	}
+	return nil
+}
+
+// Prediction is a simulated outcome of a proposed change (package sim:
+// the same allocator and bucket code, over simulated_s seconds of traffic).
+type Prediction struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// overshoot_1s, overshoot_10s and overshoot_60s are max over windows of
+	// that length of admitted / (C + r·W) − 1, floored at 0.
+	Overshoot_1S  float64 `protobuf:"fixed64,1,opt,name=overshoot_1s,json=overshoot1s,proto3" json:"overshoot_1s,omitempty"`
+	Overshoot_10S float64 `protobuf:"fixed64,2,opt,name=overshoot_10s,json=overshoot10s,proto3" json:"overshoot_10s,omitempty"`
+	Overshoot_60S float64 `protobuf:"fixed64,3,opt,name=overshoot_60s,json=overshoot60s,proto3" json:"overshoot_60s,omitempty"`
+	// under_admission is 1 − admitted / admitted by one ideal global bucket.
+	UnderAdmission float64 `protobuf:"fixed64,4,opt,name=under_admission,json=underAdmission,proto3" json:"under_admission,omitempty"`
+	// max_share_sum is the largest sum of shares the regions enforced at
+	// once during the simulation.
+	MaxShareSum float64 `protobuf:"fixed64,5,opt,name=max_share_sum,json=maxShareSum,proto3" json:"max_share_sum,omitempty"`
+	// subject_demand is the demand simulated per region, as a multiple of
+	// the policy's refill rate r (the hottest reported subject's offered rate).
+	SubjectDemand map[string]float64 `protobuf:"bytes,6,rep,name=subject_demand,json=subjectDemand,proto3" json:"subject_demand,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
+	// simulated_s is the simulated duration in seconds.
+	SimulatedS    float64 `protobuf:"fixed64,7,opt,name=simulated_s,json=simulatedS,proto3" json:"simulated_s,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Prediction) Reset() {
+	*x = Prediction{}
+	mi := &file_quota_v1_operator_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Prediction) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Prediction) ProtoMessage() {}
+
+func (x *Prediction) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_operator_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Prediction.ProtoReflect.Descriptor instead.
+func (*Prediction) Descriptor() ([]byte, []int) {
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *Prediction) GetOvershoot_1S() float64 {
+	if x != nil {
+		return x.Overshoot_1S
+	}
+	return 0
+}
+
+func (x *Prediction) GetOvershoot_10S() float64 {
+	if x != nil {
+		return x.Overshoot_10S
+	}
+	return 0
+}
+
+func (x *Prediction) GetOvershoot_60S() float64 {
+	if x != nil {
+		return x.Overshoot_60S
+	}
+	return 0
+}
+
+func (x *Prediction) GetUnderAdmission() float64 {
+	if x != nil {
+		return x.UnderAdmission
+	}
+	return 0
+}
+
+func (x *Prediction) GetMaxShareSum() float64 {
+	if x != nil {
+		return x.MaxShareSum
+	}
+	return 0
+}
+
+func (x *Prediction) GetSubjectDemand() map[string]float64 {
+	if x != nil {
+		return x.SubjectDemand
+	}
+	return nil
+}
+
+func (x *Prediction) GetSimulatedS() float64 {
+	if x != nil {
+		return x.SimulatedS
+	}
+	return 0
+}
+
 // ProposedShare is one region's current and proposed default share.
 type ProposedShare struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1201,7 +1314,7 @@ type ProposedShare struct {
 
 func (x *ProposedShare) Reset() {
 	*x = ProposedShare{}
-	mi := &file_quota_v1_operator_proto_msgTypes[17]
+	mi := &file_quota_v1_operator_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1213,7 +1326,7 @@ func (x *ProposedShare) String() string {
 func (*ProposedShare) ProtoMessage() {}
 
 func (x *ProposedShare) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[17]
+	mi := &file_quota_v1_operator_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1226,7 +1339,7 @@ func (x *ProposedShare) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposedShare.ProtoReflect.Descriptor instead.
 func (*ProposedShare) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{17}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ProposedShare) GetRegion() string {
@@ -1268,7 +1381,7 @@ type FreezeRequest struct {
 
 func (x *FreezeRequest) Reset() {
 	*x = FreezeRequest{}
-	mi := &file_quota_v1_operator_proto_msgTypes[18]
+	mi := &file_quota_v1_operator_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1280,7 +1393,7 @@ func (x *FreezeRequest) String() string {
 func (*FreezeRequest) ProtoMessage() {}
 
 func (x *FreezeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[18]
+	mi := &file_quota_v1_operator_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1293,7 +1406,7 @@ func (x *FreezeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FreezeRequest.ProtoReflect.Descriptor instead.
 func (*FreezeRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{18}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *FreezeRequest) GetPolicy() string {
@@ -1312,7 +1425,7 @@ type FreezeResponse struct {
 
 func (x *FreezeResponse) Reset() {
 	*x = FreezeResponse{}
-	mi := &file_quota_v1_operator_proto_msgTypes[19]
+	mi := &file_quota_v1_operator_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1324,7 +1437,7 @@ func (x *FreezeResponse) String() string {
 func (*FreezeResponse) ProtoMessage() {}
 
 func (x *FreezeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[19]
+	mi := &file_quota_v1_operator_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1337,7 +1450,7 @@ func (x *FreezeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FreezeResponse.ProtoReflect.Descriptor instead.
 func (*FreezeResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{19}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{20}
 }
 
 // UnfreezeRequest names a policy.
@@ -1351,7 +1464,7 @@ type UnfreezeRequest struct {
 
 func (x *UnfreezeRequest) Reset() {
 	*x = UnfreezeRequest{}
-	mi := &file_quota_v1_operator_proto_msgTypes[20]
+	mi := &file_quota_v1_operator_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1363,7 +1476,7 @@ func (x *UnfreezeRequest) String() string {
 func (*UnfreezeRequest) ProtoMessage() {}
 
 func (x *UnfreezeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[20]
+	mi := &file_quota_v1_operator_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1376,7 +1489,7 @@ func (x *UnfreezeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnfreezeRequest.ProtoReflect.Descriptor instead.
 func (*UnfreezeRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{20}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *UnfreezeRequest) GetPolicy() string {
@@ -1395,7 +1508,7 @@ type UnfreezeResponse struct {
 
 func (x *UnfreezeResponse) Reset() {
 	*x = UnfreezeResponse{}
-	mi := &file_quota_v1_operator_proto_msgTypes[21]
+	mi := &file_quota_v1_operator_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1407,7 +1520,7 @@ func (x *UnfreezeResponse) String() string {
 func (*UnfreezeResponse) ProtoMessage() {}
 
 func (x *UnfreezeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[21]
+	mi := &file_quota_v1_operator_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1420,7 +1533,7 @@ func (x *UnfreezeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnfreezeResponse.ProtoReflect.Descriptor instead.
 func (*UnfreezeResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{21}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{22}
 }
 
 // PinRequest pins a region's share.
@@ -1438,7 +1551,7 @@ type PinRequest struct {
 
 func (x *PinRequest) Reset() {
 	*x = PinRequest{}
-	mi := &file_quota_v1_operator_proto_msgTypes[22]
+	mi := &file_quota_v1_operator_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1450,7 +1563,7 @@ func (x *PinRequest) String() string {
 func (*PinRequest) ProtoMessage() {}
 
 func (x *PinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[22]
+	mi := &file_quota_v1_operator_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1463,7 +1576,7 @@ func (x *PinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PinRequest.ProtoReflect.Descriptor instead.
 func (*PinRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{22}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *PinRequest) GetPolicy() string {
@@ -1496,7 +1609,7 @@ type PinResponse struct {
 
 func (x *PinResponse) Reset() {
 	*x = PinResponse{}
-	mi := &file_quota_v1_operator_proto_msgTypes[23]
+	mi := &file_quota_v1_operator_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1508,7 +1621,7 @@ func (x *PinResponse) String() string {
 func (*PinResponse) ProtoMessage() {}
 
 func (x *PinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[23]
+	mi := &file_quota_v1_operator_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1521,7 +1634,7 @@ func (x *PinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PinResponse.ProtoReflect.Descriptor instead.
 func (*PinResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{23}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{24}
 }
 
 // UnpinRequest removes a pin.
@@ -1537,7 +1650,7 @@ type UnpinRequest struct {
 
 func (x *UnpinRequest) Reset() {
 	*x = UnpinRequest{}
-	mi := &file_quota_v1_operator_proto_msgTypes[24]
+	mi := &file_quota_v1_operator_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1549,7 +1662,7 @@ func (x *UnpinRequest) String() string {
 func (*UnpinRequest) ProtoMessage() {}
 
 func (x *UnpinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[24]
+	mi := &file_quota_v1_operator_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1562,7 +1675,7 @@ func (x *UnpinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnpinRequest.ProtoReflect.Descriptor instead.
 func (*UnpinRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{24}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *UnpinRequest) GetPolicy() string {
@@ -1588,7 +1701,7 @@ type UnpinResponse struct {
 
 func (x *UnpinResponse) Reset() {
 	*x = UnpinResponse{}
-	mi := &file_quota_v1_operator_proto_msgTypes[25]
+	mi := &file_quota_v1_operator_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1600,7 +1713,7 @@ func (x *UnpinResponse) String() string {
 func (*UnpinResponse) ProtoMessage() {}
 
 func (x *UnpinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[25]
+	mi := &file_quota_v1_operator_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1613,7 +1726,7 @@ func (x *UnpinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnpinResponse.ProtoReflect.Descriptor instead.
 func (*UnpinResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{25}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{26}
 }
 
 // SetWeightRequest sets a region's weight.
@@ -1631,7 +1744,7 @@ type SetWeightRequest struct {
 
 func (x *SetWeightRequest) Reset() {
 	*x = SetWeightRequest{}
-	mi := &file_quota_v1_operator_proto_msgTypes[26]
+	mi := &file_quota_v1_operator_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1643,7 +1756,7 @@ func (x *SetWeightRequest) String() string {
 func (*SetWeightRequest) ProtoMessage() {}
 
 func (x *SetWeightRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[26]
+	mi := &file_quota_v1_operator_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1656,7 +1769,7 @@ func (x *SetWeightRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetWeightRequest.ProtoReflect.Descriptor instead.
 func (*SetWeightRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{26}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SetWeightRequest) GetPolicy() string {
@@ -1689,7 +1802,7 @@ type SetWeightResponse struct {
 
 func (x *SetWeightResponse) Reset() {
 	*x = SetWeightResponse{}
-	mi := &file_quota_v1_operator_proto_msgTypes[27]
+	mi := &file_quota_v1_operator_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1701,7 +1814,7 @@ func (x *SetWeightResponse) String() string {
 func (*SetWeightResponse) ProtoMessage() {}
 
 func (x *SetWeightResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[27]
+	mi := &file_quota_v1_operator_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1714,7 +1827,7 @@ func (x *SetWeightResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetWeightResponse.ProtoReflect.Descriptor instead.
 func (*SetWeightResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{27}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{28}
 }
 
 // SetMinimumRequest sets a region's minimum share.
@@ -1732,7 +1845,7 @@ type SetMinimumRequest struct {
 
 func (x *SetMinimumRequest) Reset() {
 	*x = SetMinimumRequest{}
-	mi := &file_quota_v1_operator_proto_msgTypes[28]
+	mi := &file_quota_v1_operator_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1744,7 +1857,7 @@ func (x *SetMinimumRequest) String() string {
 func (*SetMinimumRequest) ProtoMessage() {}
 
 func (x *SetMinimumRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[28]
+	mi := &file_quota_v1_operator_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1757,7 +1870,7 @@ func (x *SetMinimumRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetMinimumRequest.ProtoReflect.Descriptor instead.
 func (*SetMinimumRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{28}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SetMinimumRequest) GetPolicy() string {
@@ -1790,7 +1903,7 @@ type SetMinimumResponse struct {
 
 func (x *SetMinimumResponse) Reset() {
 	*x = SetMinimumResponse{}
-	mi := &file_quota_v1_operator_proto_msgTypes[29]
+	mi := &file_quota_v1_operator_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1802,7 +1915,7 @@ func (x *SetMinimumResponse) String() string {
 func (*SetMinimumResponse) ProtoMessage() {}
 
 func (x *SetMinimumResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[29]
+	mi := &file_quota_v1_operator_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1815,7 +1928,7 @@ func (x *SetMinimumResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetMinimumResponse.ProtoReflect.Descriptor instead.
 func (*SetMinimumResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{29}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{30}
 }
 
 // ListAuditRequest bounds the listing.
@@ -1829,7 +1942,7 @@ type ListAuditRequest struct {
 
 func (x *ListAuditRequest) Reset() {
 	*x = ListAuditRequest{}
-	mi := &file_quota_v1_operator_proto_msgTypes[30]
+	mi := &file_quota_v1_operator_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1841,7 +1954,7 @@ func (x *ListAuditRequest) String() string {
 func (*ListAuditRequest) ProtoMessage() {}
 
 func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[30]
+	mi := &file_quota_v1_operator_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1854,7 +1967,7 @@ func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditRequest) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{30}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListAuditRequest) GetLimit() uint32 {
@@ -1875,7 +1988,7 @@ type ListAuditResponse struct {
 
 func (x *ListAuditResponse) Reset() {
 	*x = ListAuditResponse{}
-	mi := &file_quota_v1_operator_proto_msgTypes[31]
+	mi := &file_quota_v1_operator_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1887,7 +2000,7 @@ func (x *ListAuditResponse) String() string {
 func (*ListAuditResponse) ProtoMessage() {}
 
 func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[31]
+	mi := &file_quota_v1_operator_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1900,7 +2013,7 @@ func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditResponse) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{31}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListAuditResponse) GetEntries() []*AuditEntry {
@@ -1930,7 +2043,7 @@ type AuditEntry struct {
 
 func (x *AuditEntry) Reset() {
 	*x = AuditEntry{}
-	mi := &file_quota_v1_operator_proto_msgTypes[32]
+	mi := &file_quota_v1_operator_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1942,7 +2055,7 @@ func (x *AuditEntry) String() string {
 func (*AuditEntry) ProtoMessage() {}
 
 func (x *AuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_quota_v1_operator_proto_msgTypes[32]
+	mi := &file_quota_v1_operator_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1955,7 +2068,7 @@ func (x *AuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
 func (*AuditEntry) Descriptor() ([]byte, []int) {
-	return file_quota_v1_operator_proto_rawDescGZIP(), []int{32}
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *AuditEntry) GetAt() *timestamppb.Timestamp {
@@ -2087,13 +2200,29 @@ const file_quota_v1_operator_proto_rawDesc = "" +
 	"\tpublished\x18\x01 \x03(\tR\tpublished\x12\x18\n" +
 	"\awaiting\x18\x02 \x03(\tR\awaiting\"'\n" +
 	"\rDryRunRequest\x12\x16\n" +
-	"\x06policy\x18\x01 \x01(\tR\x06policy\"\xa3\x01\n" +
+	"\x06policy\x18\x01 \x01(\tR\x06policy\"\xd9\x01\n" +
 	"\x0eDryRunResponse\x12\x16\n" +
 	"\x06policy\x18\x01 \x01(\tR\x06policy\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x121\n" +
 	"\aregions\x18\x03 \x03(\v2\x17.quota.v1.ProposedShareR\aregions\x12\x1c\n" +
 	"\toverrides\x18\x04 \x01(\rR\toverrides\x12\x12\n" +
-	"\x04note\x18\x05 \x01(\tR\x04note\"u\n" +
+	"\x04note\x18\x05 \x01(\tR\x04note\x124\n" +
+	"\n" +
+	"prediction\x18\x06 \x01(\v2\x14.quota.v1.PredictionR\n" +
+	"prediction\"\xf9\x02\n" +
+	"\n" +
+	"Prediction\x12!\n" +
+	"\fovershoot_1s\x18\x01 \x01(\x01R\vovershoot1s\x12#\n" +
+	"\rovershoot_10s\x18\x02 \x01(\x01R\fovershoot10s\x12#\n" +
+	"\rovershoot_60s\x18\x03 \x01(\x01R\fovershoot60s\x12'\n" +
+	"\x0funder_admission\x18\x04 \x01(\x01R\x0eunderAdmission\x12\"\n" +
+	"\rmax_share_sum\x18\x05 \x01(\x01R\vmaxShareSum\x12N\n" +
+	"\x0esubject_demand\x18\x06 \x03(\v2'.quota.v1.Prediction.SubjectDemandEntryR\rsubjectDemand\x12\x1f\n" +
+	"\vsimulated_s\x18\a \x01(\x01R\n" +
+	"simulatedS\x1a@\n" +
+	"\x12SubjectDemandEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"u\n" +
 	"\rProposedShare\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x18\n" +
 	"\acurrent\x18\x02 \x01(\x01R\acurrent\x12\x1a\n" +
@@ -2165,7 +2294,7 @@ func file_quota_v1_operator_proto_rawDescGZIP() []byte {
 	return file_quota_v1_operator_proto_rawDescData
 }
 
-var file_quota_v1_operator_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
+var file_quota_v1_operator_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_quota_v1_operator_proto_goTypes = []any{
 	(*ApplyPolicyRequest)(nil),     // 0: quota.v1.ApplyPolicyRequest
 	(*ApplyPolicyResponse)(nil),    // 1: quota.v1.ApplyPolicyResponse
@@ -2184,74 +2313,78 @@ var file_quota_v1_operator_proto_goTypes = []any{
 	(*RebalanceNowResponse)(nil),   // 14: quota.v1.RebalanceNowResponse
 	(*DryRunRequest)(nil),          // 15: quota.v1.DryRunRequest
 	(*DryRunResponse)(nil),         // 16: quota.v1.DryRunResponse
-	(*ProposedShare)(nil),          // 17: quota.v1.ProposedShare
-	(*FreezeRequest)(nil),          // 18: quota.v1.FreezeRequest
-	(*FreezeResponse)(nil),         // 19: quota.v1.FreezeResponse
-	(*UnfreezeRequest)(nil),        // 20: quota.v1.UnfreezeRequest
-	(*UnfreezeResponse)(nil),       // 21: quota.v1.UnfreezeResponse
-	(*PinRequest)(nil),             // 22: quota.v1.PinRequest
-	(*PinResponse)(nil),            // 23: quota.v1.PinResponse
-	(*UnpinRequest)(nil),           // 24: quota.v1.UnpinRequest
-	(*UnpinResponse)(nil),          // 25: quota.v1.UnpinResponse
-	(*SetWeightRequest)(nil),       // 26: quota.v1.SetWeightRequest
-	(*SetWeightResponse)(nil),      // 27: quota.v1.SetWeightResponse
-	(*SetMinimumRequest)(nil),      // 28: quota.v1.SetMinimumRequest
-	(*SetMinimumResponse)(nil),     // 29: quota.v1.SetMinimumResponse
-	(*ListAuditRequest)(nil),       // 30: quota.v1.ListAuditRequest
-	(*ListAuditResponse)(nil),      // 31: quota.v1.ListAuditResponse
-	(*AuditEntry)(nil),             // 32: quota.v1.AuditEntry
-	nil,                            // 33: quota.v1.PolicyInfo.MinShareEntry
-	nil,                            // 34: quota.v1.Control.PinsEntry
-	nil,                            // 35: quota.v1.Control.WeightsEntry
-	nil,                            // 36: quota.v1.Control.MinimumsEntry
-	(*timestamppb.Timestamp)(nil),  // 37: google.protobuf.Timestamp
+	(*Prediction)(nil),             // 17: quota.v1.Prediction
+	(*ProposedShare)(nil),          // 18: quota.v1.ProposedShare
+	(*FreezeRequest)(nil),          // 19: quota.v1.FreezeRequest
+	(*FreezeResponse)(nil),         // 20: quota.v1.FreezeResponse
+	(*UnfreezeRequest)(nil),        // 21: quota.v1.UnfreezeRequest
+	(*UnfreezeResponse)(nil),       // 22: quota.v1.UnfreezeResponse
+	(*PinRequest)(nil),             // 23: quota.v1.PinRequest
+	(*PinResponse)(nil),            // 24: quota.v1.PinResponse
+	(*UnpinRequest)(nil),           // 25: quota.v1.UnpinRequest
+	(*UnpinResponse)(nil),          // 26: quota.v1.UnpinResponse
+	(*SetWeightRequest)(nil),       // 27: quota.v1.SetWeightRequest
+	(*SetWeightResponse)(nil),      // 28: quota.v1.SetWeightResponse
+	(*SetMinimumRequest)(nil),      // 29: quota.v1.SetMinimumRequest
+	(*SetMinimumResponse)(nil),     // 30: quota.v1.SetMinimumResponse
+	(*ListAuditRequest)(nil),       // 31: quota.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),      // 32: quota.v1.ListAuditResponse
+	(*AuditEntry)(nil),             // 33: quota.v1.AuditEntry
+	nil,                            // 34: quota.v1.PolicyInfo.MinShareEntry
+	nil,                            // 35: quota.v1.Control.PinsEntry
+	nil,                            // 36: quota.v1.Control.WeightsEntry
+	nil,                            // 37: quota.v1.Control.MinimumsEntry
+	nil,                            // 38: quota.v1.Prediction.SubjectDemandEntry
+	(*timestamppb.Timestamp)(nil),  // 39: google.protobuf.Timestamp
 }
 var file_quota_v1_operator_proto_depIdxs = []int32{
 	4,  // 0: quota.v1.ListPoliciesResponse.policies:type_name -> quota.v1.PolicyInfo
-	33, // 1: quota.v1.PolicyInfo.min_share:type_name -> quota.v1.PolicyInfo.MinShareEntry
+	34, // 1: quota.v1.PolicyInfo.min_share:type_name -> quota.v1.PolicyInfo.MinShareEntry
 	4,  // 2: quota.v1.ShowPolicyResponse.policy:type_name -> quota.v1.PolicyInfo
 	7,  // 3: quota.v1.ShowPolicyResponse.control:type_name -> quota.v1.Control
-	34, // 4: quota.v1.Control.pins:type_name -> quota.v1.Control.PinsEntry
-	35, // 5: quota.v1.Control.weights:type_name -> quota.v1.Control.WeightsEntry
-	36, // 6: quota.v1.Control.minimums:type_name -> quota.v1.Control.MinimumsEntry
+	35, // 4: quota.v1.Control.pins:type_name -> quota.v1.Control.PinsEntry
+	36, // 5: quota.v1.Control.weights:type_name -> quota.v1.Control.WeightsEntry
+	37, // 6: quota.v1.Control.minimums:type_name -> quota.v1.Control.MinimumsEntry
 	10, // 7: quota.v1.ShowAllocationResponse.allocations:type_name -> quota.v1.AllocationInfo
-	37, // 8: quota.v1.AllocationInfo.published_at:type_name -> google.protobuf.Timestamp
+	39, // 8: quota.v1.AllocationInfo.published_at:type_name -> google.protobuf.Timestamp
 	11, // 9: quota.v1.AllocationInfo.regions:type_name -> quota.v1.RegionShare
 	12, // 10: quota.v1.RegionShare.nodes:type_name -> quota.v1.NodeAck
-	17, // 11: quota.v1.DryRunResponse.regions:type_name -> quota.v1.ProposedShare
-	32, // 12: quota.v1.ListAuditResponse.entries:type_name -> quota.v1.AuditEntry
-	37, // 13: quota.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
-	0,  // 14: quota.v1.Operator.ApplyPolicy:input_type -> quota.v1.ApplyPolicyRequest
-	2,  // 15: quota.v1.Operator.ListPolicies:input_type -> quota.v1.ListPoliciesRequest
-	5,  // 16: quota.v1.Operator.ShowPolicy:input_type -> quota.v1.ShowPolicyRequest
-	8,  // 17: quota.v1.Operator.ShowAllocation:input_type -> quota.v1.ShowAllocationRequest
-	13, // 18: quota.v1.Operator.RebalanceNow:input_type -> quota.v1.RebalanceNowRequest
-	15, // 19: quota.v1.Operator.DryRun:input_type -> quota.v1.DryRunRequest
-	18, // 20: quota.v1.Operator.Freeze:input_type -> quota.v1.FreezeRequest
-	20, // 21: quota.v1.Operator.Unfreeze:input_type -> quota.v1.UnfreezeRequest
-	22, // 22: quota.v1.Operator.Pin:input_type -> quota.v1.PinRequest
-	24, // 23: quota.v1.Operator.Unpin:input_type -> quota.v1.UnpinRequest
-	26, // 24: quota.v1.Operator.SetWeight:input_type -> quota.v1.SetWeightRequest
-	28, // 25: quota.v1.Operator.SetMinimum:input_type -> quota.v1.SetMinimumRequest
-	30, // 26: quota.v1.Operator.ListAudit:input_type -> quota.v1.ListAuditRequest
-	1,  // 27: quota.v1.Operator.ApplyPolicy:output_type -> quota.v1.ApplyPolicyResponse
-	3,  // 28: quota.v1.Operator.ListPolicies:output_type -> quota.v1.ListPoliciesResponse
-	6,  // 29: quota.v1.Operator.ShowPolicy:output_type -> quota.v1.ShowPolicyResponse
-	9,  // 30: quota.v1.Operator.ShowAllocation:output_type -> quota.v1.ShowAllocationResponse
-	14, // 31: quota.v1.Operator.RebalanceNow:output_type -> quota.v1.RebalanceNowResponse
-	16, // 32: quota.v1.Operator.DryRun:output_type -> quota.v1.DryRunResponse
-	19, // 33: quota.v1.Operator.Freeze:output_type -> quota.v1.FreezeResponse
-	21, // 34: quota.v1.Operator.Unfreeze:output_type -> quota.v1.UnfreezeResponse
-	23, // 35: quota.v1.Operator.Pin:output_type -> quota.v1.PinResponse
-	25, // 36: quota.v1.Operator.Unpin:output_type -> quota.v1.UnpinResponse
-	27, // 37: quota.v1.Operator.SetWeight:output_type -> quota.v1.SetWeightResponse
-	29, // 38: quota.v1.Operator.SetMinimum:output_type -> quota.v1.SetMinimumResponse
-	31, // 39: quota.v1.Operator.ListAudit:output_type -> quota.v1.ListAuditResponse
-	27, // [27:40] is the sub-list for method output_type
-	14, // [14:27] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	18, // 11: quota.v1.DryRunResponse.regions:type_name -> quota.v1.ProposedShare
+	17, // 12: quota.v1.DryRunResponse.prediction:type_name -> quota.v1.Prediction
+	38, // 13: quota.v1.Prediction.subject_demand:type_name -> quota.v1.Prediction.SubjectDemandEntry
+	33, // 14: quota.v1.ListAuditResponse.entries:type_name -> quota.v1.AuditEntry
+	39, // 15: quota.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
+	0,  // 16: quota.v1.Operator.ApplyPolicy:input_type -> quota.v1.ApplyPolicyRequest
+	2,  // 17: quota.v1.Operator.ListPolicies:input_type -> quota.v1.ListPoliciesRequest
+	5,  // 18: quota.v1.Operator.ShowPolicy:input_type -> quota.v1.ShowPolicyRequest
+	8,  // 19: quota.v1.Operator.ShowAllocation:input_type -> quota.v1.ShowAllocationRequest
+	13, // 20: quota.v1.Operator.RebalanceNow:input_type -> quota.v1.RebalanceNowRequest
+	15, // 21: quota.v1.Operator.DryRun:input_type -> quota.v1.DryRunRequest
+	19, // 22: quota.v1.Operator.Freeze:input_type -> quota.v1.FreezeRequest
+	21, // 23: quota.v1.Operator.Unfreeze:input_type -> quota.v1.UnfreezeRequest
+	23, // 24: quota.v1.Operator.Pin:input_type -> quota.v1.PinRequest
+	25, // 25: quota.v1.Operator.Unpin:input_type -> quota.v1.UnpinRequest
+	27, // 26: quota.v1.Operator.SetWeight:input_type -> quota.v1.SetWeightRequest
+	29, // 27: quota.v1.Operator.SetMinimum:input_type -> quota.v1.SetMinimumRequest
+	31, // 28: quota.v1.Operator.ListAudit:input_type -> quota.v1.ListAuditRequest
+	1,  // 29: quota.v1.Operator.ApplyPolicy:output_type -> quota.v1.ApplyPolicyResponse
+	3,  // 30: quota.v1.Operator.ListPolicies:output_type -> quota.v1.ListPoliciesResponse
+	6,  // 31: quota.v1.Operator.ShowPolicy:output_type -> quota.v1.ShowPolicyResponse
+	9,  // 32: quota.v1.Operator.ShowAllocation:output_type -> quota.v1.ShowAllocationResponse
+	14, // 33: quota.v1.Operator.RebalanceNow:output_type -> quota.v1.RebalanceNowResponse
+	16, // 34: quota.v1.Operator.DryRun:output_type -> quota.v1.DryRunResponse
+	20, // 35: quota.v1.Operator.Freeze:output_type -> quota.v1.FreezeResponse
+	22, // 36: quota.v1.Operator.Unfreeze:output_type -> quota.v1.UnfreezeResponse
+	24, // 37: quota.v1.Operator.Pin:output_type -> quota.v1.PinResponse
+	26, // 38: quota.v1.Operator.Unpin:output_type -> quota.v1.UnpinResponse
+	28, // 39: quota.v1.Operator.SetWeight:output_type -> quota.v1.SetWeightResponse
+	30, // 40: quota.v1.Operator.SetMinimum:output_type -> quota.v1.SetMinimumResponse
+	32, // 41: quota.v1.Operator.ListAudit:output_type -> quota.v1.ListAuditResponse
+	29, // [29:42] is the sub-list for method output_type
+	16, // [16:29] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_quota_v1_operator_proto_init() }
@@ -2265,7 +2398,7 @@ func file_quota_v1_operator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quota_v1_operator_proto_rawDesc), len(file_quota_v1_operator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   37,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
