@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"sort"
 	"time"
 
 	"github.com/quotacoord/quota/allocator"
@@ -26,11 +25,21 @@ func (e *engine) handle(ev *event) error {
 		}
 		e.push(&event{at: at, kind: evReportArrive, region: ev.region, rep: rep})
 	case evReportArrive:
-		e.absorb(ev.region, ev.rep)
+		// etcd holds a region's latest report: a region writes its
+		// reports in order, so one collected earlier never replaces it.
+		if l := e.latest[ev.region]; l == nil || ev.rep.interval > l.interval {
+			e.latest[ev.region] = ev.rep
+		}
 	case evRebalance:
-		e.push(&event{at: ev.at + e.cfg.RebalanceInterval, kind: evRebalance})
+		if ev.gen != e.term {
+			return nil // scheduled by a leader that is gone
+		}
+		e.push(&event{at: ev.at + e.cfg.RebalanceInterval, kind: evRebalance, gen: e.term})
+		return e.rebalance()
+	case evRecheck:
+		e.rechecks = false
 		if e.coordUp {
-			return e.rebalance()
+			e.maybeGrow()
 		}
 	case evApply:
 		if e.up[ev.region] && ev.alloc.epoch > e.applied[ev.region].epoch {
@@ -52,6 +61,11 @@ func (e *engine) handle(ev *event) error {
 			if e.up[r] {
 				e.up[r], e.downAt[r] = false, ev.at
 				e.checkSum()
+				if e.coordUp {
+					// The registration watch: growth may wait for this
+					// region's lease and skew margin now.
+					e.maybeGrow()
+				}
 			}
 		case EventRegionUp:
 			if !e.up[r] {
@@ -61,6 +75,7 @@ func (e *engine) handle(ev *event) error {
 					safe.def[i] = e.cfg.MinShare
 				}
 				e.up[r] = true
+				e.acked[r] = 0 // a new registration acknowledges afresh
 				e.setApplied(r, safe)
 				latest := e.published
 				if e.shrink != nil {
@@ -70,99 +85,160 @@ func (e *engine) handle(ev *event) error {
 				e.checkSum()
 			}
 		case EventCoordinatorDown:
-			e.coordUp = false
+			if e.coordUp {
+				e.coordUp = false
+				e.term++ // its round timer stops
+			}
 		case EventCoordinatorUp:
-			e.coordUp = true
-			e.maybeGrow()
+			if !e.coordUp {
+				// A new leader (rebalance.Loop.lead): empty smoothed
+				// state, growth held for a skew margin, a full round at
+				// once and then every RebalanceInterval.
+				e.coordUp = true
+				e.term++
+				e.leadSince = ev.at
+				clear(e.hasDemand)
+				clear(e.sOffered)
+				clear(e.sSubject)
+				e.push(&event{at: ev.at, kind: evRebalance, gen: e.term})
+			}
 		}
 	}
 	return nil
 }
 
-// collect builds region r's report for the interval and resets it: total
-// offered rate, and per subject the rate of the most pressured subjects and
-// of every subject the region holds an override for.
+// collect builds region r's report for the interval and starts the next:
+// the offered rate over all subjects, and the pressured subjects (a
+// request denied, or one that left the bucket below half its capacity:
+// internal/demand and internal/regional) with their pressured offered
+// rate, most pressured first, at most MaxOverrides (the recorder's top K;
+// the sim counts exactly where the recorder's Space-Saving summary bounds
+// from above, which is exact while a shard holds fewer subjects than K).
 func (e *engine) collect(r int) *report {
 	secs := e.cfg.ReportInterval.Seconds()
-	rep := &report{offered: float64(e.intOffered[r]) / secs}
+	rep := &report{interval: e.interval[r], offered: float64(e.intOffered[r]) / secs}
 	type cand struct {
-		j               int32
-		denied, offered int64
+		j int32
+		p int64
 	}
-	seq := e.nextStamp()
-	for j := range e.applied[r].overrides {
-		rep.subjects = append(rep.subjects, demand{j, float64(e.offeredIn(r, j)) / secs})
-		e.stamp[j] = seq
-	}
-	// The candidates: subjects with denials this interval. The counters
-	// of every subject reset when the next interval touches them.
-	cands := make([]cand, 0, len(e.denials[r]))
-	for _, j := range e.denials[r] {
-		sr := &e.sub[r][j]
-		cands = append(cands, cand{j, sr.denied, sr.offered})
+	// The subjects' counters reset when the next interval first presses
+	// them.
+	cands := make([]cand, 0, len(e.pressuredJ[r]))
+	for _, j := range e.pressuredJ[r] {
+		cands = append(cands, cand{j, e.sub[r][j].pressured})
 	}
 	slices.SortFunc(cands, func(a, b cand) int {
-		if a.denied != b.denied {
-			return cmp.Compare(b.denied, a.denied)
+		if a.p != b.p {
+			return cmp.Compare(b.p, a.p)
 		}
 		return cmp.Compare(a.j, b.j)
 	})
 	if len(cands) > e.cfg.MaxOverrides {
 		cands = cands[:e.cfg.MaxOverrides]
 	}
-	for _, c := range cands {
-		if e.stamp[c.j] != seq { // not an override subject already in
-			rep.subjects = append(rep.subjects, demand{c.j, float64(c.offered) / secs})
-		}
+	rep.subjects = make([]demand, len(cands))
+	for i, c := range cands {
+		rep.subjects[i] = demand{c.j, float64(c.p) / secs}
 	}
-	// Most demanding first, so that which subjects get tracked when the
-	// table is full never depends on map order.
-	slices.SortFunc(rep.subjects, func(x, y demand) int {
-		if x.v != y.v {
-			if x.v > y.v {
-				return -1
-			}
-			return 1
-		}
-		return cmp.Compare(x.j, y.j)
-	})
-	e.denials[r] = e.denials[r][:0]
+	e.pressuredJ[r] = e.pressuredJ[r][:0]
 	e.interval[r]++
 	e.intOffered[r] = 0
 	return rep
 }
 
-// offeredIn returns subject j's requests offered in region r this report
-// interval.
-func (e *engine) offeredIn(r int, j int32) int64 {
-	if sr := &e.sub[r][j]; sr.interval == e.interval[r] {
-		return sr.offered
-	}
-	return 0
-}
-
-// absorb folds a report into the coordinator's smoothed demand.
-func (e *engine) absorb(r int, rep *report) {
+// observe folds the latest reports of registered regions into the
+// smoothed demand, once per round, exactly as the coordinator does
+// (rebalance's state.observe): each region's share of the offered load,
+// its first observation taken as it is; and per pressured subject its
+// offered rate over the global rate, smoothed in every registered region
+// (0 where not reported), taken as it is when the subject is new, decayed
+// towards 0 in rounds without any report of it and forgotten after
+// OverrideRounds such rounds. At most MaxOverrides subjects of a report and
+// 4·MaxOverrides of a round are read, and at most 2·MaxOverrides subjects
+// kept; new subjects are taken in region order, then report order (the
+// coordinator takes them in map order).
+func (e *engine) observe() {
 	a := e.cfg.Smoothing
-	e.sOffered[r] = allocator.Smooth(e.sOffered[r], rep.offered, a)
-	seq := e.nextStamp()
-	for _, jv := range rep.subjects {
-		j, v := jv.j, jv.v
-		e.stamp[j] = seq
-		d, ok := e.sSubject[j]
-		if !ok {
+	total := 0.0
+	for r := 0; r < e.n; r++ {
+		if !e.registered(r) {
+			// Its lease ended: its report is gone with it.
+			e.latest[r], e.hasDemand[r], e.sOffered[r] = nil, false, 0
+			continue
+		}
+		if l := e.latest[r]; l != nil && l.offered > 0 {
+			total += l.offered
+		}
+	}
+	if total > 0 {
+		for r := 0; r < e.n; r++ {
+			if !e.registered(r) {
+				continue
+			}
+			obs := 0.0
+			if l := e.latest[r]; l != nil && l.offered > 0 {
+				obs = l.offered / total
+			}
+			if e.hasDemand[r] {
+				e.sOffered[r] = allocator.Smooth(e.sOffered[r], obs, a)
+			} else {
+				e.sOffered[r], e.hasDemand[r] = obs, true
+			}
+		}
+	}
+	type observed struct {
+		j int32
+		d []float64
+	}
+	var round []observed
+	clear(e.obsIdx)
+	for r := 0; r < e.n; r++ {
+		l := e.latest[r]
+		if l == nil {
+			continue
+		}
+		for i, s := range l.subjects {
+			if i >= e.cfg.MaxOverrides {
+				break
+			}
+			k, ok := e.obsIdx[s.j]
+			if !ok {
+				if len(round) >= 4*e.cfg.MaxOverrides {
+					continue
+				}
+				k = len(round)
+				e.obsIdx[s.j] = k
+				round = append(round, observed{s.j, make([]float64, e.n)})
+			}
+			round[k].d[r] = s.v / e.sc.RefillPerSecond
+		}
+	}
+	for j, sd := range e.sSubject {
+		if _, ok := e.obsIdx[j]; ok {
+			continue
+		}
+		sd.idle++
+		for r := range sd.d {
+			sd.d[r] = allocator.Smooth(sd.d[r], 0, a)
+		}
+		if sd.idle >= e.cfg.OverrideRounds {
+			delete(e.sSubject, j)
+		}
+	}
+	for _, o := range round {
+		sd := e.sSubject[o.j]
+		if sd == nil {
 			if len(e.sSubject) >= 2*e.cfg.MaxOverrides {
 				continue
 			}
-			d = make([]float64, e.n)
-			e.sSubject[j] = d
+			e.sSubject[o.j] = &subjectDemand{d: o.d}
+			continue
 		}
-		d[r] = allocator.Smooth(d[r], v/e.sc.RefillPerSecond, a)
-	}
-	// Subjects tracked but absent from this report decay in this region.
-	for j, d := range e.sSubject {
-		if e.stamp[j] != seq {
-			d[r] = allocator.Smooth(d[r], 0, a)
+		sd.idle = 0
+		for r := 0; r < e.n; r++ {
+			if e.registered(r) {
+				sd.d[r] = allocator.Smooth(sd.d[r], o.d[r], a)
+			}
 		}
 	}
 }
@@ -174,37 +250,40 @@ func (e *engine) nextStamp() uint64 {
 	return e.stampSeq
 }
 
-// live reports whether the coordinator still counts region r as holding
-// its share: up, or down for less than the lease TTL plus skew margin.
+// registered reports whether region r holds a registration lease: up, or
+// down for less than LeaseTTL. The coordinator reads its latest report
+// and counts it live while it does.
+func (e *engine) registered(r int) bool {
+	return e.up[r] || e.now < e.downAt[r]+e.cfg.LeaseTTL
+}
+
+// live reports whether the coordinator still counts region r as possibly
+// enforcing its shares: up, or down for less than the lease TTL plus the
+// skew margin.
 func (e *engine) live(r int) bool {
 	return e.up[r] || e.now < e.downAt[r]+e.cfg.LeaseTTL+e.cfg.SkewMargin
 }
 
-// rebalance computes and publishes a new allocation.
+// eq is the tolerance under which two shares are the same (rebalance's).
+const eq = 1e-12
+
+// rebalance runs one full round of the coordinator (rebalance's plan):
+// observe the reports; a pending shrink then either grows or keeps
+// waiting, and nothing else is planned; otherwise split the default and
+// each of the most demanding pressured subjects, and publish what changed.
 func (e *engine) rebalance() error {
+	e.observe()
 	if e.shrink != nil {
 		e.maybeGrow()
-		if e.shrink != nil {
-			return nil // still waiting for acknowledgements
-		}
+		return nil
 	}
 	cur := e.published
 	p := *e.cfg.Allocator
 	regions := make([]allocator.Region, e.n)
-	totalOff := 0.0
-	for r := 0; r < e.n; r++ {
-		if e.live(r) {
-			totalOff += e.sOffered[r]
-		}
-	}
 	for r := range regions {
-		regions[r] = allocator.Region{Name: fmt.Sprintf("r%02d", r), Min: e.cfg.MinShare, Live: e.live(r) && e.up[r], Current: cur.def[r]}
-		if totalOff > 0 {
-			regions[r].Demand = e.sOffered[r] / totalOff
-		}
-		if !regions[r].Live && e.live(r) {
-			// Down but its lease lives: it keeps its share.
-			regions[r].Pinned, regions[r].Pin, regions[r].Live = true, cur.def[r], true
+		regions[r] = allocator.Region{Name: regionName(r), Weight: 1, Min: e.cfg.MinShare, Live: e.registered(r), Current: cur.def[r]}
+		if e.hasDemand[r] {
+			regions[r].Demand = e.sOffered[r]
 		}
 	}
 	def, err := allocator.Split(p, regions)
@@ -221,48 +300,51 @@ func (e *engine) rebalance() error {
 		sum float64
 	}
 	var subs []subj
-	for j, d := range e.sSubject {
-		s := 0.0
-		for r := range d {
-			s += d[r]
+	if e.cfg.proposed == nil {
+		for j, sd := range e.sSubject {
+			s := 0.0
+			for _, v := range sd.d {
+				s += v
+			}
+			subs = append(subs, subj{j, s})
 		}
-		if s < 0.05 {
-			delete(e.sSubject, j)
-			continue
-		}
-		subs = append(subs, subj{j, s})
 	}
-	sort.Slice(subs, func(a, b int) bool {
-		if subs[a].sum != subs[b].sum {
-			return subs[a].sum > subs[b].sum
+	slices.SortFunc(subs, func(a, b subj) int {
+		if a.sum != b.sum {
+			return cmp.Compare(b.sum, a.sum)
 		}
-		return subs[a].j < subs[b].j
+		return cmp.Compare(a.j, b.j)
 	})
 	if len(subs) > e.cfg.MaxOverrides {
 		subs = subs[:e.cfg.MaxOverrides]
 	}
 	for _, s := range subs {
-		if e.cfg.proposed != nil {
-			break
-		}
-		d := e.sSubject[s.j]
+		d := e.sSubject[s.j].d
 		for r := range regions {
 			regions[r].Demand = d[r]
 			regions[r].Current = cur.share(r, s.j)
-			if regions[r].Pinned {
-				regions[r].Pin = regions[r].Current
-			}
 		}
 		sh, err := allocator.Split(p, regions)
 		if err != nil {
 			return fmt.Errorf("sim: subject split at %v: %w", e.now, err)
 		}
-		next.overrides[s.j] = sh
+		// A split equal to the default needs no override.
+		same := true
+		for r := range sh {
+			if math.Abs(sh[r]-def[r]) > 1e-9 {
+				same = false
+				break
+			}
+		}
+		if !same {
+			next.overrides[s.j] = sh
+		}
 	}
-	if sameAllocation(cur, next, e.n) {
+	if !changed(cur, next, e.n) {
 		return nil
 	}
-	if e.cfg.Protocol == Naive {
+	if e.cfg.Protocol == Naive || !shrinks(cur, next, e.n) {
+		// Naive, or growth only: one stable epoch.
 		e.publish(next)
 		e.published = next
 		return nil
@@ -272,19 +354,13 @@ func (e *engine) rebalance() error {
 	for r := 0; r < e.n; r++ {
 		shrink.def[r] = math.Min(cur.def[r], next.def[r])
 	}
-	units := map[int32]bool{}
 	for j := range cur.overrides {
-		units[j] = true
+		shrink.overrides[j] = lowerOf(cur, next, j, e.n)
 	}
 	for j := range next.overrides {
-		units[j] = true
-	}
-	for j := range units {
-		o := make([]float64, e.n)
-		for r := range o {
-			o[r] = math.Min(cur.share(r, j), next.share(r, j))
+		if _, ok := shrink.overrides[j]; !ok {
+			shrink.overrides[j] = lowerOf(cur, next, j, e.n)
 		}
-		shrink.overrides[j] = o
 	}
 	e.publish(shrink)
 	e.shrink, e.pending = shrink, next
@@ -292,27 +368,71 @@ func (e *engine) rebalance() error {
 	return nil
 }
 
-func sameAllocation(a, b *allocation, n int) bool {
+// regionNames are the allocator's names of the regions (the deployment's,
+// demo.ScenarioRegions).
+var regionNames = func() []string {
+	out := make([]string, MaxRegions)
+	for i := range out {
+		out[i] = fmt.Sprintf("r%02d", i)
+	}
+	return out
+}()
+
+func regionName(r int) string { return regionNames[r] }
+
+// lowerOf is min(a, b) of subject j's shares in every region.
+func lowerOf(a, b *allocation, j int32, n int) []float64 {
+	o := make([]float64, n)
+	for r := range o {
+		o[r] = math.Min(a.share(r, j), b.share(r, j))
+	}
+	return o
+}
+
+// changed says whether b differs from a: another set of overrides, or a
+// share (default or subject) that moved by more than eq.
+func changed(a, b *allocation, n int) bool {
 	if len(a.overrides) != len(b.overrides) {
-		return false
+		return true
+	}
+	for j := range a.overrides {
+		if _, ok := b.overrides[j]; !ok {
+			return true
+		}
 	}
 	for r := 0; r < n; r++ {
-		if a.def[r] != b.def[r] {
-			return false
+		if math.Abs(a.def[r]-b.def[r]) > eq {
+			return true
 		}
 	}
-	for j, o := range a.overrides {
-		p, ok := b.overrides[j]
-		if !ok {
-			return false
-		}
-		for r := range o {
-			if o[r] != p[r] {
-				return false
+	for j := range a.overrides {
+		for r := 0; r < n; r++ {
+			if math.Abs(a.share(r, j)-b.share(r, j)) > eq {
+				return true
 			}
 		}
 	}
-	return true
+	return false
+}
+
+// shrinks says whether some share (default, or of a subject with an
+// override in either) is lower in b than in a by more than eq.
+func shrinks(a, b *allocation, n int) bool {
+	for r := 0; r < n; r++ {
+		if b.def[r] < a.def[r]-eq {
+			return true
+		}
+	}
+	for _, ov := range []map[int32][]float64{a.overrides, b.overrides} {
+		for j := range ov {
+			for r := 0; r < n; r++ {
+				if b.share(r, j) < a.share(r, j)-eq {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // publish gives a an epoch and sends it to every up region.
@@ -326,20 +446,45 @@ func (e *engine) publish(a *allocation) {
 	}
 }
 
-// maybeGrow publishes the pending growth once every live region has
-// acknowledged the shrink epoch (a region whose lease expired holds only
-// its safe share and need not acknowledge).
+// maybeGrow publishes the pending growth once the leader has led for a
+// skew margin and every region has acknowledged the shrink epoch or lost
+// its lease a skew margin ago (rebalance's ackWait). While it waits on a
+// margin, it rechecks as the coordinator does (every min(RebalanceInterval,
+// max(SkewMargin/4, 50 ms))).
 func (e *engine) maybeGrow() {
 	if e.shrink == nil {
 		return
 	}
+	if e.now < e.leadSince+e.cfg.SkewMargin {
+		e.recheck()
+		return
+	}
 	for r := 0; r < e.n; r++ {
-		if e.live(r) && e.acked[r] < e.shrink.epoch {
+		switch {
+		case e.registered(r):
+			if e.acked[r] < e.shrink.epoch {
+				if !e.up[r] {
+					e.recheck() // its lease will end without an acknowledgement
+				}
+				return
+			}
+		case e.live(r):
+			e.recheck() // its lease ended less than a skew margin ago
 			return
 		}
 	}
 	e.publish(e.pending)
 	e.published, e.shrink, e.pending = e.pending, nil, nil
+}
+
+// recheck schedules one more look at a waiting growth.
+func (e *engine) recheck() {
+	if e.rechecks {
+		return
+	}
+	e.rechecks = true
+	every := min(e.cfg.RebalanceInterval, max(e.cfg.SkewMargin/4, 50*time.Millisecond))
+	e.push(&event{at: e.now + every, kind: evRecheck})
 }
 
 // checkSum records the largest Σ of enforced shares over regions, for the

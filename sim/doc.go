@@ -30,17 +30,77 @@
 //
 // The system: each region holds one bucket.TokenState per subject (24
 // bytes; the token bucket decisions of bucket.State and bucket.Memory, with
-// the limits validated once by bucket.Prepare) and enforces the share of the latest allocation it
-// applied (the policy default, or a per-subject override for the most
-// pressured subjects, at most MaxOverrides). Regions report offered demand
-// every ReportInterval (reports may be lost or late); the coordinator
-// smooths it (allocator.Smooth), calls allocator.Split each
-// RebalanceInterval and publishes with TwoStep (min(old,new), then the new
-// shares once every live region acknowledged) or Naive (new shares at
-// once). Every message takes PropagationDelay·U[0.5,1.5). A region that
-// goes down serves nothing and its traffic moves to the live regions; it
-// returns at its safe share. The coordinator counts a down region as
-// holding its share until LeaseTTL+SkewMargin after it went down.
+// the limits validated once by bucket.Prepare) and enforces the share of
+// the latest allocation it applied (the policy default, or a per-subject
+// override for the most pressured subjects, at most MaxOverrides). Every
+// message takes PropagationDelay·U[0.5,1.5). A region that goes down
+// serves nothing and its traffic moves to the live regions; it returns at
+// its safe share (MinShare) and applies the latest epoch.
+//
+// # The control plane, rule by rule
+//
+// The regions and the coordinator follow internal/demand,
+// internal/regional and rebalance's plan.go (docs/rebalance.md):
+//
+//   - Pressure. A request is pressured when its bucket denied it or it left
+//     the bucket below half the local capacity f·C (the regional node's
+//     Remaining < Limit/2); remaining tokens are read as whole tokens, so
+//     at most one request of a batch can be counted differently.
+//   - Reports. Every ReportInterval a region reports its offered rate
+//     (denied requests included) and its pressured subjects with their
+//     pressured offered rate, most pressured first, at most MaxOverrides.
+//     Nothing else: a subject with an override but no pressure is not
+//     reported. Counts are exact (the node's Space-Saving summary is exact
+//     while a shard holds fewer subjects than its top K). A report may be
+//     lost (LostReports) or one interval late (LateReports).
+//   - What the coordinator reads. It keeps each region's latest report,
+//     as etcd does: a lost report leaves the previous one, an older one
+//     never replaces a newer one, and a region's report is gone once its
+//     lease ends (LeaseTTL after it went down); until then the region
+//     counts as live with that report, as a registered region does.
+//   - Smoothing, once per round. Each RebalanceInterval the coordinator
+//     smooths (allocator.Smooth, α = Smoothing) each live region's share of
+//     the offered load, taking its first observation as it is; and each
+//     pressured subject's offered rate over the global rate r, in every
+//     live region (0 where not reported), taken as it is when the subject
+//     is new. Subjects without a report decay towards 0 and are forgotten
+//     after OverrideRounds rounds. Bounds: MaxOverrides subjects read per
+//     report, 4·MaxOverrides per round, 2·MaxOverrides kept (new ones in
+//     region order, then report order, where the coordinator takes map
+//     order).
+//   - Planning. allocator.Split (Weight 1, Min MinShare, Live while the
+//     region's lease lives, Current the share in force) splits the default
+//     and, for the MaxOverrides subjects with the most demand (ties by
+//     subject), their own shares; a subject whose split equals the default
+//     within 1e-9 gets no override. An allocation that moves no share by
+//     more than 1e-12 is not published.
+//   - Publishing. Naive publishes at once. TwoStep publishes growth-only
+//     changes at once as one epoch, and any change that lowers a share as
+//     min(old, new) first and the new shares once every region
+//     acknowledged it or lost its lease a SkewMargin ago; a round with a
+//     shrink pending only grows or waits, and waiting on a margin is
+//     rechecked every min(RebalanceInterval, max(SkewMargin/4, 50 ms)).
+//     A returning coordinator is a new leader: empty smoothed state, a
+//     round at once and every RebalanceInterval after, and no growth for
+//     a SkewMargin. A returning region acknowledges afresh.
+//   - First allocation and late regions. A run starts with an allocation
+//     in force (InitialShares, else an equal split of 1 + ε) that every
+//     region holds, like a deployment whose coordinator has published
+//     before (the agreement test in internal/demo settles on the equal
+//     split before it replays); so the coordinator's first-allocation rule
+//     (no step limit or dead band when nothing was ever published) never
+//     applies, and no region is outside the allocation: a region that
+//     returns holds its safe share, its Safe entry, until it applies the
+//     latest epoch.
+//
+// Lazy refill: a bucket refills the time since its last write at the rate
+// of the share in force when it is next read, so a bucket idle across a
+// share increase gains refill at the new rate for time spent under the old
+// one. Even with Σ shares ≤ 1 at every instant (MaxShareSum), admissions
+// can then exceed C + r·W by a request or two: the default sweep shows
+// overshoot(60 s) 0.0071 (one request in 140) for heavy-tail at 15 s,
+// two-step. The simulator reproduces what the buckets do, and this is
+// theirs.
 //
 // Baselines decide the very same stream: an ideal global bucket per
 // subject, independent full-budget buckets per region, and a static equal

@@ -55,12 +55,19 @@ type Config struct {
 	// it as holding its share; SkewMargin is added. Defaults 10 s and 1 s.
 	LeaseTTL   time.Duration
 	SkewMargin time.Duration
-	// Smoothing is the α of the demand average. Default 0.5.
+	// Smoothing is the α of the demand average, applied once per
+	// rebalance round as the coordinator does (rebalance.Config.Alpha).
+	// Default 0.5.
 	Smoothing float64
 	// MinShare is every region's guaranteed minimum. Default 0.
 	MinShare float64
-	// MaxOverrides bounds the subjects with their own allocation. Default 32.
+	// MaxOverrides bounds the subjects with their own allocation, and the
+	// pressured subjects a report carries. Default 32.
 	MaxOverrides int
+	// OverrideRounds is how many rebalance rounds without a report of
+	// pressure a subject keeps its demand, and so its override
+	// (rebalance.Config.OverrideRounds). Default 3.
+	OverrideRounds int
 	// SeriesBins is the number of points of the per-region series.
 	// Default 360.
 	SeriesBins int
@@ -142,6 +149,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.MaxOverrides == 0 {
 		c.MaxOverrides = 32
 	}
+	if c.OverrideRounds == 0 {
+		c.OverrideRounds = 3
+	}
 	if c.SeriesBins == 0 {
 		c.SeriesBins = 360
 	}
@@ -157,6 +167,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("sim: min share %v × %d regions above 1", c.MinShare, s.Regions)
 	case c.MaxOverrides < 0 || c.MaxOverrides > 10_000:
 		return c, fmt.Errorf("sim: max overrides %d outside [0, 10000]", c.MaxOverrides)
+	case c.OverrideRounds < 1 || c.OverrideRounds > 10_000:
+		return c, fmt.Errorf("sim: override rounds %d outside [1, 10000]", c.OverrideRounds)
 	case c.SeriesBins < 1 || c.SeriesBins > 100_000:
 		return c, fmt.Errorf("sim: series bins %d outside [1, 100000]", c.SeriesBins)
 	}
@@ -238,6 +250,7 @@ const (
 	evApply
 	evAck
 	evScenario
+	evRecheck
 )
 
 type event struct {
@@ -248,6 +261,7 @@ type event struct {
 	alloc  *allocation
 	rep    *report
 	sc     Event
+	gen    int // evRebalance: the leader term that scheduled it
 }
 
 type eventHeap []*event
@@ -270,11 +284,13 @@ func (h *eventHeap) Pop() any {
 
 // report is a region's demand report for one interval.
 type report struct {
+	interval int64    // the region's report interval it covers, from 1
 	offered  float64  // requests per second, all subjects
-	subjects []demand // the most pressured and the overridden subjects, most demanding first
+	subjects []demand // the pressured subjects, most pressured first, at most MaxOverrides
 }
 
-// demand is a subject's offered rate in a report, requests per second.
+// demand is a subject's pressured offered rate in a report, requests per
+// second.
 type demand struct {
 	j int32
 	v float64
@@ -327,11 +343,26 @@ type baseRun struct {
 // system's bucket included, together so that a decision touches one or two
 // adjacent cache lines for it (56 bytes).
 type subjectRegion struct {
-	ovr      float64           // the applied override share; NaN: the region's default
-	st       bucket.TokenState // the system's bucket
-	interval int64             // the report interval offered and denied count in
-	offered  int64             // in interval
-	denied   int64             // in interval
+	ovr       float64           // the applied override share; NaN: the region's default
+	st        bucket.TokenState // the system's bucket
+	interval  int64             // the report interval pressured counts in
+	pressured int64             // pressured requests in interval
+	// floor is a lower bound of the whole tokens in st while the bucket's
+	// share has not been lowered since it was taken: refill only adds
+	// tokens and only a lower share takes them away. It holds while
+	// floorGen equals the region's shareGen (setApplied bumps it when the
+	// default share falls, and zeroes floorGen when a subject's own share
+	// falls).
+	floor    int32
+	floorGen uint32
+}
+
+// subjectDemand is the coordinator's smoothed demand of one pressured
+// subject per region (a fraction of the global rate), and the rounds
+// since any region last reported it (rebalance's subjectDemand).
+type subjectDemand struct {
+	d    []float64
+	idle int
 }
 
 type engine struct {
@@ -352,6 +383,7 @@ type engine struct {
 	downAt   []time.Duration
 	applied  []*allocation
 	defShare []float64 // per region: the default share of applied[r]
+	shareGen []uint32  // per region: counts the falls of its default share, from 1
 	defLim   []shareLimits
 	ovrLim   []shareLimits
 	sec, bin int      // the current second and series bin
@@ -360,14 +392,19 @@ type engine struct {
 	err      error
 
 	coordUp   bool
-	published *allocation // latest grow (or naive) allocation
-	pending   *allocation // two-step: the growth waiting for acks
+	term      int           // leader terms: a coordinator's return starts a new one
+	leadSince time.Duration // when the current leader took over
+	rechecks  bool          // an evRecheck is pending
+	published *allocation   // latest grow (or naive) allocation
+	pending   *allocation   // two-step: the growth waiting for acks
 	shrink    *allocation
 	acked     []int
 	epoch     int
-	sOffered  []float64
-	sSubject  map[int32][]float64
-	pressured map[int32]bool
+	latest    []*report // per region: the latest report that arrived (what etcd holds)
+	sOffered  []float64 // per region: smoothed share of the offered load
+	hasDemand []bool    // per region: sOffered holds an observation
+	sSubject  map[int32]*subjectDemand
+	obsIdx    map[int32]int // scratch of observe
 	maxSum    float64
 
 	sys      *model   // nil when only the baselines run
@@ -391,7 +428,7 @@ type engine struct {
 	intOffered []int64
 	sub        [][]subjectRegion // per region and subject
 	interval   []int64           // per region: the report interval, from 1
-	denials    [][]int32         // per region: subjects with denials this interval
+	pressuredJ [][]int32         // per region: subjects with pressured requests this interval
 
 	perSecondSys []int64
 	seriesRegion [][]float64
@@ -466,14 +503,18 @@ func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 		downAt:     make([]time.Duration, n),
 		applied:    make([]*allocation, n),
 		defShare:   make([]float64, n),
+		shareGen:   make([]uint32, n),
 		defLim:     make([]shareLimits, n),
 		ovrLim:     make([]shareLimits, n),
 		sub:        make([][]subjectRegion, n),
 		acked:      make([]int, n),
 		coordUp:    true,
+		latest:     make([]*report, n),
 		sOffered:   make([]float64, n),
-		sSubject:   map[int32][]float64{},
-		pressured:  map[int32]bool{},
+		hasDemand:  make([]bool, n),
+		sSubject:   map[int32]*subjectDemand{},
+		obsIdx:     map[int32]int{},
+		leadSince:  -cfg.SkewMargin, // led since before the start
 		intOffered: make([]int64, n),
 		base:       base,
 	}
@@ -498,6 +539,7 @@ func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 		}
 		e.applied[i] = first
 		e.defShare[i] = first.def[i]
+		e.shareGen[i] = 1
 	}
 	e.published = first
 	e.retryOf = make([]int, sc.Subjects)
@@ -522,7 +564,7 @@ func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 	for i := range e.interval {
 		e.interval[i] = 1
 	}
-	e.denials = make([][]int32, n)
+	e.pressuredJ = make([][]int32, n)
 	e.stamp = make([]uint64, sc.Subjects)
 	room := e.queueRoom()
 	if sys {
@@ -567,15 +609,33 @@ func (e *engine) queueRoom() int {
 
 // setApplied makes a the allocation region r enforces.
 func (e *engine) setApplied(r int, a *allocation) {
-	sub := e.sub[r]
+	// A share that grows takes no tokens away, so only a lower share
+	// voids a floor: the region's default (every floor of the region), or
+	// one subject's.
+	sub, oldDef, newDef := e.sub[r], e.defShare[r], a.def[r]
+	if newDef < oldDef {
+		e.shareGen[r]++
+	}
 	for j := range e.applied[r].overrides {
-		sub[j].ovr = math.NaN()
+		if _, ok := a.overrides[j]; !ok {
+			if newDef < sub[j].ovr {
+				sub[j].floorGen = 0
+			}
+			sub[j].ovr = math.NaN()
+		}
 	}
 	for j, o := range a.overrides {
+		prev := sub[j].ovr
+		if prev != prev { // NaN: it had the default
+			prev = oldDef
+		}
+		if o[r] < prev {
+			sub[j].floorGen = 0
+		}
 		sub[j].ovr = o[r]
 	}
 	e.applied[r] = a
-	e.defShare[r] = a.def[r]
+	e.defShare[r] = newDef
 }
 
 func (e *engine) push(ev *event) {
@@ -701,7 +761,7 @@ func (e *engine) decide(r int, t int64, j int32, fresh int64) {
 	}
 	e.offered += n
 	sr := &e.sub[r][j]
-	a := n
+	a, p := n, int64(0)
 	if e.sys != nil {
 		share, lim := sr.ovr, &e.ovrLim[r]
 		if share != share { // NaN: the region's default
@@ -710,6 +770,7 @@ func (e *engine) decide(r int, t int64, j int32, fresh int64) {
 		a = e.take(e.sys, &sr.st, lim, share, t, j, n)
 		e.perSecondSys[e.sec] += a
 		e.seriesRegion[r][e.bin] += float64(a)
+		p = e.pressured(sr, e.shareGen[r], lim, share, n, a)
 	}
 	if o := e.own; o != nil && (e.ownSel == ownAll || (e.retryOf[j] > 0) == (e.ownSel == ownRetrying)) {
 		b := e.take(o.ideal, &o.ideal.states[0][j], &o.ideal.lim, 1, t, j, n)
@@ -721,15 +782,14 @@ func (e *engine) decide(r int, t int64, j int32, fresh int64) {
 	if e.sys == nil {
 		return
 	}
-	if sr.interval != e.interval[r] { // first batch of the interval
-		sr.interval, sr.offered, sr.denied = e.interval[r], 0, 0
-	}
-	sr.offered += n
-	if d := n - a; d > 0 {
-		if sr.denied == 0 {
-			e.denials[r] = append(e.denials[r], j)
+	if p > 0 {
+		if sr.interval != e.interval[r] { // first pressure of the interval
+			sr.interval, sr.pressured = e.interval[r], 0
 		}
-		sr.denied += d
+		if sr.pressured == 0 {
+			e.pressuredJ[r] = append(e.pressuredJ[r], j)
+		}
+		sr.pressured += p
 	}
 	e.intOffered[r] += n
 	if e.maxRetry == 0 {
@@ -788,6 +848,36 @@ func (e *engine) take(m *model, st *bucket.TokenState, lim *shareLimits, share f
 		m.win.add(int(j), t, a)
 	}
 	return a
+}
+
+// pressured returns how many of n unit requests just decided together in
+// sr's bucket at share (a of them admitted, with the limits in lim; gen
+// the region's shareGen) a regional node reports as pressured
+// (internal/regional): every denied one, and every admitted one after
+// which the bucket held less than half its capacity f·C. The last of the
+// a admitted left R tokens, the one before R+1, and so on. R is read as
+// the whole tokens left: 0 after a denial, else what one more batch at
+// this instant would admit (taken on a copy), or nothing when sr.floor
+// already shows that at least half is left. A request that left R+k
+// tokens just under f·C/2, by less than R's fraction, counts as not
+// pressured: at most one request of a batch is counted differently from
+// the node.
+func (e *engine) pressured(sr *subjectRegion, gen uint32, lim *shareLimits, share float64, n, a int64) int64 {
+	if share <= 0 || e.err != nil {
+		return n
+	}
+	half := int64(math.Ceil(min(share, e.maxShare) * float64(e.capacity) / 2))
+	var left int64
+	if a == n {
+		if sr.floorGen == gen && int64(sr.floor)-n >= half {
+			sr.floor -= int32(n)
+			return 0
+		}
+		probe := sr.st
+		left, _ = probe.TakeUnitsWith(e.nowT, &lim.lim, math.MaxInt64)
+	}
+	sr.floor, sr.floorGen = int32(min(left, math.MaxInt32)), gen
+	return n - a + max(0, min(a, half-left)) // admitted ones that left fewer than half
 }
 
 // batchCalls is the number of decisions n unit requests arriving together,
