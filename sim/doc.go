@@ -57,7 +57,12 @@
 //     as etcd does: a lost report leaves the previous one, an older one
 //     never replaces a newer one, and a region's report is gone once its
 //     lease ends (LeaseTTL after it went down); until then the region
-//     counts as live with that report, as a registered region does.
+//     counts as live with that report, as a registered region does. A
+//     region that registers again has no report until its first one
+//     arrives, and a round before that observes its demand as 0 (in the
+//     failover scenario at 300 s the region returns just before a round
+//     and waits out the next ten minutes, five of them without a
+//     coordinator, at almost nothing: under-admission 0.062).
 //   - Smoothing, once per round. Each RebalanceInterval the coordinator
 //     smooths (allocator.Smooth, α = Smoothing) each live region's share of
 //     the offered load, taking its first observation as it is; and each
@@ -115,11 +120,13 @@
 //
 // The default sweep (7 scenarios × 5 rebalance intervals × 2 protocols,
 // one simulated hour, 3 regions, 10,000 subjects: 279 million requests)
-// takes about 35 s of one core; BenchmarkSweep reports simulated requests
+// takes about 32 s of one core; BenchmarkSweep reports simulated requests
 // per second (and per CPU-second). A decision touches the subject's region
-// record (bucket, override share, report counters: 56 bytes) and its
-// window counters (24 bytes). Report counters reset lazily, when a new
-// interval first touches them.
+// record (bucket, override share, pressure counter, a floor of its tokens:
+// 56 bytes) and its window counters (24 bytes). Report counters reset
+// lazily, when a new interval first presses them. Reading the tokens left
+// after a batch, for the pressure rule, takes one more bucket decision on
+// a copy, skipped while the floor shows half the capacity left.
 //
 // # Figures
 //
