@@ -313,6 +313,7 @@ type model struct {
 type shareLimits struct {
 	share float64 // 0: none yet
 	lim   bucket.TokenLimits
+	half  int64 // ⌈f·C/2⌉: fewer whole tokens left is pressure
 }
 
 // newModel returns a model with room for queue admissions in its window
@@ -347,12 +348,12 @@ type subjectRegion struct {
 	st        bucket.TokenState // the system's bucket
 	interval  int64             // the report interval pressured counts in
 	pressured int64             // pressured requests in interval
-	// floor is a lower bound of the whole tokens in st while the bucket's
-	// share has not been lowered since it was taken: refill only adds
-	// tokens and only a lower share takes them away. It holds while
-	// floorGen equals the region's shareGen (setApplied bumps it when the
-	// default share falls, and zeroes floorGen when a subject's own share
-	// falls).
+	// floor is a lower bound of the whole tokens in st when it was taken,
+	// at the region's shareGen floorGen (0: none): refill only adds tokens
+	// and only a lower share takes them away, down to its capacity. The
+	// bound holds, lowered to the lowest default capacity since then
+	// (engine.fallMin), for floorGens falls of the default; setApplied
+	// zeroes floorGen when a subject's own share falls.
 	floor    int32
 	floorGen uint32
 }
@@ -384,6 +385,9 @@ type engine struct {
 	applied  []*allocation
 	defShare []float64 // per region: the default share of applied[r]
 	shareGen []uint32  // per region: counts the falls of its default share, from 1
+	// fallMin is per region, at g mod floorGens, the lowest default share
+	// since shareGen g (+Inf: none), for the last floorGens gens.
+	fallMin [][floorGens]float64
 	defLim   []shareLimits
 	ovrLim   []shareLimits
 	sec, bin int      // the current second and series bin
@@ -504,6 +508,7 @@ func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 		applied:    make([]*allocation, n),
 		defShare:   make([]float64, n),
 		shareGen:   make([]uint32, n),
+		fallMin:    make([][floorGens]float64, n),
 		defLim:     make([]shareLimits, n),
 		ovrLim:     make([]shareLimits, n),
 		sub:        make([][]subjectRegion, n),
@@ -540,6 +545,7 @@ func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 		e.applied[i] = first
 		e.defShare[i] = first.def[i]
 		e.shareGen[i] = 1
+		e.fallMin[i][1] = math.Inf(1)
 	}
 	e.published = first
 	e.retryOf = make([]int, sc.Subjects)
@@ -615,6 +621,11 @@ func (e *engine) setApplied(r int, a *allocation) {
 	sub, oldDef, newDef := e.sub[r], e.defShare[r], a.def[r]
 	if newDef < oldDef {
 		e.shareGen[r]++
+		fm := &e.fallMin[r]
+		for k := range fm {
+			fm[k] = min(fm[k], newDef)
+		}
+		fm[e.shareGen[r]%floorGens] = math.Inf(1)
 	}
 	for j := range e.applied[r].overrides {
 		if _, ok := a.overrides[j]; !ok {
@@ -770,7 +781,7 @@ func (e *engine) decide(r int, t int64, j int32, fresh int64) {
 		a = e.take(e.sys, &sr.st, lim, share, t, j, n)
 		e.perSecondSys[e.sec] += a
 		e.seriesRegion[r][e.bin] += float64(a)
-		p = e.pressured(sr, e.shareGen[r], lim, share, n, a)
+		p = e.pressured(sr, r, lim, share, n, a)
 	}
 	if o := e.own; o != nil && (e.ownSel == ownAll || (e.retryOf[j] > 0) == (e.ownSel == ownRetrying)) {
 		b := e.take(o.ideal, &o.ideal.states[0][j], &o.ideal.lim, 1, t, j, n)
@@ -835,7 +846,7 @@ func (e *engine) take(m *model, st *bucket.TokenState, lim *shareLimits, share f
 			e.err = cmp.Or(e.err, fmt.Errorf("sim: bucket decision at %v: %w", e.now, err))
 			return 0
 		}
-		lim.share, lim.lim = share, l
+		lim.share, lim.lim, lim.half = share, l, int64(math.Ceil(share*float64(e.capacity)/2))
 	}
 	a, err := st.TakeUnitsWith(e.nowT, &lim.lim, n)
 	if err != nil {
@@ -850,34 +861,45 @@ func (e *engine) take(m *model, st *bucket.TokenState, lim *shareLimits, share f
 	return a
 }
 
+// floorGens is how many falls of a region's default share a token floor
+// outlives (subjectRegion.floor).
+const floorGens = 64
+
 // pressured returns how many of n unit requests just decided together in
-// sr's bucket at share (a of them admitted, with the limits in lim; gen
-// the region's shareGen) a regional node reports as pressured
-// (internal/regional): every denied one, and every admitted one after
-// which the bucket held less than half its capacity f·C. The last of the
-// a admitted left R tokens, the one before R+1, and so on. R is read as
-// the whole tokens left: 0 after a denial, else what one more batch at
-// this instant would admit (taken on a copy), or nothing when sr.floor
-// already shows that at least half is left. A request that left R+k
-// tokens just under f·C/2, by less than R's fraction, counts as not
-// pressured: at most one request of a batch is counted differently from
-// the node.
-func (e *engine) pressured(sr *subjectRegion, gen uint32, lim *shareLimits, share float64, n, a int64) int64 {
+// sr's bucket in region r at share (a of them admitted, with the limits
+// in lim) a regional node reports as pressured (internal/regional): every
+// denied one, and every admitted one after which the bucket held less
+// than half its capacity f·C. The last of the a admitted left R tokens,
+// the one before R+1, and so on. R is read as the whole tokens left: 0
+// after a denial, else what one more batch at this instant would admit
+// (taken on a copy), or nothing when sr.floor already shows that at least
+// half is left. A request that left R+k tokens just under f·C/2, by less
+// than R's fraction, counts as not pressured: at most one request of a
+// batch is counted differently from the node.
+func (e *engine) pressured(sr *subjectRegion, r int, lim *shareLimits, share float64, n, a int64) int64 {
 	if share <= 0 || e.err != nil {
 		return n
 	}
-	half := int64(math.Ceil(min(share, e.maxShare) * float64(e.capacity) / 2))
+	gen := e.shareGen[r]
 	var left int64
 	if a == n {
-		if sr.floorGen == gen && int64(sr.floor)-n >= half {
-			sr.floor -= int32(n)
-			return 0
+		if g := sr.floorGen; g != 0 && gen-g < floorGens {
+			f := int64(sr.floor)
+			if m := e.fallMin[r][g%floorGens]; m <= e.maxShare {
+				// Clamped to a lower capacity since: at most ⌊m·C⌋,
+				// less one for the bucket's rounding of m·C.
+				f = min(f, int64(m*float64(e.capacity))-1)
+			}
+			if f-n >= lim.half {
+				sr.floor, sr.floorGen = int32(f-n), gen
+				return 0
+			}
 		}
 		probe := sr.st
 		left, _ = probe.TakeUnitsWith(e.nowT, &lim.lim, math.MaxInt64)
 	}
 	sr.floor, sr.floorGen = int32(min(left, math.MaxInt32)), gen
-	return n - a + max(0, min(a, half-left)) // admitted ones that left fewer than half
+	return n - a + max(0, min(a, lim.half-left)) // admitted ones that left fewer than half
 }
 
 // batchCalls is the number of decisions n unit requests arriving together,
