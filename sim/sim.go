@@ -387,7 +387,7 @@ type engine struct {
 	shareGen []uint32  // per region: counts the falls of its default share, from 1
 	// fallMin is per region, at g mod floorGens, the lowest default share
 	// since shareGen g (+Inf: none), for the last floorGens gens.
-	fallMin [][floorGens]float64
+	fallMin  [][floorGens]float64
 	defLim   []shareLimits
 	ovrLim   []shareLimits
 	sec, bin int      // the current second and series bin
