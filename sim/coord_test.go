@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"bytes"
+	"encoding/json"
 	"math"
 	"testing"
 	"time"
@@ -196,6 +198,41 @@ func TestChangedAndShrinks(t *testing.T) {
 		}
 		if got := shrinks(c.a, c.b, 2); got != c.shrink {
 			t.Errorf("%s: shrinks %v, want %v", c.name, got, c.shrink)
+		}
+	}
+}
+
+// TestPressureShortcutsMatchProbe holds the shortcuts of the pressure rule
+// (a token floor, a bucket known full) to reading the tokens left from the
+// bucket after every batch: the results must be identical.
+func TestPressureShortcutsMatchProbe(t *testing.T) {
+	var cfgs []Config
+	for _, name := range []string{"heavy-tail", "failover"} {
+		sc, err := LoadScenario(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, iv := range []time.Duration{time.Second, 15 * time.Second} {
+			cfgs = append(cfgs, Config{Scenario: sc, Subjects: 200, Duration: 21 * time.Minute, Seed: 3, RebalanceInterval: iv, NoBaselines: true})
+		}
+	}
+	for _, cfg := range cfgs {
+		fast, err := Run(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.probeAlways = true
+		slow, err := Run(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, _ := json.Marshal(fast)
+		b, _ := json.Marshal(slow)
+		if !bytes.Equal(a, b) {
+			t.Errorf("%s at %v: results differ with and without the shortcuts", cfg.Scenario.Name, cfg.RebalanceInterval)
+		}
+		if fast.Epochs < 4 {
+			t.Errorf("%s at %v: %d epochs: shares hardly moved", cfg.Scenario.Name, cfg.RebalanceInterval, fast.Epochs)
 		}
 	}
 }

@@ -77,6 +77,9 @@ type Config struct {
 	// proposed, when set, is published at every rebalance instead of a
 	// split (PredictOvershoot).
 	proposed []float64
+	// probeAlways reads the tokens left after every fully admitted batch
+	// from the bucket, without the shortcuts (a test holds them to it).
+	probeAlways bool
 	// Baselines also runs the three baseline models on the same stream.
 	// Default true (set NoBaselines to skip them).
 	NoBaselines bool
@@ -314,6 +317,7 @@ type shareLimits struct {
 	share float64 // 0: none yet
 	lim   bucket.TokenLimits
 	half  int64 // ⌈f·C/2⌉: fewer whole tokens left is pressure
+	whole int64 // ⌊f·C⌋, the whole tokens of a full bucket; −1 when f·C is within 0.001 of a whole number
 }
 
 // newModel returns a model with room for queue admissions in its window
@@ -346,8 +350,9 @@ type baseRun struct {
 type subjectRegion struct {
 	ovr       float64           // the applied override share; NaN: the region's default
 	st        bucket.TokenState // the system's bucket
-	interval  int64             // the report interval pressured counts in
 	pressured int64             // pressured requests in interval
+	interval  int32             // the report interval pressured counts in
+	lastAt    int32             // 1 + the tick of the last decision; 0: none
 	// floor is a lower bound of the whole tokens in st when it was taken,
 	// at the region's shareGen floorGen (0: none): refill only adds tokens
 	// and only a lower share takes them away, down to its capacity. The
@@ -356,6 +361,14 @@ type subjectRegion struct {
 	// zeroes floorGen when a subject's own share falls.
 	floor    int32
 	floorGen uint32
+}
+
+// fullAfter is the ticks after which a bucket left alone is full whatever
+// its share: f·C refills at f·r in C/r, and the bucket refills the whole
+// time since its last write at the share it is read at (one tick more
+// for rounding).
+func fullAfter(capacity int64, refill float64, tick time.Duration) int64 {
+	return int64(min(math.Ceil(float64(capacity)/refill/tick.Seconds())+1, math.MaxInt32))
 }
 
 // subjectDemand is the coordinator's smoothed demand of one pressured
@@ -385,6 +398,7 @@ type engine struct {
 	applied  []*allocation
 	defShare []float64 // per region: the default share of applied[r]
 	shareGen []uint32  // per region: counts the falls of its default share, from 1
+	full     int64     // fullAfter for the scenario
 	// fallMin is per region, at g mod floorGens, the lowest default share
 	// since shareGen g (+Inf: none), for the last floorGens gens.
 	fallMin  [][floorGens]float64
@@ -503,6 +517,7 @@ func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 		rng:        rand.New(rand.NewPCG(cfg.Seed, 0x5eed51)),
 		stream:     newStream(sc, cfg.Seed),
 		tick:       time.Duration(sc.Tick),
+		full:       fullAfter(sc.Capacity, sc.RefillPerSecond, time.Duration(sc.Tick)),
 		up:         make([]bool, n),
 		downAt:     make([]time.Duration, n),
 		applied:    make([]*allocation, n),
@@ -778,10 +793,12 @@ func (e *engine) decide(r int, t int64, j int32, fresh int64) {
 		if share != share { // NaN: the region's default
 			share, lim = e.defShare[r], &e.defLim[r]
 		}
+		full := sr.lastAt == 0 || t-int64(sr.lastAt-1) >= e.full
+		sr.lastAt = int32(t + 1)
 		a = e.take(e.sys, &sr.st, lim, share, t, j, n)
 		e.perSecondSys[e.sec] += a
 		e.seriesRegion[r][e.bin] += float64(a)
-		p = e.pressured(sr, r, lim, share, n, a)
+		p = e.pressured(sr, r, lim, share, full, n, a)
 	}
 	if o := e.own; o != nil && (e.ownSel == ownAll || (e.retryOf[j] > 0) == (e.ownSel == ownRetrying)) {
 		b := e.take(o.ideal, &o.ideal.states[0][j], &o.ideal.lim, 1, t, j, n)
@@ -794,8 +811,8 @@ func (e *engine) decide(r int, t int64, j int32, fresh int64) {
 		return
 	}
 	if p > 0 {
-		if sr.interval != e.interval[r] { // first pressure of the interval
-			sr.interval, sr.pressured = e.interval[r], 0
+		if iv := int32(e.interval[r]); sr.interval != iv { // first pressure of the interval
+			sr.interval, sr.pressured = iv, 0
 		}
 		if sr.pressured == 0 {
 			e.pressuredJ[r] = append(e.pressuredJ[r], j)
@@ -846,7 +863,11 @@ func (e *engine) take(m *model, st *bucket.TokenState, lim *shareLimits, share f
 			e.err = cmp.Or(e.err, fmt.Errorf("sim: bucket decision at %v: %w", e.now, err))
 			return 0
 		}
-		lim.share, lim.lim, lim.half = share, l, int64(math.Ceil(share*float64(e.capacity)/2))
+		fc := share * float64(e.capacity)
+		lim.share, lim.lim, lim.half, lim.whole = share, l, int64(math.Ceil(fc/2)), int64(fc)
+		if fr := fc - math.Floor(fc); fr < 0.001 || fr > 0.999 {
+			lim.whole = -1 // the bucket's rounding to 0.001 tokens may decide
+		}
 	}
 	a, err := st.TakeUnitsWith(e.nowT, &lim.lim, n)
 	if err != nil {
@@ -873,16 +894,23 @@ const floorGens = 64
 // the one before R+1, and so on. R is read as the whole tokens left: 0
 // after a denial, else what one more batch at this instant would admit
 // (taken on a copy), or nothing when sr.floor already shows that at least
-// half is left. A request that left R+k tokens just under f·C/2, by less
-// than R's fraction, counts as not pressured: at most one request of a
-// batch is counted differently from the node.
-func (e *engine) pressured(sr *subjectRegion, r int, lim *shareLimits, share float64, n, a int64) int64 {
+// half is left, or ⌊f·C⌋ − n when the bucket was full before the batch
+// (full: left alone for fullAfter). A request that left R+k tokens just
+// under f·C/2, by less than R's fraction, counts as not pressured: at most
+// one request of a batch is counted differently from the node.
+func (e *engine) pressured(sr *subjectRegion, r int, lim *shareLimits, share float64, full bool, n, a int64) int64 {
 	if share <= 0 || e.err != nil {
 		return n
 	}
 	gen := e.shareGen[r]
 	var left int64
-	if a == n {
+	switch {
+	case a < n || e.cfg.probeAlways:
+	case full && lim.whole >= 0:
+		left = lim.whole - n
+		sr.floor, sr.floorGen = int32(min(left, math.MaxInt32)), gen
+		return max(0, min(a, lim.half-left))
+	default:
 		if g := sr.floorGen; g != 0 && gen-g < floorGens {
 			f := int64(sr.floor)
 			if m := e.fallMin[r][g%floorGens]; m <= e.maxShare {
@@ -895,6 +923,8 @@ func (e *engine) pressured(sr *subjectRegion, r int, lim *shareLimits, share flo
 				return 0
 			}
 		}
+	}
+	if a == n {
 		probe := sr.st
 		left, _ = probe.TakeUnitsWith(e.nowT, &lim.lim, math.MaxInt64)
 	}
