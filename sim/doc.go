@@ -122,11 +122,14 @@
 // one simulated hour, 3 regions, 10,000 subjects: 279 million requests)
 // takes about 32 s of one core; BenchmarkSweep reports simulated requests
 // per second (and per CPU-second). A decision touches the subject's region
-// record (bucket, override share, pressure counter, a floor of its tokens:
-// 56 bytes) and its window counters (24 bytes). Report counters reset
-// lazily, when a new interval first presses them. Reading the tokens left
-// after a batch, for the pressure rule, takes one more bucket decision on
-// a copy, skipped while the floor shows half the capacity left.
+// record (bucket, override share, pressure counter, last decision, a floor
+// of its tokens: 56 bytes) and its window counters (24 bytes). Report
+// counters reset lazily, when a new interval first presses them. Reading
+// the tokens left after a fully admitted batch, for the pressure rule,
+// takes one more bucket decision on a copy; it is skipped when the bucket
+// was left alone for C/r (so it was full: ⌊f·C⌋ − n left) or its floor
+// shows at least half left, with identical results (a test holds them to
+// probing every batch).
 //
 // # Figures
 //
