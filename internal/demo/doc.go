@@ -39,40 +39,24 @@
 // played the stream faithfully (Agreement.Faithful).
 //
 // What was found on the hot-tenant-hop scenario (seed 1, rebalance 1 s,
-// reports 500 ms, α 0.5, max step 0.3): the simulator predicts
-// under-admission 0.139 (0.139 to 0.150 over seeds 1 to 4); live runs on
-// a shared 2-core machine measured 0.137 to 0.156, higher the more loaded
-// the machine was (late requests, slower etcd round trips); overshoot was
-// 0 on both sides. The simulator's control plane still differs from
-// package rebalance and package demand in three ways, which move its
-// prediction in opposite directions and largely cancel on this scenario:
-//
-//  1. It smooths demand at every report arrival; the live coordinator
-//     smooths once per round over the latest report of each region and
-//     takes a first observation unsmoothed. Alone: 0.139 → 0.170.
-//  2. A simulated region reports every subject it holds an override for,
-//     pressured or not; a live region reports only pressured subjects, so
-//     the region a hot tenant left falls to its minimum faster. With 1:
-//     0.148 (seeds 1 to 4: 0.138 to 0.153).
-//  3. A live subject is pressured when its bucket denied or fell below
-//     half its local capacity (the simulator: denials only), and its
-//     override lives OverrideRounds (3) rounds after the last pressure
-//     (the simulator: until its smoothed demand is below 0.05). With 1
-//     to 3: 0.153 (seeds 1 to 4: 0.142 to 0.154).
-//
-// These were measured with a modified copy of package sim; the changes
-// belong in package sim. At α = 1 (no smoothing) the gaps vanish: the
-// stock simulator and the modified one both predict 0.147 on average
-// over seeds 1 to 4 (0.145 for seed 1), and nine live runs of seed 1
-// measured 0.131 to 0.153 (mean 0.143, standard deviation 0.007: the
-// report phases and round instants of a real deployment jitter).
-// TestSimAgreesWithLive therefore runs at α = 1 until package sim models
-// the coordinator's smoothing and reporting; with a spread of 0.007
-// against an allowance of 0.0145 it can still fail about once in twenty
-// runs by chance, and fails when a loaded machine cannot replay the
-// stream on time (Agreement.Faithful). The report phase (live regions report at their
-// own offsets, simulated ones all at multiples of the interval) moved the
-// figure by less than 0.005 in the same experiment; Agreement.ReportPhases
+// reports 500 ms, α 0.5, max step 0.3). Package sim's control plane
+// follows package rebalance and package demand: the latest report per
+// region smoothed once per round (the first observation unsmoothed),
+// regions report pressured subjects only (denied, or left below half
+// their local capacity), overrides live OverrideRounds rounds after the
+// last pressure. (An earlier simulator smoothed per report, reported every
+// override subject and used a different pressure rule; at α 0.5 those
+// differences moved its prediction by up to 0.03, and the test ran at
+// α 1 until they were fixed.) Now the simulator predicts under-admission
+// 0.1518 for seed 1 (0.146 to 0.158 over seeds 1 to 4); three live runs
+// measured 0.1405, 0.1424 and 0.1482 against the allowance of ±0.0152,
+// with the same number of epochs (57); overshoot is 0 on both sides.
+// Live runs on a shared 2-core machine jitter (sd about 0.007: report
+// phases and round instants of a real deployment), so the test can still
+// fail now and then by chance, and fails when a loaded machine cannot
+// replay the stream on time (Agreement.Faithful). The report phase (live
+// regions report at their own offsets, simulated ones at multiples of the
+// interval) moved the figure by less than 0.005; Agreement.ReportPhases
 // records it.
 //
 // # Concurrency and zero values
