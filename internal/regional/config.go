@@ -147,23 +147,14 @@ func (c Config) withDefaults() (Config, error) {
 	if c.TracerProvider == nil {
 		c.TracerProvider = noop.NewTracerProvider()
 	}
-	switch {
-	case c.StoreTimeout == 0:
-		c.StoreTimeout = 5 * time.Millisecond
-	case c.StoreTimeout < 0:
-		return c, fmt.Errorf("%w: StoreTimeout %v is negative", ErrConfig, c.StoreTimeout)
+	if err := orDefault(&c.StoreTimeout, 5*time.Millisecond, "StoreTimeout"); err != nil {
+		return c, err
 	}
-	switch {
-	case c.BreakerThreshold == 0:
-		c.BreakerThreshold = 5
-	case c.BreakerThreshold < 0:
-		return c, fmt.Errorf("%w: BreakerThreshold %d is negative", ErrConfig, c.BreakerThreshold)
+	if err := orDefault(&c.BreakerThreshold, 5, "BreakerThreshold"); err != nil {
+		return c, err
 	}
-	switch {
-	case c.BreakerCooldown == 0:
-		c.BreakerCooldown = time.Second
-	case c.BreakerCooldown < 0:
-		return c, fmt.Errorf("%w: BreakerCooldown %v is negative", ErrConfig, c.BreakerCooldown)
+	if err := orDefault(&c.BreakerCooldown, time.Second, "BreakerCooldown"); err != nil {
+		return c, err
 	}
 	switch c.UnknownPolicy {
 	case "":
@@ -172,17 +163,11 @@ func (c Config) withDefaults() (Config, error) {
 	default:
 		return c, fmt.Errorf("%w: UnknownPolicy %q, want error, deny or allow", ErrConfig, c.UnknownPolicy)
 	}
-	switch {
-	case c.IdempotencyTTL == 0:
-		c.IdempotencyTTL = time.Minute
-	case c.IdempotencyTTL < 0:
-		return c, fmt.Errorf("%w: IdempotencyTTL %v is negative", ErrConfig, c.IdempotencyTTL)
+	if err := orDefault(&c.IdempotencyTTL, time.Minute, "IdempotencyTTL"); err != nil {
+		return c, err
 	}
-	switch {
-	case c.IdempotencySize == 0:
-		c.IdempotencySize = 100000
-	case c.IdempotencySize < 0:
-		return c, fmt.Errorf("%w: IdempotencySize %d is negative", ErrConfig, c.IdempotencySize)
+	if err := orDefault(&c.IdempotencySize, 100000, "IdempotencySize"); err != nil {
+		return c, err
 	}
 	switch {
 	case c.NegativeCacheSize == 0:
@@ -193,11 +178,8 @@ func (c Config) withDefaults() (Config, error) {
 	if c.DecisionLogEvery < 0 {
 		return c, fmt.Errorf("%w: DecisionLogEvery %d is negative", ErrConfig, c.DecisionLogEvery)
 	}
-	switch {
-	case c.DegradedLogInterval == 0:
-		c.DegradedLogInterval = time.Second
-	case c.DegradedLogInterval < 0:
-		return c, fmt.Errorf("%w: DegradedLogInterval %v is negative", ErrConfig, c.DegradedLogInterval)
+	if err := orDefault(&c.DegradedLogInterval, time.Second, "DegradedLogInterval"); err != nil {
+		return c, err
 	}
 	switch c.Headers {
 	case "":
@@ -207,4 +189,16 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("%w: Headers %q, want off or draft", ErrConfig, c.Headers)
 	}
 	return c, nil
+}
+
+// orDefault sets a zero *v to def and refuses a negative one, naming the
+// field.
+func orDefault[T int | int64 | time.Duration](v *T, def T, field string) error {
+	switch {
+	case *v == 0:
+		*v = def
+	case *v < 0:
+		return fmt.Errorf("%w: %s %v is negative", ErrConfig, field, *v)
+	}
+	return nil
 }
