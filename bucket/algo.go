@@ -8,7 +8,7 @@ import "math"
 
 // state is one bucket's stored value.
 type state struct {
-	a, b, c   float64    // tb: ts, tokens; fw: window start, count; sw: window start, prev, cur
+	a, b, c   float64    // tb: ts, tokens, capacity written at; fw: window start, count; sw: window start, prev, cur
 	log       []logEntry // sl only, oldest first
 	lastWrite int64      // microseconds; the latest now at which the bucket was written
 	ttl       int64      // idle TTL in microseconds
@@ -49,21 +49,31 @@ func decide(p *params, op byte, st *state, exists bool, now float64, charge bool
 
 func decideTB(p *params, op byte, st *state, exists bool, now, ttl float64, charge bool) outcome {
 	lim, rate, cost := p.lim, p.p, p.cost
-	tokens, ts, clamped := lim, now, false
+	tokens, ts, wr := lim, now, false
+	flim, frate := lim, rate // what the time since ts refills at
 	if exists && now-st.a < ttl {
 		tokens, ts = st.b, st.a
 		if tokens > lim {
-			tokens = lim
-			clamped = true
+			tokens = lim // the share shrank: clamp, and write the clamp
+			wr = true
+		}
+		if st.c < lim {
+			// The share grew since the last write: the time since then
+			// refills at the old share, up to the old capacity, and the
+			// new capacity is written.
+			flim, frate = st.c, rate*st.c/lim
+			wr = true
 		}
 	}
 	t := now
 	if ts > t {
 		t = ts
 	}
-	tokens, ts = tbRefill(lim, rate, tokens, ts, t)
+	tokens, ts = tbRefill(flim, frate, tokens, ts, t)
+	if flim < lim {
+		ts = t // a fraction of a unit at the old refill is not carried over
+	}
 	o := outcome{ok: true}
-	wr := clamped
 	if op == opRefund {
 		if cost > 0 {
 			tokens += cost
@@ -115,7 +125,7 @@ func decideTB(p *params, op byte, st *state, exists bool, now, ttl float64, char
 	o.rem = tokens
 	if wr {
 		o.w = writeSet
-		o.next = state{a: ts, b: tokens}
+		o.next = state{a: ts, b: tokens, c: lim}
 	}
 	return o
 }

@@ -5,7 +5,7 @@
 //
 // A caller that indexes its buckets itself (the simulator) holds them as
 // State values (the per-bucket code Memory runs) or, for token buckets,
-// TokenState values: 24 bytes without pointers, deciding a batch of n unit
+// TokenState values: 32 bytes without pointers, deciding a batch of n unit
 // requests at one instant exactly as n unit TakeAt calls of a State.
 //
 // # Units
@@ -25,8 +25,13 @@
 //     milli-tokens and carries the remainder in the stored timestamp. When
 //     the share shrinks, stored tokens are clamped to f·C and the clamp is
 //     written (even by a peek or a denial), so a later growth cannot bring
-//     them back; when it grows, no token is added at once, only refill at
-//     the new f·r. A cost above f·C is denied with RetryAfter = a full
+//     them back. When it grows, no token is added at once: the time since
+//     the last write refills at the old share, up to the old capacity (the
+//     stored value records the capacity it was written at), the next call
+//     writes the new capacity (even a peek or a denial), and refill runs at
+//     the new f·r from then on. So the share in force at each instant bounds
+//     what refills in it, and regions that hand share to each other admit
+//     no more together than one bucket would. A cost above f·C is denied with RetryAfter = a full
 //     refill at this share (the share must grow first). RefillPerSecond 0
 //     means an allowance of f·C per IdleTTL after the last write.
 //   - FixedWindow: Envoy's rate limit service windows (aligned to multiples

@@ -43,7 +43,7 @@ func TestNewRedisConfig(t *testing.T) {
 }
 
 // TestRedisGroupLayout checks where buckets live: a token bucket is a
-// 12-byte field of a listpack-encoded group hash with the idle TTL; a
+// 17-byte field of a listpack-encoded group hash with the idle TTL; a
 // window bucket is a string key with the same hash tag.
 func TestRedisGroupLayout(t *testing.T) {
 	c := redistest.Client(t)
@@ -74,8 +74,8 @@ func TestRedisGroupLayout(t *testing.T) {
 			t.Fatalf("field %q, want the subject %q", field, want)
 		}
 		v, err := c.HGet(ctx, key, field).Result()
-		if err != nil || len(v) != 12 {
-			t.Fatalf("HGET %s %s: %q, %v; want 12 bytes", key, field, v, err)
+		if err != nil || len(v) != 17 {
+			t.Fatalf("HGET %s %s: %q, %v; want 17 bytes", key, field, v, err)
 		}
 		if enc, err := c.ObjectEncoding(ctx, key).Result(); err != nil || enc != "listpack" {
 			t.Fatalf("group encoding %q, %v; want listpack", enc, err)
@@ -201,4 +201,43 @@ func bytesPerBucket(c *redis.Client, r *bucket.Redis, prefix string, n int) (flo
 		return 0, err
 	}
 	return float64(after-before) / float64(n), nil
+}
+
+// TestRedisReadsTwelveByteValue: a token bucket written before the stored
+// value carried its capacity (12 bytes: ts, tokens) reads as written at the
+// current capacity, and the next write stores 17 bytes.
+func TestRedisReadsTwelveByteValue(t *testing.T) {
+	c := redistest.Client(t)
+	r := newRedis(t, c)
+	now := t0.UnixMicro()
+	bucket.SetRedisNow(r, func() int64 { return now })
+	ctx := context.Background()
+	k, err := bucket.NewKey("legacy", 1, redistest.Unique(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := bucket.Limits{Capacity: 10, RefillPerSecond: 1, IdleTTL: time.Minute}
+	key, field := r.Location(k, lim)
+	// ts = now − 2 s, 3 tokens (3000 units), big-endian I7 and I5.
+	v := make([]byte, 12)
+	ts, units := uint64(now-2_000_000), uint64(3000)
+	for i := 0; i < 7; i++ {
+		v[6-i] = byte(ts >> (8 * i))
+	}
+	for i := 0; i < 5; i++ {
+		v[11-i] = byte(units >> (8 * i))
+	}
+	if err := c.HSet(ctx, key, field, string(v)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	d, err := r.Take(ctx, bucket.Request{Key: k, Limits: lim, Share: 1, Cost: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (bucket.Decision{Allowed: true, Limit: 10, Remaining: 4, ResetAfter: 6 * time.Second}); d != want {
+		t.Fatalf("take from a 12-byte value: %+v, want %+v", d, want)
+	}
+	if got, err := c.HGet(ctx, key, field).Result(); err != nil || len(got) != 17 {
+		t.Fatalf("after the take: %q, %v; want 17 bytes", got, err)
+	}
 }

@@ -88,6 +88,35 @@ var stepTables = []struct {
 		},
 	},
 	{
+		name:   "token bucket share grows",
+		limits: bucket.Limits{Capacity: 10, RefillPerSecond: 1, IdleTTL: 20 * s},
+		steps: []step{
+			{0, "take", 5, 0.5, bucket.Decision{Allowed: true, Limit: 5, Remaining: 0, ResetAfter: 10 * s}},
+			// grown to 1: the 4s since the last write refill at 0.5/s
+			// (2 tokens, not 4), and the peek writes the new capacity
+			{4 * s, "peek", 0, 1, bucket.Decision{Allowed: true, Limit: 10, Remaining: 2, ResetAfter: 8 * s}},
+			// from then on refill at 1/s
+			{6 * s, "take", 4, 1, bucket.Decision{Allowed: true, Limit: 10, Remaining: 0, ResetAfter: 10 * s}},
+			// shrunk to 0.5: the time since the last write refills at 0.5/s
+			{8 * s, "take", 1, 0.5, bucket.Decision{Allowed: true, Limit: 5, Remaining: 0, ResetAfter: 10 * s}},
+			// grown after a long idle: full at the old capacity 5, not 10
+			{25 * s, "peek", 0, 1, bucket.Decision{Allowed: true, Limit: 10, Remaining: 5, ResetAfter: 5 * s}},
+			{25 * s, "take", 6, 1, bucket.Decision{Limit: 10, Remaining: 5, RetryAfter: s, ResetAfter: 5 * s}},
+			{26 * s, "take", 6, 1, bucket.Decision{Allowed: true, Limit: 10, Remaining: 0, ResetAfter: 10 * s}},
+		},
+	},
+	{
+		name:   "token bucket grown, denial writes the capacity",
+		limits: bucket.Limits{Capacity: 10, RefillPerSecond: 1, IdleTTL: 20 * s},
+		steps: []step{
+			{0, "take", 2, 0.2, bucket.Decision{Allowed: true, Limit: 2, Remaining: 0, ResetAfter: 10 * s}},
+			// a cost above the old capacity, denied: the new capacity is
+			// written all the same, so the bucket can grow past 2
+			{10 * s, "take", 5, 1, bucket.Decision{Limit: 10, Remaining: 2, RetryAfter: 3 * s, ResetAfter: 8 * s}},
+			{13 * s, "take", 5, 1, bucket.Decision{Allowed: true, Limit: 10, Remaining: 0, ResetAfter: 10 * s}},
+		},
+	},
+	{
 		name:   "token bucket without refill",
 		limits: bucket.Limits{Capacity: 2, IdleTTL: 10 * s},
 		steps: []step{

@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// TokenState is one token bucket held by its owner, like State, in 24 bytes
+// TokenState is one token bucket held by its owner, like State, in 32 bytes
 // and without pointers: a caller that holds many token buckets in a slice
 // (the simulator holds one per region and subject) keeps them dense in
 // memory, and the garbage collector never scans them.
@@ -16,8 +16,8 @@ import (
 // State). The zero TokenState is an absent bucket, which behaves as a full
 // one. It is not safe for concurrent use.
 type TokenState struct {
-	ts, tokens float64 // the stored timestamp (µs) and tokens (units), as in Redis
-	lw         int64   // the last write (µs) XOR tokenPresent; 0: absent
+	ts, tokens, lim float64 // the stored timestamp (µs), tokens and capacity (units), as in Redis
+	lw              int64   // the last write (µs) XOR tokenPresent; 0: absent
 }
 
 // tokenPresent marks a written TokenState: lw holds lastWrite^tokenPresent,
@@ -88,24 +88,32 @@ func (s *TokenState) TakeUnitsWith(now time.Time, l *TokenLimits, n int64) (int6
 			lw, exists = last, true
 		}
 	}
-	tokens, ts, clamped := lim, nowF, false
+	tokens, ts, wr := lim, nowF, false
+	flim, frate := lim, rate
 	if exists && nowF-s.ts < ttl {
 		tokens, ts = s.tokens, s.ts
 		if tokens > lim {
 			tokens = lim
-			clamped = true
+			wr = true
+		}
+		if s.lim < lim {
+			flim, frate = s.lim, rate*s.lim/lim
+			wr = true
 		}
 	}
 	t := max(nowF, ts)
-	tokens, ts = tbRefill(lim, rate, tokens, ts, t)
+	tokens, ts = tbRefill(flim, frate, tokens, ts, t)
+	if flim < lim {
+		ts = t
+	}
 	if tokens < cost {
-		// Denied, and so is every later take of the batch: only a clamp
-		// is written.
-		if clamped {
+		// Denied, and so is every later take of the batch: only a share
+		// change (a clamp, a grown capacity) is written.
+		if wr {
 			if rate == 0 {
 				ts = t
 			}
-			s.store(ts, tokens, lw, us)
+			s.store(ts, tokens, lim, lw, us)
 		}
 		return 0, nil
 	}
@@ -141,14 +149,23 @@ func (s *TokenState) TakeUnitsWith(now time.Time, l *TokenLimits, n int64) (int6
 		}
 		a++
 	}
-	s.store(ts, tokens, lw, us)
+	s.store(ts, tokens, lim, lw, us)
 	return a, nil
+}
+
+// ShareGrew reports whether s was last written at a lower capacity than
+// l's (a lower share): a take at l then refills the time since that write
+// at the old share, up to the old capacity, so a bucket left alone is full
+// only to the old capacity until it is written again. An absent s reports
+// false.
+func (s *TokenState) ShareGrew(l *TokenLimits) bool {
+	return s.lw != 0 && s.lim < l.lim
 }
 
 // store writes the bucket as State.commit does: lastWrite is the later of
 // the previous one (0 when the bucket was absent) and us.
-func (s *TokenState) store(ts, tokens float64, lw, us int64) {
-	s.ts, s.tokens, s.lw = ts, tokens, max(lw, us)^tokenPresent
+func (s *TokenState) store(ts, tokens, lim float64, lw, us int64) {
+	s.ts, s.tokens, s.lim, s.lw = ts, tokens, lim, max(lw, us)^tokenPresent
 }
 
 // notTokenErr explains why TokenLimits refused limits l.

@@ -1,18 +1,26 @@
 package bucket
 
-// TokenStateBucket returns what s stores: ts (µs), tokens (units), the last
-// write (µs) and whether the bucket exists. Tests only.
-func TokenStateBucket(s *TokenState) (ts, tokens float64, lastWrite int64, present bool) {
+// StoredToken is what a token bucket stores: ts (µs), tokens and the
+// capacity it was written at (units), the last write (µs), and whether the
+// bucket exists. Tests only.
+type StoredToken struct {
+	TS, Tokens, Lim float64
+	LastWrite       int64
+	Present         bool
+}
+
+// TokenStateBucket returns what s stores.
+func TokenStateBucket(s *TokenState) StoredToken {
 	if s.lw == 0 {
-		return 0, 0, 0, false
+		return StoredToken{}
 	}
-	return s.ts, s.tokens, s.lw ^ tokenPresent, true
+	return StoredToken{s.ts, s.tokens, s.lim, s.lw ^ tokenPresent, true}
 }
 
 // StateBucket returns what a token bucket's s stores, as TokenStateBucket.
-func StateBucket(s *State) (ts, tokens float64, lastWrite int64, present bool) {
+func StateBucket(s *State) StoredToken {
 	if s.st.ttl == 0 {
-		return 0, 0, 0, false
+		return StoredToken{}
 	}
-	return s.st.a, s.st.b, s.st.lastWrite, true
+	return StoredToken{s.st.a, s.st.b, s.st.c, s.st.lastWrite, true}
 }

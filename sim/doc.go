@@ -28,7 +28,7 @@
 // on the rebalance interval, protocol or any decision; clients that ignore
 // Retry-After (Group.Retries) add their retries on top.
 //
-// The system: each region holds one bucket.TokenState per subject (24
+// The system: each region holds one bucket.TokenState per subject (32
 // bytes; the token bucket decisions of bucket.State and bucket.Memory, with
 // the limits validated once by bucket.Prepare) and enforces the share of
 // the latest allocation it applied (the policy default, or a per-subject
@@ -123,11 +123,12 @@
 // takes about 32 s of one core; BenchmarkSweep reports simulated requests
 // per second (and per CPU-second). A decision touches the subject's region
 // record (bucket, override share, pressure counter, last decision, a floor
-// of its tokens: 56 bytes) and its window counters (24 bytes). Report
+// of its tokens: 64 bytes) and its window counters (24 bytes). Report
 // counters reset lazily, when a new interval first presses them. Reading
 // the tokens left after a fully admitted batch, for the pressure rule,
 // takes one more bucket decision on a copy; it is skipped when the bucket
-// was left alone for C/r (so it was full: ⌊f·C⌋ − n left) or its floor
+// was left alone for C/r at a share that did not grow since its last write
+// (so it was full: ⌊f·C⌋ − n left) or its floor
 // shows at least half left, with identical results (a test holds them to
 // probing every batch).
 //

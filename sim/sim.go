@@ -302,7 +302,7 @@ type demand struct {
 // model is one set of buckets deciding the stream: the simulated system or
 // a baseline. It holds one bucket.TokenState per store (region, or one
 // global) and subject: the decision code of bucket.State and bucket.Memory
-// for a token bucket, 24 bytes per bucket.
+// for a token bucket, 32 bytes per bucket.
 type model struct {
 	states   [][]bucket.TokenState // per store, per subject; nil for the system (its buckets are in engine.sub)
 	win      *windows
@@ -346,7 +346,7 @@ type baseRun struct {
 
 // subjectRegion is what the engine keeps per subject and region, the
 // system's bucket included, together so that a decision touches one or two
-// adjacent cache lines for it (56 bytes).
+// adjacent cache lines for it (64 bytes).
 type subjectRegion struct {
 	ovr       float64           // the applied override share; NaN: the region's default
 	st        bucket.TokenState // the system's bucket
@@ -793,7 +793,10 @@ func (e *engine) decide(r int, t int64, j int32, fresh int64) {
 		if share != share { // NaN: the region's default
 			share, lim = e.defShare[r], &e.defLim[r]
 		}
-		full := sr.lastAt == 0 || t-int64(sr.lastAt-1) >= e.full
+		// Left alone long enough to be full, unless the share grew since
+		// its last write (then full only to the old capacity).
+		full := (sr.lastAt == 0 || t-int64(sr.lastAt-1) >= e.full) &&
+			!(e.limitsAt(lim, share) && sr.st.ShareGrew(&lim.lim))
 		sr.lastAt = int32(t + 1)
 		a = e.take(e.sys, &sr.st, lim, share, t, j, n)
 		e.perSecondSys[e.sec] += a
@@ -853,21 +856,8 @@ func (e *engine) decide(r int, t int64, j int32, fresh int64) {
 // with the limits memoised in lim. A share above 1+ε (float rounding in
 // the allocator) is clamped to it.
 func (e *engine) take(m *model, st *bucket.TokenState, lim *shareLimits, share float64, t int64, j int32, n int64) int64 {
-	if share <= 0 {
+	if !e.limitsAt(lim, share) {
 		return 0
-	}
-	share = min(share, e.maxShare)
-	if share != lim.share {
-		l, err := e.prep.TokenLimits(share)
-		if err != nil {
-			e.err = cmp.Or(e.err, fmt.Errorf("sim: bucket decision at %v: %w", e.now, err))
-			return 0
-		}
-		fc := share * float64(e.capacity)
-		lim.share, lim.lim, lim.half, lim.whole = share, l, int64(math.Ceil(fc/2)), int64(fc)
-		if fr := fc - math.Floor(fc); fr < 0.001 || fr > 0.999 {
-			lim.whole = -1 // the bucket's rounding to 0.001 tokens may decide
-		}
 	}
 	a, err := st.TakeUnitsWith(e.nowT, &lim.lim, n)
 	if err != nil {
@@ -880,6 +870,31 @@ func (e *engine) take(m *model, st *bucket.TokenState, lim *shareLimits, share f
 		m.win.add(int(j), t, a)
 	}
 	return a
+}
+
+// limitsAt memoises in lim the bucket limits at share, clamped to 1+ε
+// (float rounding in the allocator), and reports whether they are usable:
+// false for a share of 0 or below (nothing is admitted), or when the bucket
+// rejected them (recorded in e.err).
+func (e *engine) limitsAt(lim *shareLimits, share float64) bool {
+	if share <= 0 {
+		return false
+	}
+	share = min(share, e.maxShare)
+	if share == lim.share {
+		return true
+	}
+	l, err := e.prep.TokenLimits(share)
+	if err != nil {
+		e.err = cmp.Or(e.err, fmt.Errorf("sim: bucket decision at %v: %w", e.now, err))
+		return false
+	}
+	fc := share * float64(e.capacity)
+	lim.share, lim.lim, lim.half, lim.whole = share, l, int64(math.Ceil(fc/2)), int64(fc)
+	if fr := fc - math.Floor(fc); fr < 0.001 || fr > 0.999 {
+		lim.whole = -1 // the bucket's rounding to 0.001 tokens may decide
+	}
+	return true
 }
 
 // floorGens is how many falls of a region's default share a token floor

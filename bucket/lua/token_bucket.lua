@@ -1,15 +1,22 @@
 -- token_bucket.lua: the token bucket (algorithm code 'tb').
 --
--- Stored value: struct '>I7I5' = ts (microseconds), tokens (units); 12 bytes,
--- the value of the subject's field in its group hash (see take.lua).
+-- Stored value: struct '>I7I5I5' = ts (microseconds), tokens (units), the
+-- capacity lim (units) in force when it was written; 17 bytes, the value of
+-- the subject's field in its group hash (see take.lua). A 12-byte value
+-- (ts, tokens: written before the capacity was stored) reads as written at
+-- the current capacity.
 -- ts is the instant at which the bucket held exactly `tokens`: refill adds
 -- whole units only and moves ts forward by the time those units took, so
 -- no fraction of a unit is lost between calls.
 --
 -- p is the refill f*r in units per microsecond (0: no refill; the bucket
 -- is full again only when the key expires, ttl after its last write).
--- Tokens above lim (the share shrank) are clamped and the clamp is written
--- even by a denial or a peek; a grown share adds no tokens at once.
+-- A share change reaches the bucket at the next call, which writes it even
+-- when it denies or peeks:
+--   shrank: tokens above lim are clamped to lim;
+--   grew: the time since ts refills at the old share (p * lim0 / lim), up
+--     to the old capacity lim0, so a grown share adds no token at once and
+--     none for the time before the call; the new rate counts from now.
 -- A denial otherwise writes nothing.
 --
 -- A value whose ts is ttl or more before now reads as a full bucket (as a
@@ -23,33 +30,45 @@ STALE['tb'] = function(v, now, ttl)
 end
 
 ALG['tb'] = function(op, v, now, lim, rate, cost, ttl, charge)
-  local tokens, ts, clamped = lim, now, false
+  local tokens, ts, write = lim, now, false
+  local flim, frate = lim, rate
   if v then
-    local ts0, tok0 = struct.unpack('>I7I5', v)
+    local ts0, tok0, lim0
+    if #v == 12 then
+      ts0, tok0 = struct.unpack('>I7I5', v)
+      lim0 = lim
+    else
+      ts0, tok0, lim0 = struct.unpack('>I7I5I5', v)
+    end
     if now - ts0 < ttl then
       tokens, ts = tok0, ts0
       if tokens > lim then
         tokens = lim
-        clamped = true
+        write = true
+      end
+      if lim0 < lim then
+        flim, frate = lim0, rate * lim0 / lim
+        write = true
       end
     end
   end
   local t = now
   if ts > t then t = ts end
-  if tokens >= lim then
+  if tokens >= flim then
     ts = t
-  elseif rate > 0 then
-    local added = math.floor((t - ts) * rate)
-    if tokens + added >= lim then
-      tokens = lim
+  elseif frate > 0 then
+    local added = math.floor((t - ts) * frate)
+    if tokens + added >= flim then
+      tokens = flim
       ts = t
     elseif added > 0 then
       tokens = tokens + added
-      local adv = ts + math.ceil(added / rate)
+      local adv = ts + math.ceil(added / frate)
       if adv < t then ts = adv else ts = t end
     end
   end
-  local ok, write = true, clamped
+  if flim < lim then ts = t end
+  local ok = true
   if op == 'r' then
     if cost > 0 then
       tokens = tokens + cost
@@ -87,6 +106,6 @@ ALG['tb'] = function(op, v, now, lim, rate, cost, ttl, charge)
     if reset < 0 then reset = 0 end
   end
   local val = nil
-  if write then val = struct.pack('>I7I5', ts, tokens) end
+  if write then val = struct.pack('>I7I5I5', ts, tokens, lim) end
   return ok, tokens, retry, reset, val
 end
