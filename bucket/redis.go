@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -87,36 +88,88 @@ type Redis struct {
 	mu     sync.RWMutex
 	closed bool
 
+	// single is true when client is one server (*redis.Client): a TakeAll
+	// then sends all its buckets in one script call, whatever their
+	// groups. crossSlot turns that off for good when the server refuses
+	// keys of several hash tags in one call (CROSSSLOT: a proxy in front
+	// of a cluster).
+	single    bool
+	crossSlot atomic.Bool
+	args      argCache
+
 	// now, when set (tests only, through export_test.go), is passed to the
 	// scripts as ARGV[2] in place of Redis TIME.
 	now func() int64
 }
 
+// call is one script call: its command line, as go-redis sends it, and
+// its answer. Calls are pooled: the caller that got the answer puts it
+// back; a caller that gives up (its context ended) leaves it to the
+// garbage collector, since the flusher may still write to it.
 type call struct {
-	script *redis.Script
-	keys   []string
-	args   []any
 	n      int // buckets
-	res    []int64
-	err    error
-	done   chan struct{}
-	// Room for the keys and arguments of a one-bucket call, so that it
-	// needs no slices of its own.
-	keyBuf [1]string
-	argBuf [2 + argsPerBucket]any
+	script *redis.Script
+	// argv is the command: "evalsha", the script's hash, len(keys), the
+	// keys, then the arguments (see lua/take.lua).
+	argv []any
+	res  []int64
+	err  error
+	// done receives one value per use, when res and err are set.
+	done chan struct{}
 }
+
+var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
 
 // Script arguments boxed once: boxing a string into an interface
 // allocates on every call otherwise.
 var (
 	argOpTake, argOpRefund any = string(rune(opTake)), string(rune(opRefund))
+	argEvalSha, argEval    any = "evalsha", "eval"
+	argEmpty               any = ""
 	argAlg                 [len(algCodes)]any
+	argHash                [len(algCodes)]any // set with the scripts (scripts.go)
+	argHashAll             any
 )
 
 func init() {
 	for i, a := range algCodes {
 		argAlg[i] = a
 	}
+}
+
+// maxArgCache bounds the formatted script arguments a store keeps (one
+// entry per distinct capacity, refill, cost and TTL seen); a full cache is
+// emptied and starts again.
+const maxArgCache = 4096
+
+// argCache holds the decimal forms of params, boxed: policies repeat the
+// same few numbers, and formatting them cost four allocations and a
+// quarter of a microsecond per bucket.
+type argCache struct {
+	mu sync.RWMutex
+	m  map[params][4]any
+}
+
+func (a *argCache) get(p *params) [4]any {
+	a.mu.RLock()
+	v, ok := a.m[*p]
+	a.mu.RUnlock()
+	if ok {
+		return v
+	}
+	v = [4]any{
+		strconv.FormatFloat(p.lim, 'f', -1, 64),
+		strconv.FormatFloat(p.p, 'g', -1, 64),
+		strconv.FormatFloat(p.cost, 'f', -1, 64),
+		strconv.FormatInt(p.ttl, 10),
+	}
+	a.mu.Lock()
+	if len(a.m) >= maxArgCache {
+		clear(a.m)
+	}
+	a.m[*p] = v
+	a.mu.Unlock()
+	return v
 }
 
 // NewRedis validates cfg and starts the store's Flushers goroutines; Close
@@ -149,7 +202,9 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 		groups:   uint32(cfg.Groups),
 		queue:    make(chan *call, cfg.QueueSize),
 		stop:     make(chan struct{}),
+		args:     argCache{m: make(map[params][4]any)},
 	}
+	_, r.single = cfg.Client.(*redis.Client)
 	r.wg.Add(cfg.Flushers)
 	for range cfg.Flushers {
 		go r.flusher()
@@ -173,7 +228,7 @@ func (r *Redis) Close() error {
 		select {
 		case c := <-r.queue:
 			c.err = ErrClosed
-			close(c.done)
+			c.done <- struct{}{}
 		default:
 			return nil
 		}
@@ -183,7 +238,7 @@ func (r *Redis) Close() error {
 func (r *Redis) flusher() {
 	defer r.wg.Done()
 	batch := make([]*call, 0, r.maxBatch)
-	cmds := make([]*redis.Cmd, r.maxBatch)
+	cmds := make([]*redis.IntSliceCmd, r.maxBatch)
 	for {
 		select {
 		case <-r.stop:
@@ -208,11 +263,12 @@ func (r *Redis) flusher() {
 
 // send runs one pipeline (cmds has one slot per call) of EVALSHA calls, resends the NOSCRIPT ones with
 // EVAL, and answers every call.
-func (r *Redis) send(batch []*call, cmds []*redis.Cmd) {
+func (r *Redis) send(batch []*call, cmds []*redis.IntSliceCmd) {
 	ctx := context.Background()
 	pipe := r.client.Pipeline()
 	for i, c := range batch {
-		cmds[i] = pipe.EvalSha(ctx, c.script.Hash(), c.keys, c.args...)
+		cmds[i] = newScriptCmd(ctx, c.argv)
+		_ = pipe.Process(ctx, cmds[i])
 	}
 	_, _ = pipe.Exec(ctx) // errors are read per command below
 	var again []int
@@ -225,17 +281,27 @@ func (r *Redis) send(batch []*call, cmds []*redis.Cmd) {
 		pipe = r.client.Pipeline()
 		for _, i := range again {
 			c := batch[i]
-			cmds[i] = pipe.Eval(ctx, scriptSource(c.script), c.keys, c.args...)
+			c.argv[0], c.argv[1] = argEval, scriptSource(c.script)
+			cmds[i] = newScriptCmd(ctx, c.argv)
+			_ = pipe.Process(ctx, cmds[i])
 		}
 		_, _ = pipe.Exec(ctx)
 	}
 	for i, c := range batch {
-		c.res, c.err = cmds[i].Int64Slice()
+		c.res, c.err = cmds[i].Result()
 		if c.err == nil && len(c.res) != replyPerBucket*c.n {
 			c.err = fmt.Errorf("bucket: script replied %d numbers, want %d", len(c.res), replyPerBucket*c.n)
 		}
-		close(c.done)
+		c.done <- struct{}{}
 	}
+}
+
+// newScriptCmd is an EVALSHA (or EVAL) command line whose reply, a list
+// of integers, is read without boxing each number.
+func newScriptCmd(ctx context.Context, argv []any) *redis.IntSliceCmd {
+	cmd := redis.NewIntSliceCmd(ctx, argv...)
+	cmd.SetFirstKeyPos(3)
+	return cmd
 }
 
 func scriptSource(s *redis.Script) string {
@@ -291,49 +357,65 @@ const (
 	replyPerBucket = 5
 )
 
-// newCall builds the script call for reqs, whose subjects share group g
-// (and so one hash tag and Redis Cluster slot).
-func (r *Redis) newCall(op byte, g uint32, reqs []Request, ps []params) *call {
-	c := &call{n: len(reqs), done: make(chan struct{})}
-	if len(reqs) == 1 {
-		c.keys, c.args = c.keyBuf[:], c.argBuf[:2]
-	} else {
-		c.keys, c.args = make([]string, len(reqs)), make([]any, 2, 2+argsPerBucket*len(reqs))
-	}
-	c.args[0] = argOpTake
-	if op == opRefund {
-		c.args[0] = argOpRefund
-	}
-	c.args[1] = ""
-	if r.now != nil {
-		c.args[1] = strconv.FormatInt(r.now(), 10)
+// newCall builds the script call for reqs, from the pool. All of reqs
+// must share one hash slot (one group, or any groups on a single server).
+func (r *Redis) newCall(op byte, reqs []Request, ps []params) *call {
+	c := callPool.Get().(*call)
+	c.n, c.res, c.err = len(reqs), nil, nil
+	argv := c.argv[:0]
+	if cap(argv) < 5+(1+argsPerBucket)*len(reqs) {
+		argv = make([]any, 0, 5+(1+argsPerBucket)*len(reqs))
 	}
 	alg := ps[0].alg
-	for i := range reqs {
-		p := &ps[i]
-		if p.alg != alg {
+	for i := range ps {
+		if ps[i].alg != alg {
 			alg = -1
 		}
-		k := &reqs[i].Key
-		field := ""
-		if grouped(p.alg) {
-			c.keys[i], field = groupKey(k, g), fieldOf(k)
-		} else {
-			c.keys[i] = ownKey(k, g)
-		}
-		c.args = append(c.args, argAlg[p.alg],
-			strconv.FormatFloat(p.lim, 'f', -1, 64),
-			strconv.FormatFloat(p.p, 'g', -1, 64),
-			strconv.FormatFloat(p.cost, 'f', -1, 64),
-			strconv.FormatInt(p.ttl, 10),
-			field)
 	}
 	if alg >= 0 {
 		c.script = scriptByAlg[alg]
+		argv = append(argv, argEvalSha, argHash[alg], len(reqs))
 	} else {
 		c.script = scriptAll
+		argv = append(argv, argEvalSha, argHashAll, len(reqs))
 	}
+	for i := range reqs {
+		k := &reqs[i].Key
+		g := groupOf(k.subject, r.groups)
+		if grouped(ps[i].alg) {
+			argv = append(argv, groupKey(k, g))
+		} else {
+			argv = append(argv, ownKey(k, g))
+		}
+	}
+	if op == opRefund {
+		argv = append(argv, argOpRefund)
+	} else {
+		argv = append(argv, argOpTake)
+	}
+	if r.now != nil {
+		argv = append(argv, strconv.FormatInt(r.now(), 10))
+	} else {
+		argv = append(argv, argEmpty)
+	}
+	for i := range reqs {
+		p := &ps[i]
+		a := r.args.get(p)
+		var field any = argEmpty
+		if grouped(p.alg) {
+			field = fieldOf(&reqs[i].Key)
+		}
+		argv = append(argv, argAlg[p.alg], a[0], a[1], a[2], a[3], field)
+	}
+	c.argv = argv
 	return c
+}
+
+// release returns c to the pool once its caller has read the answer.
+func (c *call) release() {
+	clear(c.argv)
+	c.argv, c.res, c.err, c.script = c.argv[:0], nil, nil, nil
+	callPool.Put(c)
 }
 
 func (c *call) decision(i int) Decision {
@@ -356,11 +438,16 @@ func (r *Redis) one(ctx context.Context, op byte, req Request) (Decision, error)
 		return Decision{}, err
 	}
 	ps := [1]params{paramsOf(&req)}
-	c := r.newCall(op, groupOf(req.Key.subject, r.groups), []Request{req}, ps[:])
+	c := r.newCall(op, []Request{req}, ps[:])
 	if err := r.do(ctx, c); err != nil {
+		if ctx.Err() == nil {
+			c.release()
+		}
 		return Decision{}, fmt.Errorf("bucket: redis %s %s: %w", opName(op), req.Key, err)
 	}
-	return c.decision(0), nil
+	d := c.decision(0)
+	c.release()
+	return d, nil
 }
 
 func opName(op byte) string {
@@ -368,6 +455,40 @@ func opName(op byte) string {
 		return "refund"
 	}
 	return "take"
+}
+
+// takeOneCall decides reqs in one script call when they share one hash
+// slot: one group, or any groups on a single server. ok is false when they
+// must go one call per group instead.
+func (r *Redis) takeOneCall(ctx context.Context, reqs []Request, ps []params) (out []Decision, err error, ok bool) {
+	if !r.single || r.crossSlot.Load() {
+		g := groupOf(reqs[0].Key.subject, r.groups)
+		for i := 1; i < len(reqs); i++ {
+			if groupOf(reqs[i].Key.subject, r.groups) != g {
+				return nil, nil, false
+			}
+		}
+	}
+	c := r.newCall(opTake, reqs, ps)
+	if err := r.do(ctx, c); err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("bucket: redis take-all %s: %w", reqs[0].Key, err), true
+		}
+		c.release()
+		if redis.HasErrorPrefix(err, "CROSSSLOT") {
+			// Nothing ran: the server refused the keys. Send one call
+			// per group from now on.
+			r.crossSlot.Store(true)
+			return nil, nil, false
+		}
+		return nil, fmt.Errorf("bucket: redis take-all %s: %w", reqs[0].Key, err), true
+	}
+	out = make([]Decision, len(reqs))
+	for i := range out {
+		out[i] = c.decision(i)
+	}
+	c.release()
+	return out, nil, true
 }
 
 // TakeAll checks several buckets all or nothing: one script call per
@@ -387,6 +508,9 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Decision, error)
 			}
 		}
 		ps[i] = paramsOf(&reqs[i])
+	}
+	if out, err, ok := r.takeOneCall(ctx, reqs, ps); ok {
+		return out, err
 	}
 	// Batch by group (hash tag), keeping order: idx[b] lists the requests
 	// of batch b, whose subjects all lie in group tags[b].
@@ -427,7 +551,7 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Decision, error)
 					gr[k], gp[k] = reqs[i], ps[i]
 				}
 			}
-			calls[g] = r.newCall(op, tags[g], gr, gp)
+			calls[g] = r.newCall(op, gr, gp)
 			errs[g] = r.enqueue(ctx, calls[g])
 		}
 		for g := range idx {

@@ -42,10 +42,12 @@ func init() {
 		body := read(f)
 		sources[alg] = common + body + take
 		scriptByAlg[alg] = redis.NewScript(sources[alg])
+		argHash[alg] = scriptByAlg[alg].Hash()
 		all += body
 	}
 	sourceAll = all + take
 	scriptAll = redis.NewScript(sourceAll)
+	argHashAll = scriptAll.Hash()
 }
 
 // TokenBucketScript returns the source of the token-bucket script, for
