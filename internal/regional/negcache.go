@@ -33,7 +33,7 @@ const negShards = 16
 
 type negShard struct {
 	mu sync.Mutex
-	m  map[string]negEntry
+	m  map[bucket.Key]negEntry
 }
 
 type negEntry struct {
@@ -53,17 +53,19 @@ func newNegativeCache(max int) *negativeCache {
 		c.per = 1
 	}
 	for i := range c.shards {
-		c.shards[i].m = make(map[string]negEntry)
+		c.shards[i].m = make(map[bucket.Key]negEntry)
 	}
 	return c
 }
 
-func (c *negativeCache) shard(key string) *negShard {
-	return &c.shards[maphash.String(c.seed, key)%negShards]
+// shard is key's shard, chosen by its subject (a key is keyed by value,
+// so no string is built for it).
+func (c *negativeCache) shard(key bucket.Key) *negShard {
+	return &c.shards[maphash.String(c.seed, key.Subject())%negShards]
 }
 
 // deny reports a local denial of req at now when an entry covers it.
-func (c *negativeCache) deny(key string, req bucket.Request, now time.Time) (bucket.Decision, bool) {
+func (c *negativeCache) deny(key bucket.Key, req bucket.Request, now time.Time) (bucket.Decision, bool) {
 	if c.per == 0 {
 		return bucket.Decision{}, false
 	}
@@ -86,7 +88,7 @@ func (c *negativeCache) deny(key string, req bucket.Request, now time.Time) (buc
 }
 
 // add records that the store denied req at now with decision d.
-func (c *negativeCache) add(key string, req bucket.Request, d bucket.Decision, now time.Time) {
+func (c *negativeCache) add(key bucket.Key, req bucket.Request, d bucket.Decision, now time.Time) {
 	if c.per == 0 || d.Allowed || d.RetryAfter <= 0 || req.Cost <= 0 {
 		return
 	}
@@ -116,7 +118,7 @@ func (c *negativeCache) add(key string, req bucket.Request, d bucket.Decision, n
 }
 
 // forget drops key, after a refund put tokens back.
-func (c *negativeCache) forget(key string) {
+func (c *negativeCache) forget(key bucket.Key) {
 	if c.per == 0 {
 		return
 	}

@@ -143,10 +143,15 @@ func (it *item) limit() float64 {
 // decide charges every enforced item all or nothing, then each shadow item
 // on its own. now is the node's clock reading for the check.
 func (n *Node) decide(ctx context.Context, now time.Time, items []item) (outcome, error) {
-	out := outcome{
-		decs:    make([]bucket.Decision, len(items)),
-		known:   make([]bool, len(items)),
-		allowed: true,
+	out := outcome{allowed: true}
+	if len(items) == 1 {
+		one := new(struct {
+			d [1]bucket.Decision
+			k [1]bool
+		})
+		out.decs, out.known = one.d[:], one.k[:]
+	} else {
+		out.decs, out.known = make([]bucket.Decision, len(items)), make([]bool, len(items))
 	}
 	var enforce, shadow []int
 	for i := range items {
@@ -172,7 +177,7 @@ func (n *Node) decide(ctx context.Context, now time.Time, items []item) (outcome
 	if len(enforce) > 0 && out.allowed {
 		for _, i := range enforce {
 			it := &items[i]
-			if d, hit := n.neg.deny(it.req.Key.String(), it.req, now); hit {
+			if d, hit := n.neg.deny(it.req.Key, it.req, now); hit {
 				out.decs[i], out.known[i] = d, true
 				out.allowed, out.negative = false, true
 				n.m.negHits.Inc()
@@ -201,7 +206,7 @@ func (n *Node) decide(ctx context.Context, now time.Time, items []item) (outcome
 			if !decs[j].Allowed {
 				out.allowed = false
 				if mode == "" {
-					n.neg.add(items[i].req.Key.String(), items[i].req, decs[j], now)
+					n.neg.add(items[i].req.Key, items[i].req, decs[j], now)
 				}
 			}
 		}

@@ -31,6 +31,21 @@ type envoyCheck struct {
 	slot    []int // slot[i] is the item of descriptor i, or -1 (no limit, replaced, refund)
 	refunds []item
 	limits  []*rlsv3.RateLimitResponse_RateLimit // current_limit per descriptor
+
+	// Room for a request of one descriptor with one entry (the common
+	// case), so that its check and reply take one allocation.
+	one struct {
+		entry    [1]policy.Entry
+		entries  [1][]policy.Entry
+		item     [1]item
+		slot     [1]int
+		limitPtr [1]*rlsv3.RateLimitResponse_RateLimit
+		limit    [1]rlsv3.RateLimitResponse_RateLimit
+		resp     rlsv3.RateLimitResponse
+		status   [1]rlsv3.RateLimitResponse_DescriptorStatus
+		statPtr  [1]*rlsv3.RateLimitResponse_DescriptorStatus
+		dur      [1]durationpb.Duration
+	}
 }
 
 // ShouldRateLimit implements the Envoy rate limit service with Envoy's
@@ -59,20 +74,31 @@ func (r *rls) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) 
 	r.n.logDecision("envoy", req.GetDomain(), ec.items, out)
 	refunded := r.n.refund(ctx, now, ec.refunds)
 
-	resp := &rlsv3.RateLimitResponse{
-		OverallCode: rlsv3.RateLimitResponse_OK,
-		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(ec.slot)),
+	// The reply's messages are allocated in blocks, one per kind, rather
+	// than one by one.
+	var resp *rlsv3.RateLimitResponse
+	var sts []rlsv3.RateLimitResponse_DescriptorStatus
+	var durs []durationpb.Duration
+	if len(ec.slot) == 1 {
+		resp, sts, durs = &ec.one.resp, ec.one.status[:], ec.one.dur[:]
+		resp.Statuses = ec.one.statPtr[:]
+	} else {
+		resp = &rlsv3.RateLimitResponse{Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(ec.slot))}
+		sts = make([]rlsv3.RateLimitResponse_DescriptorStatus, len(ec.slot))
+		durs = make([]durationpb.Duration, len(ec.slot))
 	}
+	resp.OverallCode = rlsv3.RateLimitResponse_OK
 	min := -1
 	ri := 0
 	for i, s := range ec.slot {
-		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		st := &sts[i]
+		st.Code = rlsv3.RateLimitResponse_OK
 		resp.Statuses[i] = st
 		if s == -2 { // a refund
 			st.CurrentLimit = ec.limits[i]
 			if d := refunded[ri]; d != nil {
 				st.LimitRemaining = clampUint32(d.Remaining)
-				st.DurationUntilReset = durationpb.New(d.ResetAfter)
+				st.DurationUntilReset = setDuration(&durs[i], d.ResetAfter)
 			}
 			ri++
 			continue
@@ -91,9 +117,9 @@ func (r *rls) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) 
 		if !d.Allowed && !it.shadow && out.known[s] {
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
-			st.DurationUntilReset = durationpb.New(retryOrReset(d))
+			st.DurationUntilReset = setDuration(&durs[i], retryOrReset(d))
 		} else {
-			st.DurationUntilReset = durationpb.New(d.ResetAfter)
+			st.DurationUntilReset = setDuration(&durs[i], d.ResetAfter)
 		}
 		if min < 0 || st.LimitRemaining < resp.Statuses[min].LimitRemaining {
 			min = i
@@ -124,13 +150,22 @@ func (n *Node) prepareEnvoy(set *policy.Set, req *rlsv3.RateLimitRequest, shares
 	if len(descs) == 0 || len(descs) > MaxDescriptors {
 		return nil, status.Errorf(codes.InvalidArgument, "request has %d descriptors, want 1 to %d", len(descs), MaxDescriptors)
 	}
-	entries := make([][]policy.Entry, len(descs))
-	for i, d := range descs {
-		es := d.GetEntries()
-		entries[i] = make([]policy.Entry, len(es))
-		for j, e := range es {
-			entries[i][j] = policy.Entry{Key: e.GetKey(), Value: e.GetValue()}
-		}
+	ec := &envoyCheck{}
+	var entries [][]policy.Entry
+	var lims []rlsv3.RateLimitResponse_RateLimit
+	if len(descs) == 1 && len(descs[0].GetEntries()) == 1 {
+		e := descs[0].GetEntries()[0]
+		ec.one.entry[0] = policy.Entry{Key: e.GetKey(), Value: e.GetValue()}
+		ec.one.entries[0] = ec.one.entry[:]
+		entries = ec.one.entries[:]
+		ec.items, ec.slot, ec.limits = ec.one.item[:0], ec.one.slot[:], ec.one.limitPtr[:]
+		lims = ec.one.limit[:]
+	} else {
+		entries = flatEntries(descs)
+		ec.items = make([]item, 0, len(descs))
+		ec.slot = make([]int, len(descs))
+		ec.limits = make([]*rlsv3.RateLimitResponse_RateLimit, len(descs))
+		lims = make([]rlsv3.RateLimitResponse_RateLimit, len(descs))
 	}
 	matches, err := set.Match(req.GetDomain(), entries, n.envoySubj)
 	if err != nil {
@@ -140,7 +175,6 @@ func (n *Node) prepareEnvoy(set *policy.Set, req *rlsv3.RateLimitRequest, shares
 	if hits == 0 {
 		hits = 1
 	}
-	ec := &envoyCheck{slot: make([]int, len(descs)), limits: make([]*rlsv3.RateLimitResponse_RateLimit, len(descs))}
 	for i, d := range descs {
 		ec.slot[i] = -1
 		cost := hits
@@ -170,7 +204,7 @@ func (n *Node) prepareEnvoy(set *policy.Set, req *rlsv3.RateLimitRequest, shares
 			it.shadow = it.shadow || m.Shadow
 		}
 		if !it.unlimited {
-			ec.limits[i] = envoyLimit(it)
+			ec.limits[i] = envoyLimitInto(&lims[i], it)
 		}
 		if d.GetIsNegativeHits() && !it.unlimited {
 			ec.slot[i] = -2
@@ -181,6 +215,31 @@ func (n *Node) prepareEnvoy(set *policy.Set, req *rlsv3.RateLimitRequest, shares
 		ec.items = append(ec.items, it)
 	}
 	return ec, nil
+}
+
+// flatEntries converts the entries of descs, every descriptor's in one
+// block. A descriptor with more than policy.MaxEntries entries gets empty
+// ones of the same count, which Match rejects.
+func flatEntries(descs []*rlcommon.RateLimitDescriptor) [][]policy.Entry {
+	total := 0
+	for _, d := range descs {
+		total += min(len(d.GetEntries()), policy.MaxEntries)
+	}
+	flat := make([]policy.Entry, 0, total)
+	entries := make([][]policy.Entry, len(descs))
+	for i, d := range descs {
+		es := d.GetEntries()
+		if len(es) > policy.MaxEntries {
+			entries[i] = make([]policy.Entry, len(es))
+			continue
+		}
+		start := len(flat)
+		for _, e := range es {
+			flat = append(flat, policy.Entry{Key: e.GetKey(), Value: e.GetValue()})
+		}
+		entries[i] = flat[start:len(flat):len(flat)]
+	}
+	return entries
 }
 
 // overrideItem builds the bucket of a descriptor that carries its own limit
@@ -254,14 +313,16 @@ var envoyUnits = []struct {
 	{365 * 24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_YEAR},
 }
 
-// envoyLimit expresses an item's limit, at the region's share, as Envoy's
+// envoyLimitInto expresses an item's limit, at the region's share, as Envoy's
 // requests per unit: a window algorithm whose window is one Envoy unit
 // reports share × capacity per that unit; a token bucket (or any other
 // window) reports its refill share × r per the shortest unit in which it is
 // at least one request.
-func envoyLimit(it item) *rlsv3.RateLimitResponse_RateLimit {
+//
+// It writes into out, a zero message, and returns it.
+func envoyLimitInto(out *rlsv3.RateLimitResponse_RateLimit, it item) *rlsv3.RateLimitResponse_RateLimit {
 	l := it.req.Limits
-	out := &rlsv3.RateLimitResponse_RateLimit{Name: it.label}
+	out.Name = it.label
 	share := it.req.Share
 	if l.Algorithm != bucket.TokenBucket && l.Algorithm != "" {
 		for _, u := range envoyUnits {
@@ -295,7 +356,7 @@ func (n *Node) refund(ctx context.Context, now time.Time, items []item) []*bucke
 	out := make([]*bucket.Decision, len(items))
 	for i := range items {
 		it := &items[i]
-		n.neg.forget(it.req.Key.String())
+		n.neg.forget(it.req.Key)
 		if it.req.Cost == 0 || it.req.Share <= 0 {
 			continue
 		}
@@ -312,6 +373,14 @@ func (n *Node) refund(ctx context.Context, now time.Time, items []item) []*bucke
 			n.m.storeErrors.WithLabelValues("refund").Inc()
 		}
 	}
+	return out
+}
+
+// setDuration writes d into out (as durationpb.New does) and returns out.
+func setDuration(out *durationpb.Duration, d time.Duration) *durationpb.Duration {
+	nanos := d.Nanoseconds()
+	out.Seconds = nanos / 1e9
+	out.Nanos = int32(nanos % 1e9)
 	return out
 }
 

@@ -67,7 +67,7 @@ func TestNegativeCache(t *testing.T) {
 		return bucket.Request{Key: key, Limits: lim, Share: share, Cost: cost}
 	}
 	c := newNegativeCache(100)
-	c.add(key.String(), req(3, 1), bucket.Decision{Allowed: false, Limit: 10, RetryAfter: 2 * time.Second, ResetAfter: 9 * time.Second}, t0)
+	c.add(key, req(3, 1), bucket.Decision{Allowed: false, Limit: 10, RetryAfter: 2 * time.Second, ResetAfter: 9 * time.Second}, t0)
 	tests := []struct {
 		name string
 		at   time.Duration
@@ -82,7 +82,7 @@ func TestNegativeCache(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			d, hit := c.deny(key.String(), tt.req, t0.Add(tt.at))
+			d, hit := c.deny(key, tt.req, t0.Add(tt.at))
 			if hit != tt.hit {
 				t.Fatalf("hit = %v, want %v", hit, tt.hit)
 			}
@@ -95,7 +95,7 @@ func TestNegativeCache(t *testing.T) {
 	small := newNegativeCache(negShards) // one per shard
 	for i := 0; i < 1000; i++ {
 		k, _ := bucket.NewKey("p", 1, "s"+string(rune('a'+i%26))+string(rune('a'+i/26%26)))
-		small.add(k.String(), req(1, 1), bucket.Decision{RetryAfter: time.Second}, t0)
+		small.add(k, req(1, 1), bucket.Decision{RetryAfter: time.Second}, t0)
 	}
 	if n := small.len(); n > negShards {
 		t.Fatalf("cache holds %d entries, bound %d", n, negShards)
