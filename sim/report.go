@@ -48,8 +48,9 @@ func WriteReport(dir string, results []*Result) error {
 	}
 	cw.Flush()
 	files["report.csv"] = c.Bytes()
-	files["overshoot.svg"] = sweepPlot(results, "overshoot(10 s) vs rebalance interval", "overshoot(10 s)",
-		func(r *Result) float64 { return r.Overshoot10s }, BaselineIndependent, "independent buckets", func(f Figures) float64 { return f.Overshoot10s })
+	files["overshoot.svg"] = sweepPlot(results, "worst overshoot (1 s, 10 s, 60 s windows) vs rebalance interval", "worst overshoot",
+		func(r *Result) float64 { return max(r.Overshoot1s, r.Overshoot10s, r.Overshoot60s) }, BaselineIndependent, "independent buckets",
+		func(f Figures) float64 { return max(f.Overshoot1s, f.Overshoot10s, f.Overshoot60s) })
 	files["under_admission.svg"] = sweepPlot(results, "under-admission vs rebalance interval", "under-admission",
 		func(r *Result) float64 { return r.UnderAdmission }, "", "", nil)
 	var md bytes.Buffer

@@ -83,7 +83,7 @@ func checkPlot(t *testing.T, name string, data []byte, labels ...string) {
 }
 
 var plotLabels = map[string][]string{
-	"overshoot.svg":       {"rebalance interval (s, log scale)", "overshoot(10 s)", "independent buckets"},
+	"overshoot.svg":       {"rebalance interval (s, log scale)", "worst overshoot", "independent buckets"},
 	"under_admission.svg": {"rebalance interval (s, log scale)", "under-admission"},
 	"series-steady.svg":   {"time (min)", "admitted requests / s", "ideal global"},
 }
