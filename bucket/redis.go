@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -245,6 +246,11 @@ func (r *Redis) flusher() {
 			return
 		case c := <-r.queue:
 			batch = append(batch[:0], c)
+			// The caller that woke this flusher readied it to run next,
+			// before the other callers already runnable had queued their
+			// calls: let them run first, so that the pipeline carries
+			// their calls too rather than this one alone.
+			runtime.Gosched()
 		fill:
 			for len(batch) < r.maxBatch {
 				select {
