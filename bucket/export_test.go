@@ -3,3 +3,10 @@ package bucket
 // SetRedisNow makes r pass now() (microseconds) to its scripts in place of
 // Redis TIME. Tests only: it drives the differential test.
 func SetRedisNow(r *Redis, now func() int64) { r.now = now }
+
+// KeyWithHash returns k with its hash replaced by h, so that tests can
+// make distinct keys collide in Memory's shards and index.
+func KeyWithHash(k Key, h uint64) Key {
+	k.hash = h
+	return k
+}

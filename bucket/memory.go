@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/quotacoord/quota/internal/clock"
 )
@@ -51,6 +52,17 @@ type MemoryConfig struct {
 // concurrent use (64 shards, each with its own mutex; a subject's buckets
 // share one shard). Its hot path (TakeAt of an existing bucket) does not
 // allocate. It starts no goroutine; Run sweeps periodically if wanted.
+//
+// Each shard keeps its buckets in one slice (Key and State inline) and
+// finds them through an open-addressing index of 8-byte slots (linear
+// probing by Key hash, then an exact Key comparison, so a 64-bit hash
+// collision only costs a longer probe; deletion moves the last bucket into
+// the hole and shifts index slots back, leaving no tombstones). The index
+// grows at half full; a sweep that leaves a shard's buckets below a quarter
+// of its memory shrinks it, so memory follows the live buckets (at most
+// MaxBuckets). Each shard also remembers the last Limits and share it
+// validated, so a run of requests of one policy at one share is validated
+// and converted once.
 type Memory struct {
 	clk   clock.Clock
 	max   int64
@@ -62,16 +74,46 @@ type Memory struct {
 }
 
 type memShard struct {
-	mu sync.Mutex
-	m  map[uint64]*entry // by Key.hash; a chain for 64-bit collisions
-	_  [48]byte          // keep shards on separate cache lines
+	memShardBody
+	_ [64 - unsafe.Sizeof(memShardBody{})%64]byte // keep shards on separate cache lines
 }
 
-type entry struct {
-	key  Key
-	st   State
-	next *entry
+type memShardBody struct {
+	mu  sync.Mutex
+	idx []islot // len 0 or a power of 2, at most maxLoad full
+	n   int     // entries
+	pc  paramCache
 }
+
+// islot is one slot of a shard's index; a nil e marks an empty slot.
+type islot struct {
+	hash uint64 // e.key.hash
+	e    *entry
+}
+
+// entry is one bucket.
+type entry struct {
+	key Key
+	st  State
+}
+
+// paramCache is the last Limits and share a shard validated, with their
+// params (cost excluded): a request with equal Limits and share is valid
+// when its key is set and its cost lies in 0..Capacity.
+type paramCache struct {
+	lim   Limits
+	share float64
+	p     params
+	ok    bool
+}
+
+// minSlots is the smallest index; an index grows past maxLoadNum/maxLoadDen
+// full.
+const (
+	minSlots   = 8
+	maxLoadNum = 3
+	maxLoadDen = 4
+)
 
 // NewMemory returns an empty Memory.
 func NewMemory(cfg MemoryConfig) (*Memory, error) {
@@ -90,9 +132,6 @@ func NewMemory(cfg MemoryConfig) (*Memory, error) {
 	}
 	if m.every == 0 {
 		m.every = DefaultSweepEvery
-	}
-	for i := range m.shards {
-		m.shards[i].m = make(map[uint64]*entry)
 	}
 	return m, nil
 }
@@ -122,34 +161,53 @@ func (m *Memory) Refund(_ context.Context, req Request) (Decision, error) {
 // A denial is a Decision with Allowed false, not an error; errors report an
 // invalid request or ErrMemoryFull.
 func (m *Memory) TakeAt(now time.Time, req Request) (Decision, error) {
-	return m.one(now, req, opTake)
+	return m.one(now, &req, opTake)
 }
 
 // RefundAt gives back req.Cost at now, never above the bucket's capacity.
 func (m *Memory) RefundAt(now time.Time, req Request) (Decision, error) {
-	return m.one(now, req, opRefund)
+	return m.one(now, &req, opRefund)
 }
 
-func (m *Memory) one(now time.Time, req Request, op byte) (Decision, error) {
-	if err := req.Validate(); err != nil {
-		return Decision{}, err
+func (m *Memory) one(now time.Time, req *Request, op byte) (Decision, error) {
+	if req.Key.IsZero() {
+		return Decision{}, req.Validate()
 	}
-	p := paramsOf(&req)
 	us := now.UnixMicro()
 	sh := &m.shards[m.shardOf(&req.Key)]
 	sh.mu.Lock()
-	// One lookup serves the read and, for an existing bucket, the write.
-	e := sh.find(&req.Key)
-	var st State
-	if e != nil {
-		st = e.st
+	c := &sh.pc
+	if !c.ok || req.Share != c.share || req.Limits != c.lim || req.Cost < 0 || req.Cost > req.Limits.Capacity {
+		if err := req.Validate(); err != nil {
+			sh.mu.Unlock()
+			return Decision{}, err
+		}
+		c.lim, c.share, c.p, c.ok = req.Limits, req.Share, paramsOf(req), true
 	}
-	o, lw := st.step(&p, op, us, true)
-	if e != nil && o.w == writeSet {
-		e.st.commit(&p, &o, lw, us)
-	} else if err := m.apply(sh, &req.Key, &p, &o, lw, us); err != nil {
-		sh.mu.Unlock()
-		return Decision{}, err
+	p := c.p
+	p.cost = float64(req.Cost) * unitsPerToken
+	var o outcome
+	// One lookup serves the read and, for an existing bucket, the write,
+	// both on the stored State in place.
+	if e := sh.find(&req.Key); e != nil {
+		lw := e.st.into(&p, op, us, true, &o)
+		switch o.w {
+		case writeSet:
+			e.st.commit(&p, &o, lw, us)
+		case writeDel:
+			sh.remove(&req.Key)
+			m.live.Add(-1)
+		}
+	} else {
+		var st State
+		lw := st.into(&p, op, us, true, &o)
+		if o.w == writeSet {
+			if err := m.reserve(sh, us); err != nil {
+				sh.mu.Unlock()
+				return Decision{}, err
+			}
+			sh.insert(&req.Key).st.commit(&p, &o, lw, us)
+		}
 	}
 	sh.mu.Unlock()
 	return decision(o.ok, p.lim, o.rem, o.retry, o.reset), nil
@@ -157,70 +215,84 @@ func (m *Memory) one(now time.Time, req Request, op byte) (Decision, error) {
 
 // find returns k's entry in sh, or nil.
 func (sh *memShard) find(k *Key) *entry {
-	e := sh.m[k.hash]
-	for e != nil && e.key != *k {
-		e = e.next
+	mask := len(sh.idx) - 1
+	if mask < 0 {
+		return nil
 	}
+	for i := int(k.hash) & mask; ; i = (i + 1) & mask {
+		s := &sh.idx[i]
+		if s.e == nil {
+			return nil
+		}
+		if s.hash == k.hash && s.e.key == *k {
+			return s.e
+		}
+	}
+}
+
+// insert adds an entry for k, absent from sh (growing the index first when
+// it would pass maxLoad), and returns it.
+func (sh *memShard) insert(k *Key) *entry {
+	if (sh.n+1)*maxLoadDen > len(sh.idx)*maxLoadNum {
+		sh.reindex(max(minSlots, 2*len(sh.idx)))
+	}
+	e := &entry{key: *k}
+	sh.link(e)
+	sh.n++
 	return e
 }
 
-// load returns a copy of the bucket's State (the zero State when absent;
-// State.step treats an expired one as absent, as Redis would have dropped
-// its key).
-func (m *Memory) load(sh *memShard, k *Key) State {
-	if e := sh.find(k); e != nil {
-		return e.st
+// link points the first empty index slot of e's probe sequence at e.
+func (sh *memShard) link(e *entry) {
+	mask := len(sh.idx) - 1
+	i := int(e.key.hash) & mask
+	for sh.idx[i].e != nil {
+		i = (i + 1) & mask
 	}
-	return State{}
+	sh.idx[i] = islot{hash: e.key.hash, e: e}
 }
 
-func (m *Memory) apply(sh *memShard, k *Key, p *params, o *outcome, lastWrite, us int64) error {
-	switch o.w {
-	case writeSet:
-		if e := sh.find(k); e != nil {
-			e.st.commit(p, o, lastWrite, us)
-			return nil
-		}
-		if err := m.reserve(sh, us); err != nil {
-			return err
-		}
-		e := &entry{key: *k, next: sh.m[k.hash]}
-		e.st.commit(p, o, lastWrite, us)
-		sh.m[k.hash] = e
-	case writeDel:
-		if sh.unlink(k.hash, func(e *entry) bool { return e.key == *k }) > 0 {
-			m.live.Add(-1)
+// reindex moves every entry to a new index of size slots (a power of 2
+// that keeps the load at most maxLoad).
+func (sh *memShard) reindex(size int) {
+	old := sh.idx
+	sh.idx = make([]islot, size)
+	for i := range old {
+		if old[i].e != nil {
+			sh.link(old[i].e)
 		}
 	}
-	return nil
 }
 
-// unlink removes the entries under hash h for which drop is true and
-// returns how many it removed.
-func (sh *memShard) unlink(h uint64, drop func(*entry) bool) int {
-	n := 0
-	var head, tail *entry
-	for e := sh.m[h]; e != nil; {
-		next := e.next
-		if drop(e) {
-			n++
-		} else {
-			e.next = nil
-			if tail == nil {
-				head = e
-			} else {
-				tail.next = e
-			}
-			tail = e
+// del empties index slot i and shifts back the slots after it that probing
+// would otherwise no longer reach.
+func (sh *memShard) del(i int) {
+	mask := len(sh.idx) - 1
+	for j := (i + 1) & mask; sh.idx[j].e != nil; j = (j + 1) & mask {
+		home := int(sh.idx[j].hash) & mask
+		// j may move to i when i lies on its probe path, in [home, j].
+		if (i-home)&mask <= (j-home)&mask {
+			sh.idx[i] = sh.idx[j]
+			i = j
 		}
-		e = next
 	}
-	if head == nil {
-		delete(sh.m, h)
-	} else {
-		sh.m[h] = head
+	sh.idx[i] = islot{}
+	sh.n--
+}
+
+// remove deletes k's entry from sh and reports whether there was one.
+func (sh *memShard) remove(k *Key) bool {
+	mask := len(sh.idx) - 1
+	if mask < 0 {
+		return false
 	}
-	return n
+	for i := int(k.hash) & mask; sh.idx[i].e != nil; i = (i + 1) & mask {
+		if s := &sh.idx[i]; s.hash == k.hash && s.e.key == *k {
+			sh.del(i)
+			return true
+		}
+	}
+	return false
 }
 
 // reserve counts one new bucket. At the cap it sweeps the caller's shard
@@ -286,7 +358,10 @@ func (m *Memory) TakeAllAt(now time.Time, reqs []Request) ([]Decision, error) {
 	var sts [MaxTakeAll]State
 	charge := true
 	for i := range reqs {
-		sts[i] = m.load(&m.shards[shardIdx[i]], &reqs[i].Key)
+		sh := &m.shards[shardIdx[i]]
+		if e := sh.find(&reqs[i].Key); e != nil {
+			sts[i] = e.st
+		}
 	}
 	if len(reqs) > 1 {
 		for i := range reqs {
@@ -308,11 +383,10 @@ func (m *Memory) TakeAllAt(now time.Time, reqs []Request) ([]Decision, error) {
 		// Reserve room for every bucket the writes may create before
 		// writing any, so that ErrMemoryFull leaves every bucket as it was.
 		// An expired entry counts as new: reserve may sweep it away.
-		sh := &m.shards[shardIdx[i]]
-		if e := sh.find(&reqs[i].Key); e != nil && e.st.live(us) {
+		if sts[i].live(us) {
 			continue
 		}
-		if err := m.reserve(sh, us); err != nil {
+		if err := m.reserve(&m.shards[shardIdx[i]], us); err != nil {
 			m.live.Add(-reserved)
 			return nil, fmt.Errorf("take all, request %d: %w", i, err)
 		}
@@ -327,8 +401,8 @@ func (m *Memory) TakeAllAt(now time.Time, reqs []Request) ([]Decision, error) {
 	return out, nil
 }
 
-// write stores o for k as apply does, with the room for a new entry already
-// counted when reserved (and given back when the entry turns out to exist).
+// write stores o for k, with the room for a new entry already counted when
+// reserved (and given back when the entry turns out to exist).
 func (m *Memory) write(sh *memShard, k *Key, p *params, o *outcome, lastWrite, us int64, reserved bool) {
 	switch o.w {
 	case writeSet:
@@ -345,11 +419,9 @@ func (m *Memory) write(sh *memShard, k *Key, p *params, o *outcome, lastWrite, u
 			// this only keeps the count right.
 			m.live.Add(1)
 		}
-		e := &entry{key: *k, next: sh.m[k.hash]}
-		e.st.commit(p, o, lastWrite, us)
-		sh.m[k.hash] = e
+		sh.insert(k).st.commit(p, o, lastWrite, us)
 	case writeDel:
-		if sh.unlink(k.hash, func(e *entry) bool { return e.key == *k }) > 0 {
+		if sh.remove(k) {
 			m.live.Add(-1)
 		}
 	}
@@ -371,13 +443,25 @@ func (m *Memory) Sweep(now time.Time) int {
 
 func (m *Memory) sweepShard(sh *memShard, us int64) int {
 	n := 0
-	expired := func(e *entry) bool { return !e.st.live(us) }
-	for h, e := range sh.m {
-		for ; e != nil; e = e.next {
-			if expired(e) {
-				n += sh.unlink(h, expired)
-				break
+	for i := 0; i < len(sh.idx); {
+		if e := sh.idx[i].e; e != nil && !e.st.live(us) {
+			// del may shift a later slot into i (or, wrapping round, one
+			// already seen): look at i again.
+			sh.del(i)
+			n++
+			continue
+		}
+		i++
+	}
+	// Give memory back once the index is less than 1/8 full.
+	if size := len(sh.idx); size > minSlots && 8*sh.n < size {
+		if sh.n == 0 {
+			sh.idx = nil
+		} else {
+			for size > minSlots && 4*sh.n < size {
+				size /= 2
 			}
+			sh.reindex(size)
 		}
 	}
 	m.live.Add(int64(-n))
