@@ -8,10 +8,10 @@ import "math"
 
 // state is one bucket's stored value.
 type state struct {
-	a, b, c   float64    // tb: ts, tokens, capacity written at; fw: window start, count; sw: window start, prev, cur
-	log       []logEntry // sl only, oldest first
-	lastWrite int64      // microseconds; the latest now at which the bucket was written
-	ttl       int64      // idle TTL in microseconds
+	a, b, c   float64     // tb: ts, tokens, capacity written at; fw: window start, count; sw: window start, prev, cur
+	log       *[]logEntry // sl only, oldest first; boxed so that the other algorithms' states stay small
+	lastWrite int64       // microseconds; the latest now at which the bucket was written
+	ttl       int64       // idle TTL in microseconds
 }
 
 type logEntry struct{ ts, cost float64 } // microseconds, units
@@ -24,12 +24,14 @@ const (
 	writeDel
 )
 
-// outcome is one bucket's decision in script units.
+// outcome is one bucket's decision in script units. A write stores next
+// (its a, b and c) and, for a sliding log, log.
 type outcome struct {
 	ok                bool
-	rem, retry, reset float64
 	w                 write
+	rem, retry, reset float64
 	next              state
+	log               []logEntry
 }
 
 // decide mirrors ALG[...] of the scripts. st is the stored state when
@@ -44,10 +46,14 @@ func decide(p *params, op byte, st *state, exists bool, now float64, charge bool
 	case algSL:
 		return decideSL(p, op, st, exists, now, charge)
 	}
-	return decideTB(p, op, st, exists, now, ttl, charge)
+	var o outcome
+	decideTB(p, op, st, exists, now, ttl, charge, &o)
+	return o
 }
 
-func decideTB(p *params, op byte, st *state, exists bool, now, ttl float64, charge bool) outcome {
+// decideTB writes the token bucket's outcome into o (which it overwrites
+// whole), saving the copy of a returned outcome on the hot paths.
+func decideTB(p *params, op byte, st *state, exists bool, now, ttl float64, charge bool, o *outcome) {
 	lim, rate, cost := p.lim, p.p, p.cost
 	tokens, ts, wr := lim, now, false
 	flim, frate := lim, rate // what the time since ts refills at
@@ -73,7 +79,7 @@ func decideTB(p *params, op byte, st *state, exists bool, now, ttl float64, char
 	if flim < lim {
 		ts = t // a fraction of a unit at the old refill is not carried over
 	}
-	o := outcome{ok: true}
+	*o = outcome{ok: true}
 	if op == opRefund {
 		if cost > 0 {
 			tokens += cost
@@ -127,7 +133,6 @@ func decideTB(p *params, op byte, st *state, exists bool, now, ttl float64, char
 		o.w = writeSet
 		o.next = state{a: ts, b: tokens, c: lim}
 	}
-	return o
 }
 
 // tbRefill is the token bucket's refill at t (the later of now and the
@@ -276,8 +281,8 @@ func decideSL(p *params, op byte, st *state, exists bool, now float64, charge bo
 	lim, win, cost := p.lim, p.p, p.cost
 	var log []logEntry
 	t := now
-	if exists {
-		log = st.log
+	if exists && st.log != nil {
+		log = *st.log
 		if n := len(log); n > 0 && log[n-1].ts > t {
 			t = log[n-1].ts
 		}
@@ -345,7 +350,7 @@ func decideSL(p *params, op byte, st *state, exists bool, now float64, charge bo
 			o.w = writeDel
 		} else {
 			o.w = writeSet
-			o.next = state{log: log}
+			o.log = log
 		}
 	}
 	return o

@@ -120,7 +120,7 @@ func (s *State) into(p *params, op byte, us int64, charge bool, o *outcome) int6
 		st, exists, lw = &zero, false, 0
 	}
 	if p.alg == algTB {
-		*o = decideTB(p, op, st, exists, float64(us), float64(p.ttl*1000), charge)
+		decideTB(p, op, st, exists, float64(us), float64(p.ttl*1000), charge, o)
 	} else {
 		*o = decide(p, op, st, exists, float64(us), charge)
 	}
@@ -131,9 +131,17 @@ func (s *State) into(p *params, op byte, us int64, charge bool, o *outcome) int6
 func (s *State) commit(p *params, o *outcome, lastWrite, us int64) {
 	switch o.w {
 	case writeSet:
-		o.next.ttl = p.ttl * 1000
-		o.next.lastWrite = max(lastWrite, us)
+		box := s.st.log
 		s.st = o.next
+		s.st.ttl = p.ttl * 1000
+		s.st.lastWrite = max(lastWrite, us)
+		if p.alg == algSL {
+			if box == nil {
+				box = new([]logEntry)
+			}
+			*box = o.log
+			s.st.log = box
+		}
 	case writeDel:
 		s.st = state{}
 	}
