@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"runtime"
 	"strconv"
@@ -80,6 +81,34 @@ func cpuTime() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkMemoryTakeUniform100kShuffled is BenchmarkMemoryTakeUniform100k
+// with the keys taken in a random order, not the order they were created
+// in (which is also the order of their entries in memory).
+func BenchmarkMemoryTakeUniform100kShuffled(b *testing.B) {
+	m, _ := bucket.NewMemory(bucket.MemoryConfig{})
+	keys := subjectKeys(b, "s", 100_000)
+	reqs := make([]bucket.Request, len(keys))
+	for i, k := range keys {
+		reqs[i] = bucket.Request{Key: k, Limits: benchLimits, Share: 0.5, Cost: 1}
+		_, _ = m.TakeAt(t0, reqs[i])
+	}
+	rand.New(rand.NewPCG(1, 2)).Shuffle(len(reqs), func(i, j int) { reqs[i], reqs[j] = reqs[j], reqs[i] })
+	now := t0
+	i := 0
+	b.ReportAllocs()
+	cpu0 := cpuTime()
+	for b.Loop() {
+		now = now.Add(100 * time.Nanosecond)
+		if _, err := m.TakeAt(now, reqs[i]); err != nil {
+			b.Fatal(err)
+		}
+		if i++; i == len(reqs) {
+			i = 0
+		}
+	}
+	reportDecisions(b, cpu0)
 }
 
 func BenchmarkMemoryTakeParallel(b *testing.B) {

@@ -53,16 +53,15 @@ type MemoryConfig struct {
 // share one shard). Its hot path (TakeAt of an existing bucket) does not
 // allocate. It starts no goroutine; Run sweeps periodically if wanted.
 //
-// Each shard keeps its buckets in one slice (Key and State inline) and
-// finds them through an open-addressing index of 8-byte slots (linear
-// probing by Key hash, then an exact Key comparison, so a 64-bit hash
-// collision only costs a longer probe; deletion moves the last bucket into
-// the hole and shifts index slots back, leaving no tombstones). The index
-// grows at half full; a sweep that leaves a shard's buckets below a quarter
-// of its memory shrinks it, so memory follows the live buckets (at most
-// MaxBuckets). Each shard also remembers the last Limits and share it
-// validated, so a run of requests of one policy at one share is validated
-// and converted once.
+// Each bucket is one heap entry (its Key and State, 96 bytes). A shard
+// finds its entries through an open-addressing index of 16-byte slots
+// (the Key hash and the entry): linear probing by hash, then an exact Key
+// comparison, so a 64-bit hash collision only costs a longer probe;
+// deletion shifts the following slots back, leaving no tombstones. The
+// index grows at 7/8 full and shrinks in a sweep that leaves it under 1/8
+// full, so memory follows the live buckets (at most MaxBuckets). Each shard
+// also remembers the last Limits and share it validated, so a run of
+// requests of one policy at one share is validated and converted once.
 type Memory struct {
 	clk   clock.Clock
 	max   int64
@@ -111,8 +110,8 @@ type paramCache struct {
 // full.
 const (
 	minSlots   = 8
-	maxLoadNum = 3
-	maxLoadDen = 4
+	maxLoadNum = 7
+	maxLoadDen = 8
 )
 
 // NewMemory returns an empty Memory.
