@@ -79,7 +79,9 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// TracerProvider defaults to a no-op provider.
 	TracerProvider trace.TracerProvider
-	// StoreTimeout is the time budget of one store call; default 5ms.
+	// StoreTimeout is the time budget of one store call; default 5ms. A
+	// call may run up to an eighth longer: calls that start within an
+	// eighth of it share one timer.
 	StoreTimeout time.Duration
 	// BreakerThreshold consecutive store failures open the breaker;
 	// default 5.

@@ -62,7 +62,9 @@
 //
 // # Failure behaviour
 //
-// A store call has a time budget (Config.StoreTimeout, default 5 ms).
+// A store call has a time budget (Config.StoreTimeout, default 5 ms, up
+// to an eighth more: calls that start within an eighth of it share one
+// deadline timer).
 // When it errors or runs out of time, each policy's failure mode decides:
 // open admits, closed denies with a retry-after, local takes from an
 // in-process bucket at share × local_scale. The decision is marked degraded

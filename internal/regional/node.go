@@ -45,6 +45,7 @@ type Node struct {
 	// hashes except for Config.EnvoyPlainKeys.
 	envoySubj policy.EnvoySubjects
 
+	deadlines   *deadlines // of store calls (see callStore)
 	takeLatency prometheus.Observer
 	decisionN   atomic.Uint64
 	lastDegLog  atomic.Int64
@@ -75,6 +76,7 @@ func New(cfg Config) (*Node, error) {
 		envoySubj: policy.EnvoySubjects{Salt: cfg.SubjectSalt, PlainKeys: cfg.EnvoyPlainKeys},
 	}
 	n.takeLatency = m.storeLatency.WithLabelValues("take_all")
+	n.deadlines = newDeadlines(cfg.StoreTimeout)
 	if ps, ok := cfg.Shares.(PinnedShareSource); ok {
 		n.pins = ps
 	}
@@ -358,14 +360,20 @@ func overCapacity(reqs []bucket.Request) int {
 }
 
 // callStore is one TakeAll on the primary store within the time budget,
-// traced, timed and reported to the breaker.
+// traced, timed and reported to the breaker. Untraced, the call's context
+// is a shared deadline (see deadlines): it ends StoreTimeout after the
+// call, or up to an eighth of it later, and not with ctx.
 func (n *Node) callStore(ctx context.Context, now time.Time, reqs []bucket.Request, probe bool) ([]bucket.Decision, error) {
-	sctx, cancel := context.WithTimeout(ctx, n.cfg.StoreTimeout)
-	defer cancel()
+	var sctx context.Context
 	var span trace.Span = noop.Span{}
 	if n.tracing {
+		var cancel context.CancelFunc
+		sctx, cancel = context.WithTimeout(ctx, n.cfg.StoreTimeout)
+		defer cancel()
 		sctx, span = n.tracer.Start(sctx, "bucket.TakeAll", trace.WithSpanKind(trace.SpanKindClient),
 			trace.WithAttributes(attribute.Int("quota.buckets", len(reqs))))
+	} else {
+		sctx = n.deadlines.get()
 	}
 	start := time.Now()
 	decs, err := n.cfg.Store.TakeAll(sctx, reqs)
