@@ -24,13 +24,13 @@ const (
 	writeDel
 )
 
-// outcome is one bucket's decision in script units. A write stores next
-// (its a, b and c) and, for a sliding log, log.
+// outcome is one bucket's decision in script units. A write stores a, b
+// and c as the state's a, b and c and, for a sliding log, log.
 type outcome struct {
 	ok                bool
 	w                 write
 	rem, retry, reset float64
-	next              state
+	a, b, c           float64
 	log               []logEntry
 }
 
@@ -131,7 +131,7 @@ func decideTB(p *params, op byte, st *state, exists bool, now, ttl float64, char
 	o.rem = tokens
 	if wr {
 		o.w = writeSet
-		o.next = state{a: ts, b: tokens, c: lim}
+		o.a, o.b, o.c = ts, tokens, lim
 	}
 }
 
@@ -199,7 +199,7 @@ func decideFW(p *params, op byte, st *state, exists bool, now float64, charge bo
 	o.rem = math.Max(lim-count, 0)
 	if wr {
 		o.w = writeSet
-		o.next = state{a: ws, b: count}
+		o.a, o.b = ws, count
 	}
 	return o
 }
@@ -272,7 +272,7 @@ func decideSW(p *params, op byte, st *state, exists bool, now float64, charge bo
 	}
 	if wr {
 		o.w = writeSet
-		o.next = state{a: ws, b: prev, c: cur}
+		o.a, o.b, o.c = ws, prev, cur
 	}
 	return o
 }

@@ -97,8 +97,9 @@ type entry struct {
 }
 
 // paramCache is the last Limits and share a shard validated, with their
-// params (cost excluded): a request with equal Limits and share is valid
-// when its key is set and its cost lies in 0..Capacity.
+// params: a request with equal Limits and share is valid when its key is
+// set and its cost lies in 0..Capacity. Under the shard's lock, p.cost is
+// the current request's.
 type paramCache struct {
 	lim   Limits
 	share float64
@@ -183,33 +184,34 @@ func (m *Memory) one(now time.Time, req *Request, op byte) (Decision, error) {
 		}
 		c.lim, c.share, c.p, c.ok = req.Limits, req.Share, paramsOf(req), true
 	}
-	p := c.p
+	p := &c.p // the shard's: its cost is this request's until the unlock
 	p.cost = float64(req.Cost) * unitsPerToken
 	var o outcome
 	// One lookup serves the read and, for an existing bucket, the write,
 	// both on the stored State in place.
 	if e := sh.find(&req.Key); e != nil {
-		lw := e.st.into(&p, op, us, true, &o)
+		lw := e.st.into(p, op, us, true, &o)
 		switch o.w {
 		case writeSet:
-			e.st.commit(&p, &o, lw, us)
+			e.st.commit(p, &o, lw, us)
 		case writeDel:
 			sh.remove(&req.Key)
 			m.live.Add(-1)
 		}
 	} else {
 		var st State
-		lw := st.into(&p, op, us, true, &o)
+		lw := st.into(p, op, us, true, &o)
 		if o.w == writeSet {
 			if err := m.reserve(sh, us); err != nil {
 				sh.mu.Unlock()
 				return Decision{}, err
 			}
-			sh.insert(&req.Key).st.commit(&p, &o, lw, us)
+			sh.insert(&req.Key).st.commit(p, &o, lw, us)
 		}
 	}
+	lim := p.lim
 	sh.mu.Unlock()
-	return decision(o.ok, p.lim, o.rem, o.retry, o.reset), nil
+	return decision(o.ok, lim, o.rem, o.retry, o.reset), nil
 }
 
 // find returns k's entry in sh, or nil.

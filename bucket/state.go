@@ -131,17 +131,14 @@ func (s *State) into(p *params, op byte, us int64, charge bool, o *outcome) int6
 func (s *State) commit(p *params, o *outcome, lastWrite, us int64) {
 	switch o.w {
 	case writeSet:
-		box := s.st.log
-		s.st = o.next
-		s.st.ttl = p.ttl * 1000
-		s.st.lastWrite = max(lastWrite, us)
+		var box *[]logEntry
 		if p.alg == algSL {
-			if box == nil {
+			if box = s.st.log; box == nil {
 				box = new([]logEntry)
 			}
 			*box = o.log
-			s.st.log = box
 		}
+		s.st = state{a: o.a, b: o.b, c: o.c, log: box, ttl: p.ttl * 1000, lastWrite: max(lastWrite, us)}
 	case writeDel:
 		s.st = state{}
 	}
