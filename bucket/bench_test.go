@@ -111,6 +111,38 @@ func BenchmarkMemoryTakeUniform100kShuffled(b *testing.B) {
 	reportDecisions(b, cpu0)
 }
 
+// BenchmarkMemoryBytesPerBucket reports the heap a Memory holds per live
+// token bucket (100,000 buckets of distinct subjects; the keys' strings,
+// which the caller built, are not counted), and that a sweep after their
+// TTL gives it back.
+func BenchmarkMemoryBytesPerBucket(b *testing.B) {
+	keys := subjectKeys(b, "b", 100_000)
+	heap := func() uint64 {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	var per, left float64
+	for b.Loop() {
+		before := heap()
+		m, _ := bucket.NewMemory(bucket.MemoryConfig{})
+		for _, k := range keys {
+			if _, err := m.TakeAt(t0, bucket.Request{Key: k, Limits: benchLimits, Share: 0.5, Cost: 1}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		per = (float64(heap()) - float64(before)) / float64(len(keys))
+		if n := m.Sweep(t0.Add(benchLimits.IdleTTL)); n != len(keys) || m.Len() != 0 {
+			b.Fatalf("sweep dropped %d, Len %d", n, m.Len())
+		}
+		left = (float64(heap()) - float64(before)) / float64(len(keys))
+		runtime.KeepAlive(m)
+	}
+	b.ReportMetric(per, "bytes/bucket")
+	b.ReportMetric(left, "bytes/bucket-after-sweep")
+}
+
 func BenchmarkMemoryTakeParallel(b *testing.B) {
 	m, _ := bucket.NewMemory(bucket.MemoryConfig{})
 	keys := subjectKeys(b, "par", 100_000)
