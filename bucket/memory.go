@@ -107,6 +107,18 @@ type paramCache struct {
 	ok    bool
 }
 
+// fill validates req and, when it is valid, caches its Limits, share and
+// params. It is apart from Memory.one to keep the hot path small.
+//
+//go:noinline
+func (c *paramCache) fill(req *Request) error {
+	if err := req.Validate(); err != nil {
+		return err
+	}
+	c.lim, c.share, c.p, c.ok = req.Limits, req.Share, paramsOf(req), true
+	return nil
+}
+
 // minSlots is the smallest index; an index grows past maxLoadNum/maxLoadDen
 // full.
 const (
@@ -178,11 +190,10 @@ func (m *Memory) one(now time.Time, req *Request, op byte) (Decision, error) {
 	sh.mu.Lock()
 	c := &sh.pc
 	if !c.ok || req.Share != c.share || req.Limits != c.lim || req.Cost < 0 || req.Cost > req.Limits.Capacity {
-		if err := req.Validate(); err != nil {
+		if err := c.fill(req); err != nil {
 			sh.mu.Unlock()
 			return Decision{}, err
 		}
-		c.lim, c.share, c.p, c.ok = req.Limits, req.Share, paramsOf(req), true
 	}
 	p := &c.p // the shard's: its cost is this request's until the unlock
 	p.cost = float64(req.Cost) * unitsPerToken
