@@ -311,10 +311,9 @@ func (sh *memShard) remove(k *Key) bool {
 // (locked by the caller), then, at most once per second of store time, every
 // other shard whose lock is free; if the store is still full it fails.
 func (m *Memory) reserve(sh *memShard, us int64) error {
-	if m.live.Add(1) <= m.max {
+	if m.tryCount() {
 		return nil
 	}
-	m.live.Add(-1)
 	m.sweepShard(sh, us)
 	if m.live.Load() >= m.max {
 		if last := m.lastFull.Load(); us-last >= 1_000_000 && m.lastFull.CompareAndSwap(last, us) {
@@ -327,11 +326,24 @@ func (m *Memory) reserve(sh *memShard, us int64) error {
 			}
 		}
 	}
-	if m.live.Add(1) <= m.max {
+	if m.tryCount() {
 		return nil
 	}
-	m.live.Add(-1)
 	return fmt.Errorf("%w: %d buckets", ErrMemoryFull, m.max)
+}
+
+// tryCount counts one more bucket unless the store holds MaxBuckets, so
+// that Len never passes the cap, not even for a moment.
+func (m *Memory) tryCount() bool {
+	for {
+		n := m.live.Load()
+		if n >= m.max {
+			return false
+		}
+		if m.live.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
 }
 
 // TakeAllAt checks several buckets atomically at now: either every request

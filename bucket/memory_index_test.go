@@ -1,8 +1,11 @@
 package bucket_test
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -101,5 +104,68 @@ func TestMemoryIndexModel(t *testing.T) {
 				t.Fatalf("final sweep dropped %d of %d, Len %d after", left, n, m.Len())
 			}
 		})
+	}
+}
+
+// TestMemoryConcurrentSweeps: goroutines take on many keys of a capped
+// store while another sweeps it, so index slots are inserted, shifted and
+// swept concurrently, and the cap's sweeps reach other shards. The bucket
+// count never passes the cap, every error is ErrMemoryFull, and a final
+// sweep after every TTL leaves nothing.
+func TestMemoryConcurrentSweeps(t *testing.T) {
+	const maxBuckets, workers, perWorker = 500, 4, 3000
+	lim := bucket.Limits{Capacity: 3, RefillPerSecond: 30, IdleTTL: 100 * time.Millisecond}
+	m, err := bucket.NewMemory(bucket.MemoryConfig{MaxBuckets: maxBuckets})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := subjectKeys(t, "cs", 2000)
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	errs := make(chan error, workers+1)
+	var full atomic.Int64
+	for w := range workers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 1))
+			for i := range perWorker {
+				now := t0.Add(time.Duration(i) * time.Millisecond)
+				k := keys[rng.IntN(len(keys))]
+				_, err := m.TakeAt(now, bucket.Request{Key: k, Limits: lim, Share: 1, Cost: 1})
+				if errors.Is(err, bucket.ErrMemoryFull) {
+					full.Add(1)
+				} else if err != nil {
+					errs <- err
+					return
+				}
+				if n := m.Len(); n > maxBuckets {
+					errs <- fmt.Errorf("Len %d above the cap %d", n, maxBuckets)
+					return
+				}
+			}
+		})
+	}
+	sweeper := make(chan struct{})
+	go func() {
+		defer close(sweeper)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+				m.Sweep(t0.Add(time.Duration(i%perWorker) * time.Millisecond))
+			}
+		}
+	}()
+	wg.Wait()
+	close(stop)
+	<-sweeper
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	t.Logf("%d takes failed with ErrMemoryFull", full.Load())
+	end := t0.Add(perWorker*time.Millisecond + lim.IdleTTL)
+	if n, dropped := m.Len(), m.Sweep(end); dropped != n || m.Len() != 0 {
+		t.Fatalf("final sweep dropped %d of %d, Len %d after", dropped, n, m.Len())
 	}
 }
