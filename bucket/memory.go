@@ -53,10 +53,11 @@ type MemoryConfig struct {
 // share one shard). Its hot path (TakeAt of an existing bucket) does not
 // allocate. It starts no goroutine; Run sweeps periodically if wanted.
 //
-// Each bucket is one heap entry (its Key and State, 96 bytes). A shard
-// finds its entries through an open-addressing index of 16-byte slots
-// (the Key hash and the entry): linear probing by hash, then an exact Key
-// comparison, so a 64-bit hash collision only costs a longer probe;
+// Each bucket is one entry (its Key, which carries its hash, and its State:
+// 96 bytes) stored in a slot of its shard's open-addressing index, so that
+// finding a bucket touches one place in memory: linear probing by hash,
+// then an exact Key comparison, so a 64-bit hash collision only costs a
+// longer probe;
 // deletion shifts the following slots back, leaving no tombstones. The
 // index grows at 7/8 full and shrinks in a sweep that leaves it under 1/8
 // full, so memory follows the live buckets (at most MaxBuckets). Each shard
@@ -79,18 +80,13 @@ type memShard struct {
 
 type memShardBody struct {
 	mu  sync.Mutex
-	idx []islot // len 0 or a power of 2, at most maxLoad full
+	idx []entry // len 0 or a power of 2, at most maxLoad full
 	n   int     // entries
 	pc  paramCache
 }
 
-// islot is one slot of a shard's index; a nil e marks an empty slot.
-type islot struct {
-	hash uint64 // e.key.hash
-	e    *entry
-}
-
-// entry is one bucket.
+// entry is one bucket, stored in its slot of the shard's index; a zero key
+// marks an empty slot.
 type entry struct {
 	key Key
 	st  State
@@ -225,7 +221,8 @@ func (m *Memory) one(now time.Time, req *Request, op byte) (Decision, error) {
 	return decision(o.ok, lim, o.rem, o.retry, o.reset), nil
 }
 
-// find returns k's entry in sh, or nil.
+// find returns k's entry in sh, or nil. The entry lives in the index: the
+// pointer is good until the next insert, delete or sweep of the shard.
 func (sh *memShard) find(k *Key) *entry {
 	mask := len(sh.idx) - 1
 	if mask < 0 {
@@ -233,45 +230,46 @@ func (sh *memShard) find(k *Key) *entry {
 	}
 	for i := int(k.hash) & mask; ; i = (i + 1) & mask {
 		s := &sh.idx[i]
-		if s.e == nil {
+		if s.key.IsZero() {
 			return nil
 		}
-		if s.hash == k.hash && s.e.key == *k {
-			return s.e
+		if s.key.hash == k.hash && s.key == *k {
+			return s
 		}
 	}
 }
 
 // insert adds an entry for k, absent from sh (growing the index first when
-// it would pass maxLoad), and returns it.
+// it would pass maxLoad), and returns it (good until the shard next changes,
+// as find's).
 func (sh *memShard) insert(k *Key) *entry {
 	if (sh.n+1)*maxLoadDen > len(sh.idx)*maxLoadNum {
 		sh.reindex(max(minSlots, 2*len(sh.idx)))
 	}
-	e := &entry{key: *k}
-	sh.link(e)
 	sh.n++
-	return e
+	return sh.link(&entry{key: *k})
 }
 
-// link points the first empty index slot of e's probe sequence at e.
-func (sh *memShard) link(e *entry) {
+// link copies e into the first empty slot of its probe sequence and returns
+// the slot.
+func (sh *memShard) link(e *entry) *entry {
 	mask := len(sh.idx) - 1
 	i := int(e.key.hash) & mask
-	for sh.idx[i].e != nil {
+	for !sh.idx[i].key.IsZero() {
 		i = (i + 1) & mask
 	}
-	sh.idx[i] = islot{hash: e.key.hash, e: e}
+	sh.idx[i] = *e
+	return &sh.idx[i]
 }
 
 // reindex moves every entry to a new index of size slots (a power of 2
 // that keeps the load at most maxLoad).
 func (sh *memShard) reindex(size int) {
 	old := sh.idx
-	sh.idx = make([]islot, size)
+	sh.idx = make([]entry, size)
 	for i := range old {
-		if old[i].e != nil {
-			sh.link(old[i].e)
+		if !old[i].key.IsZero() {
+			sh.link(&old[i])
 		}
 	}
 }
@@ -280,15 +278,15 @@ func (sh *memShard) reindex(size int) {
 // would otherwise no longer reach.
 func (sh *memShard) del(i int) {
 	mask := len(sh.idx) - 1
-	for j := (i + 1) & mask; sh.idx[j].e != nil; j = (j + 1) & mask {
-		home := int(sh.idx[j].hash) & mask
+	for j := (i + 1) & mask; !sh.idx[j].key.IsZero(); j = (j + 1) & mask {
+		home := int(sh.idx[j].key.hash) & mask
 		// j may move to i when i lies on its probe path, in [home, j].
 		if (i-home)&mask <= (j-home)&mask {
 			sh.idx[i] = sh.idx[j]
 			i = j
 		}
 	}
-	sh.idx[i] = islot{}
+	sh.idx[i] = entry{}
 	sh.n--
 }
 
@@ -298,8 +296,8 @@ func (sh *memShard) remove(k *Key) bool {
 	if mask < 0 {
 		return false
 	}
-	for i := int(k.hash) & mask; sh.idx[i].e != nil; i = (i + 1) & mask {
-		if s := &sh.idx[i]; s.hash == k.hash && s.e.key == *k {
+	for i := int(k.hash) & mask; !sh.idx[i].key.IsZero(); i = (i + 1) & mask {
+		if s := &sh.idx[i]; s.key.hash == k.hash && s.key == *k {
 			sh.del(i)
 			return true
 		}
@@ -468,7 +466,7 @@ func (m *Memory) Sweep(now time.Time) int {
 func (m *Memory) sweepShard(sh *memShard, us int64) int {
 	n := 0
 	for i := 0; i < len(sh.idx); {
-		if e := sh.idx[i].e; e != nil && !e.st.live(us) {
+		if e := &sh.idx[i]; !e.key.IsZero() && !e.st.live(us) {
 			// del may shift a later slot into i (or, wrapping round, one
 			// already seen): look at i again.
 			sh.del(i)
