@@ -10,13 +10,13 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/quotacoord/quota/bucket"
+	"github.com/quotacoord/quota/internal/cputime"
 	"github.com/quotacoord/quota/internal/redistest"
 )
 
@@ -28,7 +28,7 @@ func BenchmarkMemoryTakeHotKey(b *testing.B) {
 	req := bucket.Request{Key: k, Limits: benchLimits, Share: 0.5, Cost: 1}
 	now := t0
 	b.ReportAllocs()
-	cpu0 := cpuTime()
+	cpu0 := cputime.Process()
 	for b.Loop() {
 		now = now.Add(100 * time.Nanosecond)
 		if _, err := m.TakeAt(now, req); err != nil {
@@ -49,7 +49,7 @@ func BenchmarkMemoryTakeUniform100k(b *testing.B) {
 	now := t0
 	i := 0
 	b.ReportAllocs()
-	cpu0 := cpuTime()
+	cpu0 := cputime.Process()
 	for b.Loop() {
 		now = now.Add(100 * time.Nanosecond)
 		if _, err := m.TakeAt(now, reqs[i]); err != nil {
@@ -68,24 +68,15 @@ func BenchmarkMemoryTakeUniform100k(b *testing.B) {
 // second.
 func reportDecisions(b *testing.B, cpu0 time.Duration) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
-	if cpu := cpuTime() - cpu0; cpu > 0 {
+	if cpu := cputime.Process() - cpu0; cpu > 0 {
 		b.ReportMetric(float64(b.N)/cpu.Seconds(), "decisions/cpu-s")
 	}
 }
 
-// cpuTime returns the CPU time (user and system, all threads) the process
-// has used.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
 // BenchmarkMemoryTakeUniform100kShuffled is BenchmarkMemoryTakeUniform100k
 // with the keys taken in a random order, not the order they were created
-// in (which is also the order of their entries in memory).
+// in (which was also the order of their entries in memory before entries
+// moved into the index).
 func BenchmarkMemoryTakeUniform100kShuffled(b *testing.B) {
 	m, _ := bucket.NewMemory(bucket.MemoryConfig{})
 	keys := subjectKeys(b, "s", 100_000)
@@ -98,7 +89,7 @@ func BenchmarkMemoryTakeUniform100kShuffled(b *testing.B) {
 	now := t0
 	i := 0
 	b.ReportAllocs()
-	cpu0 := cpuTime()
+	cpu0 := cputime.Process()
 	for b.Loop() {
 		now = now.Add(100 * time.Nanosecond)
 		if _, err := m.TakeAt(now, reqs[i]); err != nil {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/quotacoord/quota/internal/cputime"
 )
 
 // BenchmarkRun reports simulated requests per second (offered requests,
@@ -17,7 +19,7 @@ func BenchmarkRun(b *testing.B) {
 	}
 	var reqs int64
 	b.ReportAllocs()
-	start, cpu0 := time.Now(), cpuTime()
+	start, cpu0 := time.Now(), cputime.Process()
 	for i := 0; i < b.N; i++ {
 		res, err := Run(Config{Scenario: sc, Duration: 5 * time.Minute, Seed: uint64(i)})
 		if err != nil {
@@ -48,7 +50,7 @@ func BenchmarkSweep(b *testing.B) {
 	}
 	var reqs int64
 	b.ReportAllocs()
-	start, cpu0 := time.Now(), cpuTime()
+	start, cpu0 := time.Now(), cputime.Process()
 	for i := 0; i < b.N; i++ {
 		res, err := Sweep(context.Background(), cfgs, nil)
 		if err != nil {
@@ -65,7 +67,7 @@ func BenchmarkSweep(b *testing.B) {
 // the CPU time is measured, per CPU-second since cpu0.
 func reportRate(b *testing.B, reqs int64, start time.Time, cpu0 time.Duration) {
 	b.ReportMetric(float64(reqs)/time.Since(start).Seconds(), "requests/s")
-	if cpu := cpuTime() - cpu0; cpu > 0 {
+	if cpu := cputime.Process() - cpu0; cpu > 0 {
 		b.ReportMetric(float64(reqs)/cpu.Seconds(), "requests/cpu-s")
 	}
 }

@@ -1,8 +1,0 @@
-//go:build !unix
-
-package sim
-
-import "time"
-
-// cpuTime is not measured here: benchmarks report wall time only.
-func cpuTime() time.Duration { return 0 }
