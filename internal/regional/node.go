@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -47,9 +48,13 @@ type Node struct {
 
 	deadlines   *deadlines // of store calls (see callStore)
 	takeLatency prometheus.Observer
-	decisionN   atomic.Uint64
-	lastDegLog  atomic.Int64
-	degSkipped  atomic.Int64
+	// counters caches decision counters by policy (see decisionCounter):
+	// *policy.Policy -> *[len(decisionResults)]prometheus.Counter.
+	counters   sync.Map
+	ncounters  atomic.Int64
+	decisionN  atomic.Uint64
+	lastDegLog atomic.Int64
+	degSkipped atomic.Int64
 }
 
 // New validates cfg, fills in its defaults and returns a Node without
@@ -565,7 +570,7 @@ func (n *Node) account(items []item, out outcome) {
 		case !it.shadow && !out.allowed:
 			result = resultDenied
 		}
-		n.m.decisions.WithLabelValues(it.label, n.cfg.Region, result).Inc()
+		n.decisionCounter(it, result).Inc()
 		if !d.Allowed && d.RetryAfter > 0 {
 			n.m.retryAfter.WithLabelValues(it.label).Observe(d.RetryAfter.Seconds())
 		}
@@ -576,6 +581,44 @@ func (n *Node) account(items []item, out outcome) {
 		pressured := out.known[i] && (!d.Allowed || d.Remaining < d.Limit/2)
 		n.cfg.Demand.Record(it.pol.Name, it.subject, it.req.Cost, admitted, pressured)
 	}
+}
+
+// decisionResults are the results whose counters decisionCounter caches.
+var decisionResults = [...]string{resultAllowed, resultDenied, resultShadowDenied, resultUnlimited}
+
+// maxDecisionCounters bounds the policies whose decision counters are
+// cached; the cache is emptied when it is full (policy sets reloaded
+// many times leave old policies in it).
+const maxDecisionCounters = 4096
+
+// decisionCounter returns the decisions counter of it's policy, the
+// node's region and result: for an item of a loaded policy from a cache
+// keyed by the policy (a counter vector lookup hashes the three label
+// values on every check), else from the vector.
+func (n *Node) decisionCounter(it *item, result string) prometheus.Counter {
+	r := -1
+	for i, x := range decisionResults {
+		if x == result {
+			r = i
+			break
+		}
+	}
+	if it.pol == nil || it.label != it.pol.Name || r < 0 {
+		return n.m.decisions.WithLabelValues(it.label, n.cfg.Region, result)
+	}
+	if v, ok := n.counters.Load(it.pol); ok {
+		return v.(*[len(decisionResults)]prometheus.Counter)[r]
+	}
+	var cs [len(decisionResults)]prometheus.Counter
+	for i, x := range decisionResults {
+		cs[i] = n.m.decisions.WithLabelValues(it.label, n.cfg.Region, x)
+	}
+	if n.ncounters.Add(1) > maxDecisionCounters {
+		n.counters.Clear()
+		n.ncounters.Store(0)
+	}
+	n.counters.Store(it.pol, &cs)
+	return cs[r]
 }
 
 // isNoopProvider reports whether tp is the no-op tracer provider.
