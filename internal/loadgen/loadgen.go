@@ -199,7 +199,10 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	conns := make([]*grpc.ClientConn, cfg.Conns)
 	for i := range conns {
-		c, err := grpc.NewClient(cfg.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		// Fixed flow-control windows, as Envoy's HTTP/2 client keeps: no
+		// bandwidth-delay PING rides along with the checks.
+		c, err := grpc.NewClient(cfg.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithInitialWindowSize(1<<20), grpc.WithInitialConnWindowSize(1<<20))
 		if err != nil {
 			return Result{}, fmt.Errorf("loadgen: dial %s: %w", cfg.Addr, err)
 		}
@@ -343,7 +346,8 @@ func (noop) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitRequest) (*rl
 // gRPC server options are the regional node's, so that the ceiling and
 // the node differ only in the work.
 func ServeNoop(ctx context.Context, lis net.Listener) error {
-	s := grpc.NewServer(grpc.NumStreamWorkers(uint32(4*runtime.GOMAXPROCS(0))), grpc.SharedWriteBuffer(true))
+	s := grpc.NewServer(grpc.NumStreamWorkers(uint32(4*runtime.GOMAXPROCS(0))), grpc.SharedWriteBuffer(true),
+		grpc.InitialWindowSize(1<<20), grpc.InitialConnWindowSize(1<<20)) // as the node (regional.GRPCWindow)
 	rlsv3.RegisterRateLimitServiceServer(s, noop{})
 	errc := make(chan error, 1)
 	go func() { errc <- s.Serve(lis) }()

@@ -45,8 +45,11 @@ const (
 
 // Limits on input size. Requests beyond them are InvalidArgument.
 const (
-	MaxPolicies          = 16   // policies in one check
-	MaxBatch             = 256  // checks in one CheckBatch
+	MaxPolicies = 16  // policies in one check
+	MaxBatch    = 256 // checks in one CheckBatch
+	// GRPCWindow is the node's fixed gRPC flow-control window, per stream
+	// and per connection, in bytes (a check is a few hundred bytes).
+	GRPCWindow           = 1 << 20
 	MaxRawSubjectLen     = 1024 // bytes of a subject to be hashed
 	MaxIdempotencyKeyLen = 128
 	MaxDomainLen         = 256
