@@ -57,7 +57,9 @@ type RedisConfig struct {
 // Concurrent callers are coalesced: Take, TakeAll and Refund put their
 // script call on a bounded queue; Flushers goroutines (started by NewRedis,
 // stopped by Close) each take every call waiting, up to MaxBatch, and send
-// them in one pipeline. A lone caller's call goes out at once, alone.
+// them in one pipeline. A woken flusher first yields once, so that callers
+// already runnable add their calls; a lone caller's call then goes out
+// alone.
 // EVALSHA is used; a NOSCRIPT reply (after SCRIPT FLUSH, a restart or a
 // failover) is answered by resending that call with EVAL in the same
 // operation, so the caller never sees it.
@@ -67,12 +69,15 @@ type RedisConfig struct {
 // call is queued or in flight, it gets the context's error and the call may
 // or may not have been charged.
 //
-// TakeAll sends one script call per group: every bucket of one subject
-// carries its group's hash tag (one Redis Cluster slot), so the buckets of
-// one subject, and of any subjects that share its group, are checked all or
-// nothing in that call. When one TakeAll spans several groups and one of
-// their calls denies, the calls that admitted are compensated by a refund
-// call. That refund is not atomic with the charge: between the two, other
+// On a single server (Client is a *redis.Client) TakeAll sends all its
+// buckets in one script call, all or nothing, whatever their groups; if
+// the server answers CROSSSLOT (a proxy in front of a cluster), the store
+// falls back for good to what it does on other clients: one script call
+// per group. Every bucket of one subject carries its group's hash tag (one
+// Redis Cluster slot), so the buckets of one subject, and of any subjects
+// that share its group, are checked all or nothing in that call. When one
+// TakeAll spans several groups and one of their calls denies, the calls
+// that admitted are compensated by a refund call. That refund is not atomic with the charge: between the two, other
 // callers may see fewer tokens (under-admission, never over-admission of a token
 // bucket), and a window that rolls over in between is refunded in the new
 // window.
