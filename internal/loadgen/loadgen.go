@@ -346,7 +346,7 @@ func (noop) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitRequest) (*rl
 // gRPC server options are the regional node's, so that the ceiling and
 // the node differ only in the work.
 func ServeNoop(ctx context.Context, lis net.Listener) error {
-	s := grpc.NewServer(grpc.NumStreamWorkers(uint32(4*runtime.GOMAXPROCS(0))), grpc.SharedWriteBuffer(true),
+	s := grpc.NewServer(grpc.NumStreamWorkers(uint32(4*runtime.GOMAXPROCS(0))),
 		grpc.InitialWindowSize(1<<20), grpc.InitialConnWindowSize(1<<20)) // as the node (regional.GRPCWindow)
 	rlsv3.RegisterRateLimitServiceServer(s, noop{})
 	errc := make(chan error, 1)

@@ -264,12 +264,12 @@ func Main(ctx context.Context, args, env []string, stdout io.Writer) error {
 	// The gRPC tracing handler only when tracing is on: even with a no-op
 	// provider it costs allocations and CPU on every call.
 	// Stream workers serve calls on reused goroutines (no new goroutine and
-	// stack per call); a shared write buffer per connection.
+	// stack per call); gRPC shares write buffers by default.
 	// Fixed flow-control windows turn off gRPC's bandwidth-delay probing:
 	// its PING went out in a write of its own while a check waited for
 	// Redis (about half a write syscall more per check at c=1, each one
 	// waking the client).
-	serverOpts := []grpc.ServerOption{grpc.NumStreamWorkers(uint32(4 * runtime.GOMAXPROCS(0))), grpc.SharedWriteBuffer(true),
+	serverOpts := []grpc.ServerOption{grpc.NumStreamWorkers(uint32(4 * runtime.GOMAXPROCS(0))),
 		grpc.InitialWindowSize(GRPCWindow), grpc.InitialConnWindowSize(GRPCWindow)}
 	if o.otlpEndpoint != "" {
 		serverOpts = append(serverOpts, grpc.StatsHandler(otelgrpc.NewServerHandler(
