@@ -91,14 +91,55 @@ func isSubjectByte(c byte) bool {
 // HashSubject turns an untrusted identity (a raw API key, an e-mail address,
 // an IP) into a valid subject: "h-" and 32 URL-safe base64 characters of
 // its SHA-256 under salt. The raw value never reaches a key, a log or a
-// metric. The same salt and value always give the same subject.
+// metric. The same salt and value always give the same subject. It
+// allocates only the result.
 func HashSubject(salt, raw string) string {
-	h := sha256.New()
-	h.Write([]byte(salt))
-	h.Write([]byte{0})
-	h.Write([]byte(raw))
-	sum := h.Sum(nil)
-	return "h-" + base64.RawURLEncoding.EncodeToString(sum[:24])
+	var out [HashedSubjectLen]byte
+	hashSubject(&out, salt, raw, nil)
+	return string(out[:])
+}
+
+// HashSubjectBytes is HashSubject of string(raw), without converting raw.
+func HashSubjectBytes(salt string, raw []byte) string {
+	var out [HashedSubjectLen]byte
+	hashSubject(&out, salt, "", raw)
+	return string(out[:])
+}
+
+// HashedSubjectLen is the length of every subject HashSubject returns.
+const HashedSubjectLen = 2 + 32
+
+// hashStackBytes bounds the salted input hashed with one sha256.Sum256
+// from a stack buffer; a longer one is streamed through sha256.New.
+const hashStackBytes = 512
+
+// hashSubject writes "h-" and the URL-safe base64 of the first 24 bytes
+// of SHA-256(salt, 0, raw, rawb) into out (one of raw and rawb is empty).
+func hashSubject(out *[HashedSubjectLen]byte, salt, raw string, rawb []byte) {
+	var sum [sha256.Size]byte
+	var buf [hashStackBytes]byte
+	if len(salt)+1+len(raw)+len(rawb) <= hashStackBytes {
+		b := append(buf[:0], salt...)
+		b = append(b, 0)
+		b = append(b, raw...)
+		b = append(b, rawb...)
+		sum = sha256.Sum256(b)
+	} else {
+		// The digest stays on the stack (sha256.New is inlined and its
+		// calls devirtualized); strings go through buf in chunks.
+		h := sha256.New()
+		for _, s := range [...]string{salt, "\x00", raw} {
+			for len(s) > 0 {
+				n := copy(buf[:], s)
+				h.Write(buf[:n])
+				s = s[n:]
+			}
+		}
+		h.Write(rawb)
+		h.Sum(sum[:0])
+	}
+	out[0], out[1] = 'h', '-'
+	base64.RawURLEncoding.Encode(out[2:], sum[:24])
 }
 
 // Policy returns the key's policy name.

@@ -29,6 +29,9 @@ func TestHashSubjectVectors(t *testing.T) {
 		if got != tt.want {
 			t.Errorf("HashSubject(%.20q, %.20q) = %q, want %q", tt.salt, tt.raw, got, tt.want)
 		}
+		if b := bucket.HashSubjectBytes(tt.salt, []byte(tt.raw)); b != tt.want {
+			t.Errorf("HashSubjectBytes(%.20q, %.20q) = %q, want %q", tt.salt, tt.raw, b, tt.want)
+		}
 		if err := bucket.ValidateSubject(got); err != nil {
 			t.Errorf("HashSubject(%.20q, %.20q): %v", tt.salt, tt.raw, err)
 		}
