@@ -60,6 +60,20 @@ func NewKey(policy string, version uint32, subject string) (Key, error) {
 	if err := ValidateSubject(subject); err != nil {
 		return Key{}, err
 	}
+	return newKey(policy, version, subject)
+}
+
+// NewSubjectKey is NewKey for a Subject, which is valid by construction:
+// only the policy name is checked (and that the Subject is not zero).
+func NewSubjectKey(policy string, version uint32, subject Subject) (Key, error) {
+	if subject.s == "" {
+		return Key{}, fmt.Errorf("%w: zero Subject", ErrInvalidSubject)
+	}
+	return newKey(policy, version, subject.s)
+}
+
+// newKey validates policy and builds the key of an already valid subject.
+func newKey(policy string, version uint32, subject string) (Key, error) {
 	if len(policy) == 0 || len(policy) > MaxPolicyNameLen {
 		return Key{}, fmt.Errorf("%w: %d bytes, want 1 to %d", ErrInvalidPolicyName, len(policy), MaxPolicyNameLen)
 	}
@@ -71,18 +85,61 @@ func NewKey(policy string, version uint32, subject string) (Key, error) {
 	return Key{policy: policy, version: version, subject: subject, hash: keyHash(policy, version, subject)}, nil
 }
 
+// Subject is a subject known to match [A-Za-z0-9_-]{1,96}: made by
+// HashedSubject or HashedSubjectBytes, or checked by ParseSubject. Build
+// keys from it with NewSubjectKey, which does not check it again. The zero
+// Subject is invalid. A Subject is an immutable value, safe to share.
+type Subject struct{ s string }
+
+// ParseSubject returns s as a Subject, or ValidateSubject's error.
+func ParseSubject(s string) (Subject, error) {
+	if err := ValidateSubject(s); err != nil {
+		return Subject{}, err
+	}
+	return Subject{s}, nil
+}
+
+// HashedSubject is HashSubject(salt, raw) as a Subject.
+func HashedSubject(salt, raw string) Subject {
+	var out [HashedSubjectLen]byte
+	hashSubject(&out, salt, raw, nil)
+	return Subject{string(out[:])}
+}
+
+// HashedSubjectBytes is HashSubjectBytes(salt, raw) as a Subject.
+func HashedSubjectBytes(salt string, raw []byte) Subject {
+	var out [HashedSubjectLen]byte
+	hashSubject(&out, salt, "", raw)
+	return Subject{string(out[:])}
+}
+
+// String returns the subject; "" for the zero Subject.
+func (s Subject) String() string { return s.s }
+
+// IsZero reports whether s is the zero Subject.
+func (s Subject) IsZero() bool { return s.s == "" }
+
 // ValidateSubject reports whether s may be used as a subject as it is.
 func ValidateSubject(s string) error {
 	if len(s) == 0 || len(s) > MaxSubjectLen {
 		return fmt.Errorf("%w: %d bytes, want 1 to %d", ErrInvalidSubject, len(s), MaxSubjectLen)
 	}
 	for i := 0; i < len(s); i++ {
-		if !isSubjectByte(s[i]) {
+		if !subjectBytes[s[i]] {
 			return fmt.Errorf("%w: byte at %d is not in [A-Za-z0-9_-]", ErrInvalidSubject, i)
 		}
 	}
 	return nil
 }
+
+// subjectBytes[c] is isSubjectByte(c): one load per byte in
+// ValidateSubject, which runs on every check of a plain subject.
+var subjectBytes = func() (t [256]bool) {
+	for c := range t {
+		t[c] = isSubjectByte(byte(c))
+	}
+	return t
+}()
 
 func isSubjectByte(c byte) bool {
 	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-'
@@ -93,18 +150,10 @@ func isSubjectByte(c byte) bool {
 // its SHA-256 under salt. The raw value never reaches a key, a log or a
 // metric. The same salt and value always give the same subject. It
 // allocates only the result.
-func HashSubject(salt, raw string) string {
-	var out [HashedSubjectLen]byte
-	hashSubject(&out, salt, raw, nil)
-	return string(out[:])
-}
+func HashSubject(salt, raw string) string { return HashedSubject(salt, raw).s }
 
 // HashSubjectBytes is HashSubject of string(raw), without converting raw.
-func HashSubjectBytes(salt string, raw []byte) string {
-	var out [HashedSubjectLen]byte
-	hashSubject(&out, salt, "", raw)
-	return string(out[:])
-}
+func HashSubjectBytes(salt string, raw []byte) string { return HashedSubjectBytes(salt, raw).s }
 
 // HashedSubjectLen is the length of every subject HashSubject returns.
 const HashedSubjectLen = 2 + 32

@@ -1,6 +1,7 @@
 package bucket_test
 
 import (
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -38,6 +39,69 @@ func TestHashSubjectVectors(t *testing.T) {
 	}
 }
 
+// TestNewKeyValidation: NewKey rejects every subject and policy name
+// outside their alphabets and lengths; NewSubjectKey gives the same key for
+// a Subject and the same policy errors; ParseSubject the same subject
+// errors.
+func TestNewKeyValidation(t *testing.T) {
+	tests := []struct {
+		name, policy, subject string
+		want                  error
+	}{
+		{"plain", "api.requests", "tenant-42", nil},
+		{"underscore", "p_1", "a_b", nil},
+		{"longest subject", "p", strings.Repeat("s", bucket.MaxSubjectLen), nil},
+		{"longest policy", strings.Repeat("p", bucket.MaxPolicyNameLen), "s", nil},
+		{"hashed", "p", bucket.HashSubject("salt", "a@b"), nil},
+		{"empty subject", "p", "", bucket.ErrInvalidSubject},
+		{"long subject", "p", strings.Repeat("s", bucket.MaxSubjectLen+1), bucket.ErrInvalidSubject},
+		{"hash tag brace", "p", "a}b", bucket.ErrInvalidSubject},
+		{"colon", "p", "a:b", bucket.ErrInvalidSubject},
+		{"dot in subject", "p", "a.b", bucket.ErrInvalidSubject},
+		{"space", "p", "a b", bucket.ErrInvalidSubject},
+		{"high byte", "p", "a\xffb", bucket.ErrInvalidSubject},
+		{"nul", "p", "a\x00", bucket.ErrInvalidSubject},
+		{"empty policy", "", "s", bucket.ErrInvalidPolicyName},
+		{"long policy", strings.Repeat("p", bucket.MaxPolicyNameLen+1), "s", bucket.ErrInvalidPolicyName},
+		{"brace in policy", "p{x}", "s", bucket.ErrInvalidPolicyName},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			k, err := bucket.NewKey(tt.policy, 7, tt.subject)
+			if !errors.Is(err, tt.want) || (err == nil) != (tt.want == nil) {
+				t.Fatalf("NewKey(%q, 7, %q) error %v, want %v", tt.policy, tt.subject, err, tt.want)
+			}
+			sub, perr := bucket.ParseSubject(tt.subject)
+			if errors.Is(tt.want, bucket.ErrInvalidSubject) {
+				if !errors.Is(perr, bucket.ErrInvalidSubject) || !sub.IsZero() {
+					t.Errorf("ParseSubject(%q) = %q, %v, want ErrInvalidSubject", tt.subject, sub, perr)
+				}
+				return
+			}
+			if perr != nil || sub.String() != tt.subject {
+				t.Fatalf("ParseSubject(%q) = %q, %v", tt.subject, sub, perr)
+			}
+			k2, err2 := bucket.NewSubjectKey(tt.policy, 7, sub)
+			if !errors.Is(err2, tt.want) || (err2 == nil) != (tt.want == nil) {
+				t.Fatalf("NewSubjectKey error %v, want %v", err2, tt.want)
+			}
+			if k2 != k {
+				t.Errorf("NewSubjectKey = %v, NewKey = %v", k2, k)
+			}
+			if err == nil && k.String() != "rl:v7:{"+tt.subject+"}:"+tt.policy {
+				t.Errorf("key %q", k.String())
+			}
+		})
+	}
+	if _, err := bucket.NewSubjectKey("p", 1, bucket.Subject{}); !errors.Is(err, bucket.ErrInvalidSubject) {
+		t.Errorf("NewSubjectKey of the zero Subject: %v, want ErrInvalidSubject", err)
+	}
+	h := bucket.HashedSubject("salt", "a@b")
+	if h.String() != bucket.HashSubject("salt", "a@b") || bucket.HashedSubjectBytes("salt", []byte("a@b")) != h {
+		t.Errorf("HashedSubject %q differs from HashSubject", h)
+	}
+}
+
 func BenchmarkHashSubject(b *testing.B) {
 	for _, n := range []int{16, 200, 1024} {
 		raw := strings.Repeat("r", n)
@@ -51,11 +115,21 @@ func BenchmarkHashSubject(b *testing.B) {
 }
 
 func BenchmarkNewKeyHashed(b *testing.B) {
-	s := bucket.HashSubject("salt", "alice@example.com")
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, err := bucket.NewKey("api.requests", 3, s); err != nil {
-			b.Fatal(err)
+	s := bucket.HashedSubject("salt", "alice@example.com")
+	b.Run("NewKey", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := bucket.NewKey("api.requests", 3, s.String()); err != nil {
+				b.Fatal(err)
+			}
 		}
-	}
+	})
+	b.Run("NewSubjectKey", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := bucket.NewSubjectKey("api.requests", 3, s); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
