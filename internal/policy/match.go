@@ -41,6 +41,10 @@ type DescriptorMatch struct {
 	// matched by a share_threshold wildcard count as the wildcard itself.
 	// Empty when Policy is nil or Unlimited.
 	Subject string
+	// BucketSubject is Subject as a bucket.Subject, for
+	// bucket.NewSubjectKey (which does not check it again); zero when
+	// Subject is empty.
+	BucketSubject bucket.Subject
 	// Unlimited: the rule admits everything without a bucket.
 	Unlimited bool
 	// Shadow: decide and count, but always answer OK.
@@ -139,8 +143,9 @@ func (s *Set) Match(domain string, descriptors [][]Entry, subj EnvoySubjects) ([
 		return out, nil
 	}
 	var replacing map[string]bool
+	var sh sharedValues
 	for i, d := range descriptors {
-		p, shared := dom.lookup(d)
+		p := dom.lookup(d, &sh)
 		if p == nil {
 			continue
 		}
@@ -148,7 +153,8 @@ func (s *Set) Match(domain string, descriptors [][]Entry, subj EnvoySubjects) ([
 		out[i].Shadow = p.Shadow
 		out[i].Unlimited = p.Unlimited
 		if !p.Unlimited {
-			out[i].Subject = envoySubject(p, d, shared, &subj)
+			out[i].BucketSubject = envoySubject(p, d, &sh, &subj)
+			out[i].Subject = out[i].BucketSubject.String()
 		}
 		for _, r := range p.Envoy.Replaces {
 			if replacing == nil {
@@ -165,22 +171,43 @@ func (s *Set) Match(domain string, descriptors [][]Entry, subj EnvoySubjects) ([
 	return out, nil
 }
 
-// lookup walks the tree for one descriptor. shared[i] holds the wildcard
-// value that replaces entry i's value in the subject (share_threshold).
-func (d *envoyDomain) lookup(entries []Entry) (p *Policy, shared map[int]string) {
+// sharedValues records, for one descriptor, the entries whose value a
+// share_threshold wildcard replaces in the subject: bit i of mask set means
+// entry i counts as pattern[i].
+type sharedValues struct {
+	mask    uint32
+	pattern [MaxEntries]string
+}
+
+// value returns the value entry i of e counts as in the subject.
+func (sh *sharedValues) value(i int, e Entry) (v string, shared bool) {
+	if sh.mask&(1<<i) != 0 {
+		return sh.pattern[i], true
+	}
+	return e.Value, false
+}
+
+// kvStackBytes sizes the stack buffer lookup builds "key_value" in; longer
+// pairs (up to 2*MaxEntryBytes+1) grow it on the heap.
+const kvStackBytes = 128
+
+// lookup walks the tree for one descriptor and records in sh the entries
+// a share_threshold wildcard matched. It allocates nothing for pairs up to
+// kvStackBytes.
+func (d *envoyDomain) lookup(entries []Entry, sh *sharedValues) *Policy {
+	sh.mask = 0
 	node := &d.root
+	var buf [kvStackBytes]byte
 	for i, e := range entries {
-		kv := e.Key + "_" + e.Value
-		next := node.children[kv]
+		kv := append(append(append(buf[:0], e.Key...), '_'), e.Value...)
+		next := node.children[string(kv)]
 		if next == nil {
 			for _, w := range node.wildcards {
-				if strings.HasPrefix(kv, w[:len(w)-1]) {
+				if pre := w[:len(w)-1]; len(kv) >= len(pre) && string(kv[:len(pre)]) == pre {
 					next = node.children[w]
 					if next.shareThreshold {
-						if shared == nil {
-							shared = map[int]string{}
-						}
-						shared[i] = next.pattern
+						sh.mask |= 1 << i
+						sh.pattern[i] = next.pattern
 					}
 					break
 				}
@@ -190,68 +217,79 @@ func (d *envoyDomain) lookup(entries []Entry) (p *Policy, shared map[int]string)
 			next = node.children[e.Key]
 		}
 		if next == nil {
-			return nil, nil
+			return nil
 		}
 		if i == len(entries)-1 {
-			return next.policy, shared
+			return next.policy
 		}
 		if len(next.children) == 0 {
-			return nil, nil
+			return nil
 		}
 		node = next
 	}
-	return nil, nil
+	return nil
 }
 
-// envoySubject derives the bucket subject of one matched descriptor.
-func envoySubject(p *Policy, entries []Entry, shared map[int]string, subj *EnvoySubjects) string {
+// subjectStackBytes sizes the stack buffer envoySubject builds a hash
+// input in; a longer input (long values) grows it on the heap.
+const subjectStackBytes = 512
+
+// envoySubject derives the bucket subject of one matched descriptor. It
+// allocates only the subject for inputs up to subjectStackBytes.
+func envoySubject(p *Policy, entries []Entry, sh *sharedValues, subj *EnvoySubjects) bucket.Subject {
 	readable := len(entries) == len(p.Envoy.Keys)
 	n := 0
 	for i, e := range entries {
-		v := e.Value
-		if w, ok := shared[i]; ok {
-			v = w
-		}
 		if !readable {
 			break
 		}
+		v, _ := sh.value(i, e)
 		if e.Key != p.Envoy.Keys[i] || !readableValue(v) || !subj.plain(e.Key) {
 			readable = false
 		}
 		n += len(v) + 1
 	}
 	if readable && n-1 <= bucket.MaxSubjectLen && !strings.HasPrefix(entries[0].Value, "h-") {
-		var b strings.Builder
-		b.Grow(n)
+		var buf [bucket.MaxSubjectLen]byte
+		b := buf[:0]
 		for i, e := range entries {
 			if i > 0 {
-				b.WriteByte('_')
+				b = append(b, '_')
 			}
-			if w, ok := shared[i]; ok {
-				b.WriteString(w)
-			} else {
-				b.WriteString(e.Value)
-			}
+			v, _ := sh.value(i, e)
+			b = append(b, v...)
 		}
-		return b.String()
+		// Valid by construction ([A-Za-z0-9-]+ joined by "_", at most
+		// MaxSubjectLen bytes); ParseSubject checks it once more.
+		if s, err := bucket.ParseSubject(string(b)); err == nil {
+			return s
+		}
 	}
-	var b strings.Builder
-	b.WriteString(p.Name)
-	b.WriteByte(0)
+	var buf [subjectStackBytes]byte
+	b := append(buf[:0], p.Name...)
+	b = append(b, 0)
 	for i, e := range entries {
-		v := e.Value
-		if w, ok := shared[i]; ok {
-			v = w + "\x00shared"
+		v, shared := sh.value(i, e)
+		b = strconv.AppendInt(b, int64(len(e.Key)), 10)
+		b = append(b, ':')
+		b = append(b, e.Key...)
+		if shared {
+			b = strconv.AppendInt(b, int64(len(v)+len(sharedMark)), 10)
+			b = append(b, ':')
+			b = append(b, v...)
+			b = append(b, sharedMark...)
+		} else {
+			b = strconv.AppendInt(b, int64(len(v)), 10)
+			b = append(b, ':')
+			b = append(b, v...)
 		}
-		b.WriteString(strconv.Itoa(len(e.Key)))
-		b.WriteByte(':')
-		b.WriteString(e.Key)
-		b.WriteString(strconv.Itoa(len(v)))
-		b.WriteByte(':')
-		b.WriteString(v)
 	}
-	return bucket.HashSubject(subj.Salt, b.String())
+	return bucket.HashedSubjectBytes(subj.Salt, b)
 }
+
+// sharedMark follows a share_threshold wildcard's pattern in the hash
+// input, so it cannot be confused with a value equal to the pattern.
+const sharedMark = "\x00shared"
 
 // readableValue reports whether v is [A-Za-z0-9-]+: such values joined by
 // "_" cannot be confused with another list of values.
