@@ -72,6 +72,12 @@
 // values, and only when every key of the descriptor is listed and every
 // value is [A-Za-z0-9-]+ and not "h-"-prefixed.
 //
+// Set.Match runs on every Envoy check: it allocates its result slice and
+// one string per limited descriptor (the subject, also handed out as a
+// bucket.Subject in DescriptorMatch.BucketSubject so that
+// bucket.NewSubjectKey need not check it again), and nothing else unless a
+// key_value pair exceeds 128 bytes or a descriptor's hash input 512 bytes.
+//
 // The own API follows the same rule with the caller in charge: a policy's
 // hash_subject (default true for api_key, ip and email) or the request's
 // hash_subject flag hashes the subject with the node's salt; a subject the
