@@ -119,6 +119,8 @@
 // pipeline concurrent calls, and Close stops them. The zero Memory and the
 // zero Redis are not usable: build them with NewMemory and NewRedis. The
 // zero State and TokenState are absent buckets, which behave as full ones
-// (neither is safe for concurrent use). The zero Limits are invalid; the zero Key is invalid (build keys with NewKey);
-// the zero Decision denies.
+// (neither is safe for concurrent use). The zero Limits are invalid; the
+// zero Key is invalid (build keys with NewKey, which validates every part,
+// or with NewSubjectKey from a Subject, valid by construction: HashedSubject
+// or ParseSubject); the zero Decision denies.
 package bucket

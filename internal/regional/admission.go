@@ -155,7 +155,7 @@ func (n *Node) prepareCheck(set *policy.Set, req *quotav1.CheckRequest, shares *
 	c.subject = subject
 	c.items = make([]item, 0, len(pols))
 	for _, p := range pols {
-		it, err := n.policyItem(p, subject, cost, shares)
+		it, err := n.policyItem(p, subject, bucket.Subject{}, cost, shares)
 		if err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "policy %q: %v", p.Name, err)
 		}
@@ -169,7 +169,7 @@ func (n *Node) prepareCheck(set *policy.Set, req *quotav1.CheckRequest, shares *
 
 // policyItem builds the bucket request of policy p for subject at the
 // share the check's pin reads.
-func (n *Node) policyItem(p *policy.Policy, subject string, cost int64, shares *sharePin) (item, error) {
+func (n *Node) policyItem(p *policy.Policy, subject string, valid bucket.Subject, cost int64, shares *sharePin) (item, error) {
 	it := item{label: p.Name, pol: p, subject: subject, mode: p.FailureMode, scale: p.LocalScale,
 		shadow: p.Shadow, unlimited: p.Unlimited}
 	if it.scale <= 0 || it.scale > 1 {
@@ -178,7 +178,13 @@ func (n *Node) policyItem(p *policy.Policy, subject string, cost int64, shares *
 	if p.Unlimited {
 		return it, nil
 	}
-	key, err := bucket.NewKey(p.Name, p.KeyVersion(), subject)
+	var key bucket.Key
+	var err error
+	if valid.IsZero() {
+		key, err = bucket.NewKey(p.Name, p.KeyVersion(), subject)
+	} else {
+		key, err = bucket.NewSubjectKey(p.Name, p.KeyVersion(), valid)
+	}
 	if err != nil {
 		return item{}, err
 	}

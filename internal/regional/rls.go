@@ -197,7 +197,7 @@ func (n *Node) prepareEnvoy(set *policy.Set, req *rlsv3.RateLimitRequest, shares
 		case m.Unlimited:
 			it = item{label: m.Policy.Name, pol: m.Policy, unlimited: true}
 		default:
-			it, err = n.policyItem(m.Policy, m.Subject, int64(cost), shares)
+			it, err = n.policyItem(m.Policy, m.Subject, m.BucketSubject, int64(cost), shares)
 			if err != nil {
 				return nil, status.Errorf(codes.InvalidArgument, "descriptor %d: %v", i, err)
 			}
