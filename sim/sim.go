@@ -877,6 +877,14 @@ func (e *engine) take(m *model, st *bucket.TokenState, lim *shareLimits, share f
 // false for a share of 0 or below (nothing is admitted), or when the bucket
 // rejected them (recorded in e.err).
 func (e *engine) limitsAt(lim *shareLimits, share float64) bool {
+	if share > 0 && share == lim.share {
+		return true // memoised (lim.share is at most 1+ε)
+	}
+	return e.setLimits(lim, share)
+}
+
+// setLimits is limitsAt's slow path, apart so that the fast one inlines.
+func (e *engine) setLimits(lim *shareLimits, share float64) bool {
 	if share <= 0 {
 		return false
 	}
