@@ -78,3 +78,44 @@ func BenchmarkShouldRateLimitInProcess(b *testing.B) {
 		})
 	}
 }
+
+// benchEnvoy10 has ten descriptor keys, d0 to d9, for requests that carry
+// ten descriptors (one per key) as BenchmarkShouldRateLimitTenDescriptors
+// and scripts/bench-regional.sh send.
+var benchEnvoy10 = func() string {
+	s := "domain: bench10\ndescriptors:\n"
+	for k := range 10 {
+		s += "  - key: d" + strconv.Itoa(k) + "\n    rate_limit: {unit: second, requests_per_unit: 1000000}\n"
+	}
+	return s
+}()
+
+// BenchmarkShouldRateLimitTenDescriptors calls the Envoy handler directly
+// (no gRPC), in parallel, on the in-process store, with ten descriptors per
+// request: the node's per-descriptor cost (matching, subjects, keys, one
+// all-or-nothing decision over ten buckets) beside the one-descriptor
+// BenchmarkShouldRateLimitInProcess.
+func BenchmarkShouldRateLimitTenDescriptors(b *testing.B) {
+	r := &rls{n: startNode(b, Config{StoreTimeout: time.Second}, map[string]string{"e.yaml": benchEnvoy10}).node}
+	prefix := redistest.Unique(b)
+	reqs := make([]*rlsv3.RateLimitRequest, 1000) // built before the timer: the requests a client sends
+	for i := range reqs {
+		descs := make([]*rlcommon.RateLimitDescriptor, 10)
+		for k := range descs {
+			descs[k] = desc("d"+strconv.Itoa(k), prefix+"-"+strconv.Itoa(i))
+		}
+		reqs[i] = &rlsv3.RateLimitRequest{Domain: "bench10", Descriptors: descs}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		i := 0
+		for pb.Next() {
+			i++
+			resp, err := r.ShouldRateLimit(context.Background(), reqs[i%len(reqs)])
+			if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK || len(resp.Statuses) != 10 {
+				b.Fatal(resp, err)
+			}
+		}
+	})
+}
