@@ -38,13 +38,26 @@ func BenchmarkMemoryTakeHotKey(b *testing.B) {
 	reportDecisions(b, cpu0)
 }
 
-func BenchmarkMemoryTakeUniform100k(b *testing.B) {
+func BenchmarkMemoryTakeUniform100k(b *testing.B) { benchMemoryUniform(b, "u", false) }
+
+// BenchmarkMemoryTakeUniform100kShuffled is BenchmarkMemoryTakeUniform100k
+// with the keys taken in a random order, not the order they were created
+// in (which was also the order of their entries in memory before entries
+// moved into the index).
+func BenchmarkMemoryTakeUniform100kShuffled(b *testing.B) { benchMemoryUniform(b, "s", true) }
+
+// benchMemoryUniform takes from 100,000 buckets (subjects prefix0 to
+// prefix99999), each once per round, in creation order or shuffled.
+func benchMemoryUniform(b *testing.B, prefix string, shuffle bool) {
 	m, _ := bucket.NewMemory(bucket.MemoryConfig{})
-	keys := subjectKeys(b, "u", 100_000)
+	keys := subjectKeys(b, prefix, 100_000)
 	reqs := make([]bucket.Request, len(keys))
 	for i, k := range keys {
 		reqs[i] = bucket.Request{Key: k, Limits: benchLimits, Share: 0.5, Cost: 1}
 		_, _ = m.TakeAt(t0, reqs[i])
+	}
+	if shuffle {
+		rand.New(rand.NewPCG(1, 2)).Shuffle(len(reqs), func(i, j int) { reqs[i], reqs[j] = reqs[j], reqs[i] })
 	}
 	now := t0
 	i := 0
@@ -71,35 +84,6 @@ func reportDecisions(b *testing.B, cpu0 time.Duration) {
 	if cpu := cputime.Process() - cpu0; cpu > 0 {
 		b.ReportMetric(float64(b.N)/cpu.Seconds(), "decisions/cpu-s")
 	}
-}
-
-// BenchmarkMemoryTakeUniform100kShuffled is BenchmarkMemoryTakeUniform100k
-// with the keys taken in a random order, not the order they were created
-// in (which was also the order of their entries in memory before entries
-// moved into the index).
-func BenchmarkMemoryTakeUniform100kShuffled(b *testing.B) {
-	m, _ := bucket.NewMemory(bucket.MemoryConfig{})
-	keys := subjectKeys(b, "s", 100_000)
-	reqs := make([]bucket.Request, len(keys))
-	for i, k := range keys {
-		reqs[i] = bucket.Request{Key: k, Limits: benchLimits, Share: 0.5, Cost: 1}
-		_, _ = m.TakeAt(t0, reqs[i])
-	}
-	rand.New(rand.NewPCG(1, 2)).Shuffle(len(reqs), func(i, j int) { reqs[i], reqs[j] = reqs[j], reqs[i] })
-	now := t0
-	i := 0
-	b.ReportAllocs()
-	cpu0 := cputime.Process()
-	for b.Loop() {
-		now = now.Add(100 * time.Nanosecond)
-		if _, err := m.TakeAt(now, reqs[i]); err != nil {
-			b.Fatal(err)
-		}
-		if i++; i == len(reqs) {
-			i = 0
-		}
-	}
-	reportDecisions(b, cpu0)
 }
 
 // BenchmarkMemoryBytesPerBucket reports the heap a Memory holds per live
