@@ -144,7 +144,8 @@ func init() {
 }
 
 // maxArgCache bounds each of a store's caches of script arguments (see
-// argCache); a full cache is emptied and starts again.
+// argCache): the params cache is emptied when full and starts again; the
+// group key table has this many slots (a power of 2, 128 KiB of pointers).
 const maxArgCache = 1 << 14
 
 // argCache holds, boxed for the command line, script arguments that
@@ -153,9 +154,17 @@ const maxArgCache = 1 << 14
 // and group). Building them cost five allocations and about half a
 // microsecond per bucket. Lookups take no lock.
 type argCache struct {
-	nums    sync.Map // params -> [4]any
-	keys    sync.Map // groupKeyID -> any (string)
-	n, nkey atomic.Int64
+	nums sync.Map // params -> [4]any
+	n    atomic.Int64
+	// keys is a direct-mapped table of group keys: slot groupSlot(id)
+	// holds the last key built for an id that maps there.
+	keys [maxArgCache]atomic.Pointer[groupKeySlot]
+}
+
+// groupKeySlot is one cached group key.
+type groupKeySlot struct {
+	id groupKeyID
+	v  any // string
 }
 
 // groupKeyID names a group key.
@@ -185,17 +194,25 @@ func (a *argCache) get(p *params) [4]any {
 
 // groupKey is groupKey(k, g), boxed.
 func (a *argCache) groupKey(k *Key, g uint32) any {
-	id := groupKeyID{k.policy, k.version, g}
-	if v, ok := a.keys.Load(id); ok {
-		return v
+	slot := &a.keys[groupSlot(k.policy, k.version, g)]
+	if s := slot.Load(); s != nil && s.id.g == g && s.id.version == k.version && s.id.policy == k.policy {
+		return s.v
 	}
-	var v any = groupKey(k, g)
-	if a.nkey.Add(1) > maxArgCache {
-		a.keys.Clear()
-		a.nkey.Store(0)
+	s := &groupKeySlot{id: groupKeyID{k.policy, k.version, g}, v: groupKey(k, g)}
+	slot.Store(s)
+	return s.v
+}
+
+// groupSlot places a group key in argCache.keys: FNV-1a of the policy and
+// version, plus the group, so that one policy's groups take consecutive
+// slots.
+func groupSlot(policy string, version, g uint32) uint32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(policy); i++ {
+		h = (h ^ uint32(policy[i])) * 16777619
 	}
-	a.keys.Store(id, v)
-	return v
+	h = (h ^ version) * 16777619
+	return (h + g) & (maxArgCache - 1)
 }
 
 // NewRedis validates cfg and starts the store's Flushers goroutines; Close
