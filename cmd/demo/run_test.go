@@ -5,11 +5,12 @@ import (
 	"context"
 	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/quotacoord/quota/internal/logbuf"
 )
 
 func TestMain(m *testing.M) {
@@ -19,24 +20,6 @@ func TestMain(m *testing.M) {
 		goleak.IgnoreAnyFunction("go.etcd.io/etcd/pkg/v3/logutil.(*MergeLogger).outputLoop"),
 		goleak.IgnoreAnyFunction("gopkg.in/natefinch/lumberjack%2ev2.(*Logger).millRun"),
 	)
-}
-
-// syncBuffer is a bytes.Buffer safe for one writer and one reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func TestBadArgs(t *testing.T) {
@@ -66,7 +49,7 @@ func TestBadArgs(t *testing.T) {
 // started may outlive it).
 func TestInterrupt(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
-	var out, errOut syncBuffer
+	var out, errOut logbuf.Buffer
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, []string{"-duration", "60s", "-plain"}, &out, &errOut) }()
 	deadline := time.Now().Add(30 * time.Second)

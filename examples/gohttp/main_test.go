@@ -11,12 +11,12 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
+	"github.com/quotacoord/quota/internal/logbuf"
 	"github.com/quotacoord/quota/internal/regional"
 )
 
@@ -24,30 +24,12 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// syncBuffer collects a goroutine's output.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // start runs fn in a goroutine until the test ends and waits until its
 // output matches re; it returns the first submatch.
 func start(t *testing.T, name string, re *regexp.Regexp, fn func(ctx context.Context, out io.Writer) error) string {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	out := &syncBuffer{}
+	out := &logbuf.Buffer{}
 	errc := make(chan error, 1)
 	go func() { errc <- fn(ctx, out) }()
 	t.Cleanup(func() {

@@ -1,13 +1,11 @@
 package regional
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"net/http"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,35 +15,18 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/quotacoord/quota/internal/logbuf"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
 )
-
-// syncBuffer is a goroutine-safe log sink.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 var listenRE = regexp.MustCompile(`(grpc|http) listening on (\S+)`)
 
 // runMain starts Main and returns the gRPC and HTTP addresses and a stop
 // function that cancels it and returns its error.
-func runMain(t *testing.T, args []string, env []string) (grpcAddr, httpAddr string, out *syncBuffer, stop func() error) {
+func runMain(t *testing.T, args []string, env []string) (grpcAddr, httpAddr string, out *logbuf.Buffer, stop func() error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	out = &syncBuffer{}
+	out = &logbuf.Buffer{}
 	errc := make(chan error, 1)
 	go func() { errc <- Main(ctx, args, env, out) }()
 	stop = func() error {

@@ -25,6 +25,7 @@ import (
 	"github.com/quotacoord/quota/internal/etcdtest"
 	"github.com/quotacoord/quota/internal/faultproxy"
 	"github.com/quotacoord/quota/internal/invariant"
+	"github.com/quotacoord/quota/internal/logbuf"
 	"github.com/quotacoord/quota/internal/policy"
 	"github.com/quotacoord/quota/internal/regional"
 	"github.com/quotacoord/quota/internal/regionsync"
@@ -56,7 +57,7 @@ type etcdEnv struct {
 	layout  etcdlayout.Layout
 	regions map[string]*region
 	coords  []*coord
-	logs    *syncBuffer
+	logs    *logbuf.Buffer
 }
 
 type region struct {
@@ -87,7 +88,7 @@ func proxyTo(t *testing.T, endpoint string) *faultproxy.Proxy {
 
 func newEtcdEnv(t *testing.T, regions []string, coords int) *etcdEnv {
 	t.Helper()
-	e := &etcdEnv{srv: etcdtest.Start(t), regions: map[string]*region{}, logs: &syncBuffer{max: 16 << 20}}
+	e := &etcdEnv{srv: etcdtest.Start(t), regions: map[string]*region{}, logs: &logbuf.Buffer{Max: 16 << 20}}
 	e.admin = e.srv.Client(t)
 	ctx := context.Background()
 	if err := coordtest.PutPolicy(ctx, e.admin, e.layout, "exports.yaml", []byte(etcdPolicy)); err != nil {

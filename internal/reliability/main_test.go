@@ -1,7 +1,6 @@
 package reliability
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -19,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/quotacoord/quota/internal/logbuf"
 	"github.com/quotacoord/quota/internal/regional"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
 )
@@ -60,36 +60,11 @@ func record(t testing.TB, e Entry) {
 	}
 }
 
-// syncBuffer is an io.Writer safe for concurrent use, bounded to max
-// bytes (older bytes are kept, newer ones counted and dropped).
-type syncBuffer struct {
-	mu      sync.Mutex
-	b       bytes.Buffer
-	max     int
-	dropped int
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.max > 0 && s.b.Len()+len(p) > s.max {
-		s.dropped += len(p)
-		return len(p), nil
-	}
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // node is a regional node run in-process through regional.Main, the same
 // wiring as cmd/regional.
 type node struct {
 	grpcAddr, httpAddr string
-	out                *syncBuffer
+	out                *logbuf.Buffer
 	adm                quotav1.AdmissionClient
 	conn               *grpc.ClientConn
 	stop               func() error
@@ -101,7 +76,7 @@ var listenRE = regexp.MustCompile(`(grpc|http) listening on (\S+)`)
 // stopped at cleanup. dial, when not nil, replaces the insecure client.
 func startNode(t testing.TB, args []string, dial func(addr string) (*grpc.ClientConn, error)) *node {
 	t.Helper()
-	n := &node{out: &syncBuffer{max: 64 << 20}}
+	n := &node{out: &logbuf.Buffer{Max: 64 << 20}}
 	args = append([]string{"-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0", "-json-logs",
 		"-shutdown-timeout", "5s"}, args...)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -23,6 +23,7 @@ import (
 
 	"github.com/quotacoord/quota/internal/coordinator"
 	"github.com/quotacoord/quota/internal/etcdtest"
+	"github.com/quotacoord/quota/internal/logbuf"
 	"github.com/quotacoord/quota/internal/redistest"
 	"github.com/quotacoord/quota/internal/testca"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
@@ -101,10 +102,10 @@ func TestRegionalTLS(t *testing.T) {
 
 // startCoordinator runs a coordinator on an embedded etcd with a token
 // file holding one read and one write token; extra configures TLS.
-func startCoordinator(t *testing.T, extra func(*coordinator.Config)) (*coordinator.Coordinator, *syncBuffer, string, string) {
+func startCoordinator(t *testing.T, extra func(*coordinator.Config)) (*coordinator.Coordinator, *logbuf.Buffer, string, string) {
 	t.Helper()
 	srv := etcdtest.Start(t)
-	logs := &syncBuffer{max: 8 << 20}
+	logs := &logbuf.Buffer{Max: 8 << 20}
 	readTok, writeTok := "read-token-0123456789abcdef", "write-token-0123456789abcdef"
 	tf := writeFile(t, filepath.Join(t.TempDir(), "tokens"), []byte("read:"+readTok+"\nwrite:"+writeTok+"\n"))
 	cfg := coordinator.Config{EtcdEndpoints: srv.Endpoints, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
