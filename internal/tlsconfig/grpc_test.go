@@ -15,7 +15,6 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/peer"
 
-	"github.com/quotacoord/quota/internal/clock"
 	"github.com/quotacoord/quota/internal/testca"
 )
 
@@ -76,16 +75,7 @@ func TestTransportCredentials(t *testing.T) {
 	goodSrv, lastClient := grpcServer(t, good, good)
 	otherSrv, _ := grpcServer(t, other, good)
 	_, port, _ := net.SplitHostPort(goodSrv)
-	f := newFiles(t)
-	c1, k1, s1 := good.Issue(t, "client")
-	write(t, f.cert, c1)
-	write(t, f.key, k1)
-	write(t, f.ca, good.CertPEM())
-	clk := clock.NewManual(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
-	r, err := New(Config{CertFile: f.cert, KeyFile: f.key, CAFile: f.ca, Clock: clk})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, f, clk, s1 := reloaderOf(t, good, "client")
 	tests := []struct {
 		name, target, serverName string
 		ok                       bool

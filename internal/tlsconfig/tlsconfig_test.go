@@ -35,6 +35,25 @@ func newFiles(t testing.TB) files {
 	return files{filepath.Join(d, "tls.crt"), filepath.Join(d, "tls.key"), filepath.Join(d, "ca.CertPEM()")}
 }
 
+// reloaderOf writes a certificate for name issued by ca, its key and ca's
+// certificate into fresh files and returns a Reloader on them (default
+// check period) reading a manual clock, with the files, the clock and the
+// certificate's serial number.
+func reloaderOf(t *testing.T, ca *testca.CA, name string) (*Reloader, files, *clock.Manual, int64) {
+	t.Helper()
+	f := newFiles(t)
+	cert, key, serial := ca.Issue(t, name)
+	write(t, f.cert, cert)
+	write(t, f.key, key)
+	write(t, f.ca, ca.CertPEM())
+	clk := clock.NewManual(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	r, err := New(Config{CertFile: f.cert, KeyFile: f.key, CAFile: f.ca, Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, f, clk, serial
+}
+
 // serve runs a TLS listener on loopback that answers each completed
 // handshake with one byte; it is closed at cleanup.
 func serve(t testing.TB, tc *tls.Config) string {
@@ -159,16 +178,7 @@ func TestServerCertificateReload(t *testing.T) {
 // changes who gets in without a restart.
 func TestMutualTLS(t *testing.T) {
 	good, other := testca.New(t, "good"), testca.New(t, "other")
-	f := newFiles(t)
-	sc, sk, _ := good.Issue(t, "server")
-	write(t, f.cert, sc)
-	write(t, f.key, sk)
-	write(t, f.ca, good.CertPEM())
-	clk := clock.NewManual(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
-	r, err := New(Config{CertFile: f.cert, KeyFile: f.key, CAFile: f.ca, Clock: clk})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, f, clk, _ := reloaderOf(t, good, "server")
 	tc, err := r.ServerConfig(&tls.Config{ClientAuth: tls.RequireAndVerifyClientCert})
 	if err != nil {
 		t.Fatal(err)
@@ -216,16 +226,7 @@ func TestClientConfig(t *testing.T) {
 			ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12})
 	}
 	goodSrv, otherSrv := serverFor(good), serverFor(other)
-	f := newFiles(t)
-	cc, ck, _ := good.Issue(t, "client")
-	write(t, f.cert, cc)
-	write(t, f.key, ck)
-	write(t, f.ca, good.CertPEM())
-	clk := clock.NewManual(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
-	r, err := New(Config{CertFile: f.cert, KeyFile: f.key, CAFile: f.ca, Clock: clk})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, f, clk, _ := reloaderOf(t, good, "client")
 	ip := &tls.Config{ServerName: "127.0.0.1"}
 	tests := []struct {
 		name string
