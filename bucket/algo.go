@@ -55,30 +55,7 @@ func decide(p *params, op byte, st *state, exists bool, now float64, charge bool
 // whole), saving the copy of a returned outcome on the hot paths.
 func decideTB(p *params, op byte, st *state, exists bool, now, ttl float64, charge bool, o *outcome) {
 	lim, rate, cost := p.lim, p.p, p.cost
-	tokens, ts, wr := lim, now, false
-	flim, frate := lim, rate // what the time since ts refills at
-	if exists && now-st.a < ttl {
-		tokens, ts = st.b, st.a
-		if tokens > lim {
-			tokens = lim // the share shrank: clamp, and write the clamp
-			wr = true
-		}
-		if st.c < lim {
-			// The share grew since the last write: the time since then
-			// refills at the old share, up to the old capacity, and the
-			// new capacity is written.
-			flim, frate = st.c, rate*st.c/lim
-			wr = true
-		}
-	}
-	t := now
-	if ts > t {
-		t = ts
-	}
-	tokens, ts = tbRefill(flim, frate, tokens, ts, t)
-	if flim < lim {
-		ts = t // a fraction of a unit at the old refill is not carried over
-	}
+	tokens, ts, t, wr := tbRead(lim, rate, exists && now-st.a < ttl, st.a, st.b, st.c, now)
 	*o = outcome{ok: true}
 	if op == opRefund {
 		if cost > 0 {
@@ -133,6 +110,38 @@ func decideTB(p *params, op byte, st *state, exists bool, now, ttl float64, char
 		o.w = writeSet
 		o.a, o.b, o.c = ts, tokens, lim
 	}
+}
+
+// tbRead reads a token bucket at now for capacity lim (units) and refill
+// rate (units per µs): the stored ts, tokens and capacity written at when
+// stored (live, and ts within the idle TTL), else a full bucket. A lower
+// capacity clamps the tokens; a higher one (the share grew) refills the time
+// since ts at the stored share, rate·sLim/lim, up to sLim, and drops the
+// fraction of a unit. Either change must be written (wr). t is the later of
+// now and ts. The same expressions as the scripts'.
+func tbRead(lim, rate float64, stored bool, sTs, sTokens, sLim, now float64) (tokens, ts, t float64, wr bool) {
+	tokens, ts = lim, now
+	flim, frate := lim, rate // what the time since ts refills at
+	if stored {
+		tokens, ts = sTokens, sTs
+		if tokens > lim {
+			tokens = lim // the share shrank: clamp, and write the clamp
+			wr = true
+		}
+		if sLim < lim {
+			flim, frate = sLim, rate*sLim/lim
+			wr = true
+		}
+	}
+	t = now
+	if ts > t {
+		t = ts
+	}
+	tokens, ts = tbRefill(flim, frate, tokens, ts, t)
+	if flim < lim {
+		ts = t // a fraction of a unit at the old refill is not carried over
+	}
+	return tokens, ts, t, wr
 }
 
 // tbRefill is the token bucket's refill at t (the later of now and the

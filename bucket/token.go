@@ -88,24 +88,7 @@ func (s *TokenState) TakeUnitsWith(now time.Time, l *TokenLimits, n int64) (int6
 			lw, exists = last, true
 		}
 	}
-	tokens, ts, wr := lim, nowF, false
-	flim, frate := lim, rate
-	if exists && nowF-s.ts < ttl {
-		tokens, ts = s.tokens, s.ts
-		if tokens > lim {
-			tokens = lim
-			wr = true
-		}
-		if s.lim < lim {
-			flim, frate = s.lim, rate*s.lim/lim
-			wr = true
-		}
-	}
-	t := max(nowF, ts)
-	tokens, ts = tbRefill(flim, frate, tokens, ts, t)
-	if flim < lim {
-		ts = t
-	}
+	tokens, ts, t, wr := tbRead(lim, rate, exists && nowF-s.ts < ttl, s.ts, s.tokens, s.lim, nowF)
 	if tokens < cost {
 		// Denied, and so is every later take of the batch: only a share
 		// change (a clamp, a grown capacity) is written.
