@@ -71,13 +71,18 @@ func (s *TokenState) TakeUnitsAt(now time.Time, l *Prepared, share float64, n in
 // once. Errors report zero limits or a negative n, and leave s unchanged.
 // Use one Prepared's limits with a TokenState (shares may differ).
 func (s *TokenState) TakeUnitsWith(now time.Time, l *TokenLimits, n int64) (int64, error) {
+	return s.TakeUnitsMicros(now.UnixMicro(), l, n)
+}
+
+// TakeUnitsMicros is TakeUnitsWith at now given in Unix microseconds, for a
+// caller that keeps its clock as a number (the simulator).
+func (s *TokenState) TakeUnitsMicros(us int64, l *TokenLimits, n int64) (int64, error) {
 	if !l.ok || n < 0 {
 		return 0, unitsErr(l, n)
 	}
 	if n == 0 {
 		return 0, nil
 	}
-	us := now.UnixMicro()
 	ttlUs := l.ttlUs
 	lim, rate, cost, ttl, nowF := l.lim, l.rate, l.cost, float64(ttlUs), float64(us)
 

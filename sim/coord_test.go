@@ -23,7 +23,7 @@ func testEngine(t *testing.T, n, subjects int, capacity int64, refill float64, c
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.nowT = time.Unix(0, 0)
+	e.nowUs = time.Unix(0, 0).UnixMicro()
 	return e
 }
 

@@ -390,7 +390,7 @@ type engine struct {
 	n        int
 	tick     time.Duration
 	now      time.Duration
-	nowT     time.Time
+	nowUs    int64 // now in Unix microseconds (a run starts at the Unix epoch)
 	seq      int64
 	events   eventHeap
 	up       []bool
@@ -691,7 +691,7 @@ func (e *engine) run() error {
 	epoch := time.Unix(0, 0)
 	for t := int64(0); t < ticks; t++ {
 		e.now = time.Duration(t) * e.tick
-		e.nowT = epoch.Add(e.now)
+		e.nowUs = epoch.Add(e.now).UnixMicro()
 		e.sec, e.bin = int(e.now/time.Second), int(t/e.binTicks)
 		for len(e.events) > 0 && e.events[0].at <= e.now {
 			if err := e.handle(heap.Pop(&e.events).(*event)); err != nil {
@@ -859,7 +859,7 @@ func (e *engine) take(m *model, st *bucket.TokenState, lim *shareLimits, share f
 	if !e.limitsAt(lim, share) {
 		return 0
 	}
-	a, err := st.TakeUnitsWith(e.nowT, &lim.lim, n)
+	a, err := st.TakeUnitsMicros(e.nowUs, &lim.lim, n)
 	if err != nil {
 		e.err = cmp.Or(e.err, fmt.Errorf("sim: bucket decision at %v: %w", e.now, err))
 		return 0
@@ -949,7 +949,7 @@ func (e *engine) pressured(sr *subjectRegion, r int, lim *shareLimits, share flo
 	}
 	if a == n {
 		probe := sr.st
-		left, _ = probe.TakeUnitsWith(e.nowT, &lim.lim, math.MaxInt64)
+		left, _ = probe.TakeUnitsMicros(e.nowUs, &lim.lim, math.MaxInt64)
 	}
 	sr.floor, sr.floorGen = int32(min(left, math.MaxInt32)), gen
 	return n - a + max(0, min(a, lim.half-left)) // admitted ones that left fewer than half
