@@ -147,65 +147,75 @@ func benchRedisAddr(b *testing.B) string {
 	return redistest.Addr(b)
 }
 
+// BenchmarkRedisTake: Take at 1 and 64 concurrent callers, with the
+// store's defaults; "unmerged" sends each call as a script call of its
+// own (Merge 1), pipelined only.
 func BenchmarkRedisTake(b *testing.B) {
+	for _, bc := range []struct {
+		name    string
+		callers int
+		merge   int
+	}{
+		{"callers=1", 1, 0},
+		{"callers=64", 64, 0},
+		{"unmerged/callers=64", 64, 1},
+	} {
+		b.Run(bc.name, func(b *testing.B) { benchRedisTake(b, bc.callers, bc.merge) })
+	}
+}
+
+func benchRedisTake(b *testing.B, callers, merge int) {
 	addr := benchRedisAddr(b)
 	keys := subjectKeys(b, "bench-", 10_000)
-	for _, callers := range []int{1, 64} {
-		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
-			// The client production uses (bucket.DialRedis: RESP2, no
-			// maintenance notifications), so the figure is the node's.
-			c, err := bucket.DialRedis(addr, bucket.DialOptions{})
+	// The client production uses (bucket.DialRedis: RESP2, no
+	// maintenance notifications), so the figure is the node's.
+	c, err := bucket.DialRedis(addr, bucket.DialOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	r, err := bucket.NewRedis(bucket.RedisConfig{Client: c, Merge: merge})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close()
+	ctx := context.Background()
+	var seq atomic.Int64
+	// RunParallel starts parallelism*GOMAXPROCS goroutines.
+	b.SetParallelism((callers + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+	var admitted atomic.Int64
+	b.ResetTimer()
+	if callers == 1 {
+		i := 0
+		for b.Loop() {
+			d, err := r.Take(ctx, bucket.Request{Key: keys[i%len(keys)], Limits: benchLimits, Share: 1, Cost: 1})
 			if err != nil {
 				b.Fatal(err)
 			}
-			defer c.Close()
-			r, err := bucket.NewRedis(bucket.RedisConfig{Client: c})
-			if err != nil {
-				b.Fatal(err)
+			if d.Allowed {
+				admitted.Add(1)
 			}
-			defer r.Close()
-			ctx := context.Background()
-			var seq atomic.Int64
-			b.SetParallelism((callers + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
-			if callers == 1 {
-				b.SetParallelism(1)
-				runtime.GOMAXPROCS(runtime.GOMAXPROCS(0)) // no change; parallelism 1 per P
-			}
-			var admitted atomic.Int64
-			b.ResetTimer()
-			if callers == 1 {
-				i := 0
-				for b.Loop() {
-					d, err := r.Take(ctx, bucket.Request{Key: keys[i%len(keys)], Limits: benchLimits, Share: 1, Cost: 1})
-					if err != nil {
-						b.Fatal(err)
-					}
-					if d.Allowed {
-						admitted.Add(1)
-					}
-					i++
+			i++
+		}
+	} else {
+		b.RunParallel(func(pb *testing.PB) {
+			i := int(seq.Add(7919))
+			for pb.Next() {
+				d, err := r.Take(ctx, bucket.Request{Key: keys[i%len(keys)], Limits: benchLimits, Share: 1, Cost: 1})
+				if err != nil {
+					b.Error(err)
+					return
 				}
-			} else {
-				b.RunParallel(func(pb *testing.PB) {
-					i := int(seq.Add(7919))
-					for pb.Next() {
-						d, err := r.Take(ctx, bucket.Request{Key: keys[i%len(keys)], Limits: benchLimits, Share: 1, Cost: 1})
-						if err != nil {
-							b.Error(err)
-							return
-						}
-						if d.Allowed {
-							admitted.Add(1)
-						}
-						i++
-					}
-				})
-			}
-			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
-			if admitted.Load() == 0 {
-				b.Fatal("nothing admitted")
+				if d.Allowed {
+					admitted.Add(1)
+				}
+				i++
 			}
 		})
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
+	if admitted.Load() == 0 {
+		b.Fatal("nothing admitted")
 	}
 }
 

@@ -116,7 +116,12 @@
 //
 // Memory and Redis are safe for concurrent use. Memory starts no goroutine
 // (Run sweeps if the caller runs it); NewRedis starts the flushers that
-// pipeline concurrent calls, and Close stops them. The zero Memory and the
+// pipeline concurrent calls, and Close stops them. Within a pipeline, a
+// flusher merges up to RedisConfig.Merge single-bucket takes (or refunds)
+// into one script call that decides each bucket on its own and in order,
+// reading each just before deciding it, so a merged call decides as the
+// same calls one after the other would (TestRedisMergedTakesAreExact); it
+// saves Redis a script call's fixed cost per decision. The zero Memory and the
 // zero Redis are not usable: build them with NewMemory and NewRedis. The
 // zero State and TokenState are absent buckets, which behave as full ones
 // (neither is safe for concurrent use). The zero Limits are invalid; the

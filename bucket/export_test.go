@@ -10,3 +10,10 @@ func KeyWithHash(k Key, h uint64) Key {
 	k.hash = h
 	return k
 }
+
+// RedisCrossSlot reports whether r has stopped sending keys of several
+// hash slots in one script call after a CROSSSLOT refusal.
+func RedisCrossSlot(r *Redis) bool { return r.crossSlot.Load() }
+
+// GroupClusterSlot is groupClusterSlot, for a test against CLUSTER KEYSLOT.
+var GroupClusterSlot = groupClusterSlot

@@ -29,6 +29,8 @@ func TestNewRedisConfig(t *testing.T) {
 		{"negative groups", bucket.RedisConfig{Client: c, Groups: -1}, false},
 		{"too many groups", bucket.RedisConfig{Client: c, Groups: bucket.MaxGroups + 1}, false},
 		{"negative batch", bucket.RedisConfig{Client: c, MaxBatch: -1}, false},
+		{"no merging", bucket.RedisConfig{Client: c, Merge: 1}, true},
+		{"negative merge", bucket.RedisConfig{Client: c, Merge: -1}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, err := bucket.NewRedis(tc.cfg)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -43,6 +42,11 @@ type RedisConfig struct {
 	// Flushers is how many goroutines send pipelines concurrently; 0 means
 	// DefaultFlushers.
 	Flushers int
+	// Merge is the most single-bucket calls (Take, Refund) that a flusher
+	// merges into one script call; 0 means DefaultMerge, 1 sends every
+	// call as a script call of its own. Calls merge on a single server
+	// whatever their groups, on a cluster only within one hash slot.
+	Merge int
 	// Groups is how many group hashes hold the token buckets of one policy
 	// version (see DefaultGroups for the trade-off); 0 means DefaultGroups,
 	// at most MaxGroups. Every node that shares a Redis must use the same
@@ -59,7 +63,11 @@ type RedisConfig struct {
 // stopped by Close) each take every call waiting, up to MaxBatch, and send
 // them in one pipeline. A woken flusher first yields once, so that callers
 // already runnable add their calls; a lone caller's call then goes out
-// alone.
+// alone. Within a pipeline, up to Merge single-bucket calls of the same
+// operation (and, on a cluster, hash slot) go out as one script call that
+// decides each bucket on its own, in queue order, as separate calls would:
+// Redis then pays a script call's fixed cost once for all of them (see
+// DefaultMerge).
 // EVALSHA is used; a NOSCRIPT reply (after SCRIPT FLUSH, a restart or a
 // failover) is answered by resending that call with EVAL in the same
 // operation, so the caller never sees it.
@@ -86,6 +94,7 @@ type RedisConfig struct {
 type Redis struct {
 	client   RedisClient
 	maxBatch int
+	merge    int
 	groups   uint32
 	queue    chan *call
 	stop     chan struct{}
@@ -113,7 +122,9 @@ type Redis struct {
 // back; a caller that gives up (its context ended) leaves it to the
 // garbage collector, since the flusher may still write to it.
 type call struct {
-	n      int // buckets
+	n      int    // buckets
+	op     byte   // opTake or opRefund
+	group  uint32 // the group of the first bucket
 	script *redis.Script
 	// argv is the command: "evalsha", the script's hash, len(keys), the
 	// keys, then the arguments (see lua/take.lua).
@@ -130,6 +141,7 @@ var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}
 // allocates on every call otherwise.
 var (
 	argOpTake, argOpRefund any = string(rune(opTake)), string(rune(opRefund))
+	argOpTakeEach          any = "i" // independent takes of a merged call (merge.go)
 	argEvalSha, argEval    any = "evalsha", "eval"
 	argEmpty               any = ""
 	argAlg                 [len(algCodes)]any
@@ -221,8 +233,8 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 	if cfg.Client == nil {
 		return nil, errors.New("bucket: new redis store: Client is nil")
 	}
-	if cfg.MaxBatch < 0 || cfg.QueueSize < 0 || cfg.Flushers < 0 {
-		return nil, fmt.Errorf("bucket: new redis store: negative MaxBatch %d, QueueSize %d or Flushers %d", cfg.MaxBatch, cfg.QueueSize, cfg.Flushers)
+	if cfg.MaxBatch < 0 || cfg.QueueSize < 0 || cfg.Flushers < 0 || cfg.Merge < 0 {
+		return nil, fmt.Errorf("bucket: new redis store: negative MaxBatch %d, QueueSize %d, Flushers %d or Merge %d", cfg.MaxBatch, cfg.QueueSize, cfg.Flushers, cfg.Merge)
 	}
 	if cfg.Groups < 0 || cfg.Groups > MaxGroups {
 		return nil, fmt.Errorf("bucket: new redis store: Groups %d, want 0 (default %d) to %d", cfg.Groups, DefaultGroups, MaxGroups)
@@ -239,9 +251,13 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 	if cfg.Flushers == 0 {
 		cfg.Flushers = DefaultFlushers
 	}
+	if cfg.Merge == 0 {
+		cfg.Merge = DefaultMerge
+	}
 	r := &Redis{
 		client:   cfg.Client,
 		maxBatch: cfg.MaxBatch,
+		merge:    cfg.Merge,
 		groups:   uint32(cfg.Groups),
 		queue:    make(chan *call, cfg.QueueSize),
 		stop:     make(chan struct{}),
@@ -274,72 +290,6 @@ func (r *Redis) Close() error {
 		default:
 			return nil
 		}
-	}
-}
-
-func (r *Redis) flusher() {
-	defer r.wg.Done()
-	batch := make([]*call, 0, r.maxBatch)
-	cmds := make([]*redis.IntSliceCmd, r.maxBatch)
-	for {
-		select {
-		case <-r.stop:
-			return
-		case c := <-r.queue:
-			batch = append(batch[:0], c)
-			// The caller that woke this flusher readied it to run next,
-			// before the other callers already runnable had queued their
-			// calls: let them run first, so that the pipeline carries
-			// their calls too rather than this one alone.
-			runtime.Gosched()
-		fill:
-			for len(batch) < r.maxBatch {
-				select {
-				case c := <-r.queue:
-					batch = append(batch, c)
-				default:
-					break fill
-				}
-			}
-			r.send(batch, cmds[:len(batch)])
-			clear(batch)
-			clear(cmds)
-		}
-	}
-}
-
-// send runs one pipeline (cmds has one slot per call) of EVALSHA calls, resends the NOSCRIPT ones with
-// EVAL, and answers every call.
-func (r *Redis) send(batch []*call, cmds []*redis.IntSliceCmd) {
-	ctx := context.Background()
-	pipe := r.client.Pipeline()
-	for i, c := range batch {
-		cmds[i] = newScriptCmd(ctx, c.argv)
-		_ = pipe.Process(ctx, cmds[i])
-	}
-	_, _ = pipe.Exec(ctx) // errors are read per command below
-	var again []int
-	for i, cmd := range cmds {
-		if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			again = append(again, i)
-		}
-	}
-	if len(again) > 0 {
-		pipe = r.client.Pipeline()
-		for _, i := range again {
-			c := batch[i]
-			c.argv[0], c.argv[1] = argEval, scriptSource(c.script)
-			cmds[i] = newScriptCmd(ctx, c.argv)
-			_ = pipe.Process(ctx, cmds[i])
-		}
-		_, _ = pipe.Exec(ctx)
-	}
-	for i, c := range batch {
-		c.res, c.err = cmds[i].Result()
-		if c.err == nil && len(c.res) != replyPerBucket*c.n {
-			c.err = fmt.Errorf("bucket: script replied %d numbers, want %d", len(c.res), replyPerBucket*c.n)
-		}
-		c.done <- struct{}{}
 	}
 }
 
@@ -408,7 +358,7 @@ const (
 // must share one hash slot (one group, or any groups on a single server).
 func (r *Redis) newCall(op byte, reqs []Request, ps []params) *call {
 	c := callPool.Get().(*call)
-	c.n, c.res, c.err = len(reqs), nil, nil
+	c.n, c.op, c.res, c.err = len(reqs), op, nil, nil
 	argv := c.argv[:0]
 	if cap(argv) < 5+(1+argsPerBucket)*len(reqs) {
 		argv = make([]any, 0, 5+(1+argsPerBucket)*len(reqs))
@@ -429,6 +379,9 @@ func (r *Redis) newCall(op byte, reqs []Request, ps []params) *call {
 	for i := range reqs {
 		k := &reqs[i].Key
 		g := groupOf(k.subject, r.groups)
+		if i == 0 {
+			c.group = g
+		}
 		if grouped(ps[i].alg) {
 			argv = append(argv, r.args.groupKey(k, g))
 		} else {

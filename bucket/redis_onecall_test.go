@@ -88,40 +88,46 @@ func TestRedisTakeAllOneCallOnOneServer(t *testing.T) {
 	}
 }
 
-// TestRedisTakeAllCrossSlotFallback: a plain client on one node of a Redis
-// Cluster (as behind a proxy that refuses keys of several slots) gets
-// CROSSSLOT for the one-call TakeAll; the store then sends one call per
-// group, and keeps doing so.
-func TestRedisTakeAllCrossSlotFallback(t *testing.T) {
+// behindProxy starts a Redis Cluster and returns a store on a plain
+// client of its first node (as behind a proxy that refuses keys of several
+// slots), with requests of cost for two subjects of policy whose keys
+// under lim lie in different hash slots, both served by that node (a key
+// it does not serve answers MOVED).
+func behindProxy(t *testing.T, policy string, lim bucket.Limits, cost int64) (*bucket.Redis, []bucket.Request) {
+	t.Helper()
 	cl := redistest.StartCluster(t)
 	node := redis.NewClient(&redis.Options{Addr: cl.Addrs[0]})
 	t.Cleanup(func() { _ = node.Close() })
 	r := newRedis(t, node)
 	ctx := context.Background()
-	lim := bucket.Limits{Capacity: 10, IdleTTL: time.Minute}
-	// Two subjects whose group keys lie in different slots, both served by
-	// this node (a key it does not serve answers MOVED).
 	var reqs []bucket.Request
 	slots := map[int64]bool{}
 	for i := 0; i < 2000 && len(reqs) < 2; i++ {
-		k, _ := bucket.NewKey("x", 1, fmt.Sprintf("s%d", i))
+		k, _ := bucket.NewKey(policy, 1, fmt.Sprintf("s%d", i))
 		key, _ := r.Location(k, lim)
 		slot, err := node.ClusterKeySlot(ctx, key).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if slots[slot] {
-			continue
-		}
-		if err := node.Exists(ctx, key).Err(); err != nil {
-			continue // MOVED: another node's slot
+		if slots[slot] || node.Exists(ctx, key).Err() != nil {
+			continue // the slot of the first, or another node's (MOVED)
 		}
 		slots[slot] = true
-		reqs = append(reqs, bucket.Request{Key: k, Limits: lim, Share: 1, Cost: 3})
+		reqs = append(reqs, bucket.Request{Key: k, Limits: lim, Share: 1, Cost: cost})
 	}
 	if len(reqs) != 2 {
-		t.Fatalf("found %d subjects in distinct slots of node 0", len(reqs))
+		t.Fatalf("found %d subjects in distinct slots of node %s", len(reqs), cl.Addrs[0])
 	}
+	return r, reqs
+}
+
+// TestRedisTakeAllCrossSlotFallback: a plain client on one node of a Redis
+// Cluster (as behind a proxy that refuses keys of several slots) gets
+// CROSSSLOT for the one-call TakeAll; the store then sends one call per
+// group, and keeps doing so.
+func TestRedisTakeAllCrossSlotFallback(t *testing.T) {
+	r, reqs := behindProxy(t, "x", bucket.Limits{Capacity: 10, IdleTTL: time.Minute}, 3)
+	ctx := context.Background()
 	for i, want := range []float64{7, 4, 1} {
 		ds, err := r.TakeAll(ctx, reqs)
 		if err != nil {

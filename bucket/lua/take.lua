@@ -12,7 +12,7 @@
 --     a string with PX ttl.
 --
 -- KEYS[i]: the keys above (one group: they share a hash tag and slot).
--- ARGV[1]: 't' take (cost 0 peeks) or 'r' refund.
+-- ARGV[1]: 't' take (cost 0 peeks), 'i' independent takes or 'r' refund.
 -- ARGV[2]: '' to read Redis TIME (production); tests pass a time in
 --          microseconds here to drive a differential test. Nothing but the
 --          tests ever sets it.
@@ -23,9 +23,13 @@
 -- Reply: for each bucket five integers: allowed (1/0), capacity (units),
 --          remaining (units), retry-after (microseconds), reset-after
 --          (microseconds).
--- A take is all or nothing: if one bucket denies, no bucket is charged and
--- every bucket reports allowed 0 (only a token-bucket clamp is still
--- written).
+-- A take ('t') is all or nothing: if one bucket denies, no bucket is
+-- charged and every bucket reports allowed 0 (only a token-bucket clamp is
+-- still written). Independent takes ('i') and refunds decide each bucket
+-- on its own, in order, as that many calls of one bucket would: the Redis
+-- store merges concurrent single-bucket calls into one such call, where
+-- one bucket may appear more than once, so each bucket is read just
+-- before it is decided.
 --
 -- Pruning: each write that creates a field in a group hash samples
 -- PRUNE_SAMPLE random fields (HRANDFIELD) and deletes those STALE for twice
@@ -41,6 +45,9 @@ local n = #KEYS
 if #ARGV ~= 2 + 6 * n then
   return redis.error_reply('ERR bucket: want ' .. (2 + 6 * n) .. ' arguments, got ' .. #ARGV)
 end
+if op ~= 't' and op ~= 'i' and op ~= 'r' then
+  return redis.error_reply('ERR bucket: unknown operation ' .. tostring(op))
+end
 local fs, lims, ps, costs, ttls, fields, vals = {}, {}, {}, {}, {}, {}, {}
 for i = 1, n do
   local b = 2 + (i - 1) * 6
@@ -54,14 +61,16 @@ for i = 1, n do
   costs[i] = tonumber(ARGV[b + 4])
   ttls[i] = tonumber(ARGV[b + 5])
   fields[i] = ARGV[b + 6]
-  if fields[i] == '' then
-    vals[i] = redis.call('GET', KEYS[i])
-  else
-    if not STALE[ARGV[b + 1]] then
-      return redis.error_reply('ERR bucket: algorithm ' .. ARGV[b + 1] .. ' cannot live in a group hash')
-    end
-    vals[i] = redis.call('HGET', KEYS[i], fields[i])
+  if fields[i] ~= '' and not STALE[ARGV[b + 1]] then
+    return redis.error_reply('ERR bucket: algorithm ' .. ARGV[b + 1] .. ' cannot live in a group hash')
   end
+end
+
+local function read(i)
+  if fields[i] == '' then
+    return redis.call('GET', KEYS[i])
+  end
+  return redis.call('HGET', KEYS[i], fields[i])
 end
 
 local function prune(key, field, stale, ttl)
@@ -73,8 +82,13 @@ local function prune(key, field, stale, ttl)
   end
 end
 
-local charge = true
-if op == 't' and n > 1 then
+-- An all-or-nothing take reads every bucket first and charges only when
+-- each would admit; the keys of one such call are distinct (TakeAll).
+local charge, pre = true, op == 't' and n > 1
+if pre then
+  for i = 1, n do
+    vals[i] = read(i)
+  end
   for i = 1, n do
     local ok = fs[i](op, vals[i], now, lims[i], ps[i], costs[i], ttls[i] * 1000, false)
     if not ok then
@@ -85,7 +99,9 @@ if op == 't' and n > 1 then
 end
 local reply = {}
 for i = 1, n do
-  local ok, rem, retry, reset, val = fs[i](op, vals[i], now, lims[i], ps[i], costs[i], ttls[i] * 1000, charge)
+  local v
+  if pre then v = vals[i] else v = read(i) end
+  local ok, rem, retry, reset, val = fs[i](op, v, now, lims[i], ps[i], costs[i], ttls[i] * 1000, charge)
   if fields[i] == '' then
     if val == false then
       redis.call('DEL', KEYS[i])

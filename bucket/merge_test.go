@@ -1,0 +1,234 @@
+package bucket_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/quotacoord/quota/bucket"
+	"github.com/quotacoord/quota/internal/redistest"
+)
+
+// concurrently runs n goroutines released together, each calling do(i),
+// and fails t on the first error.
+func concurrently(t *testing.T, n int, do func(i int) error) {
+	t.Helper()
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			if err := do(i); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
+// raceTakes runs 64 goroutines, each taking per times through r, going
+// round reqs from its own offset, and returns how many takes each request
+// had admitted.
+func raceTakes(t *testing.T, r *bucket.Redis, reqs []bucket.Request, per int) []int {
+	t.Helper()
+	admitted := make([]int, len(reqs))
+	var mu sync.Mutex
+	concurrently(t, 64, func(g int) error {
+		for j := range per {
+			b := (g*per + j) % len(reqs)
+			d, err := r.Take(context.Background(), reqs[b])
+			if err != nil {
+				return err
+			}
+			if d.Allowed {
+				mu.Lock()
+				admitted[b]++
+				mu.Unlock()
+			}
+		}
+		return nil
+	})
+	return admitted
+}
+
+// noRefill are limits of every algorithm that admit exactly 100 of cost 1
+// within the test.
+var noRefill = []bucket.Limits{
+	{Capacity: 100, IdleTTL: time.Minute},
+	{Algorithm: bucket.FixedWindow, Capacity: 100, Window: time.Hour, IdleTTL: time.Hour},
+	{Algorithm: bucket.SlidingWindow, Capacity: 100, Window: time.Hour, IdleTTL: 2 * time.Hour},
+	{Algorithm: bucket.SlidingLog, Capacity: 100, Window: time.Hour, IdleTTL: time.Hour},
+}
+
+// TestRedisMergedTakesAreExact: 64 goroutines race over buckets of every
+// algorithm, two subjects each; the store merges their single-bucket
+// takes into fewer script calls (one bucket may appear many times in one
+// call), and every bucket still admits exactly its capacity.
+func TestRedisMergedTakesAreExact(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	r, err := bucket.NewRedis(bucket.RedisConfig{Client: c, Flushers: 1, Merge: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	var reqs []bucket.Request
+	for i, lim := range noRefill {
+		for _, subj := range []string{"acme", "globex"} {
+			k, _ := bucket.NewKey(fmt.Sprintf("merge%d", i), 1, subj)
+			reqs = append(reqs, bucket.Request{Key: k, Limits: lim, Share: 1, Cost: 1})
+		}
+	}
+	const perGoroutine = 25 // 1600 takes, 200 per bucket
+	before := evalshaCalls(t, c)
+	admitted := raceTakes(t, r, reqs, perGoroutine)
+	calls := evalshaCalls(t, c) - before
+	for b, n := range admitted {
+		if n != 100 {
+			t.Errorf("%s (%s): admitted %d, want exactly 100", reqs[b].Key, reqs[b].Limits.Algorithm, n)
+		}
+	}
+	if takes := 64 * perGoroutine; calls >= takes {
+		t.Fatalf("%d takes went out in %d script calls: none merged", takes, calls)
+	} else {
+		t.Logf("%d takes in %d script calls", takes, calls)
+	}
+}
+
+// TestRedisMergedRefunds: concurrent refunds of one bucket, merged, each
+// add their cost.
+func TestRedisMergedRefunds(t *testing.T) {
+	r := newRedis(t, redistest.Client(t))
+	ctx := context.Background()
+	k, _ := bucket.NewKey("mergerefund", 1, redistest.Unique(t))
+	req := bucket.Request{Key: k, Limits: bucket.Limits{Capacity: 100, IdleTTL: time.Minute}, Share: 1, Cost: 100}
+	if d, err := r.Take(ctx, req); err != nil || !d.Allowed {
+		t.Fatalf("emptying take: %+v, %v", d, err)
+	}
+	req.Cost = 1
+	concurrently(t, 64, func(int) error {
+		_, err := r.Refund(ctx, req)
+		return err
+	})
+	req.Cost = 0
+	if d, err := r.Take(ctx, req); err != nil || d.Remaining != 64 {
+		t.Fatalf("peek after 64 refunds of 1: %+v, %v; want 64 remaining", d, err)
+	}
+}
+
+// TestRedisMergedAfterScriptFlush: merged calls meet NOSCRIPT after SCRIPT
+// FLUSH and are resent with EVAL, once each.
+func TestRedisMergedAfterScriptFlush(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	r := newRedis(t, c)
+	ctx := context.Background()
+	k, _ := bucket.NewKey("mergeflush", 1, "s")
+	req := bucket.Request{Key: k, Limits: bucket.Limits{Capacity: 1000, IdleTTL: time.Minute}, Share: 1, Cost: 1}
+	for round := 1; round <= 3; round++ {
+		if err := c.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		concurrently(t, 64, func(int) error {
+			d, err := r.Take(ctx, req)
+			if err == nil && !d.Allowed {
+				err = fmt.Errorf("denied with %v left", d.Remaining)
+			}
+			return err
+		})
+		peek := req
+		peek.Cost = 0
+		if d, err := r.Take(ctx, peek); err != nil || d.Remaining != float64(1000-64*round) {
+			t.Fatalf("round %d: peek %+v, %v; want %d remaining", round, d, err, 1000-64*round)
+		}
+	}
+}
+
+// checkGroupClusterSlots fails t when the store's slot of a group tag is
+// not the one the cluster node c computes.
+func checkGroupClusterSlots(t *testing.T, c *redis.Client) {
+	t.Helper()
+	ctx := context.Background()
+	pipe := c.Pipeline()
+	var cmds []*redis.IntCmd
+	groups := []uint32{0, 1, 9, 10, 99, 4095, 65535, bucket.MaxGroups - 1}
+	for g := uint32(100); g < 1100; g += 7 {
+		groups = append(groups, g)
+	}
+	for _, g := range groups {
+		cmds = append(cmds, pipe.ClusterKeySlot(ctx, fmt.Sprintf("rl:v1:{g.%d}:p", g)))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, g := range groups {
+		if got, want := bucket.GroupClusterSlot(g), cmds[i].Val(); int64(got) != want {
+			t.Fatalf("group %d: slot %d, Redis says %d", g, got, want)
+		}
+	}
+}
+
+// TestRedisClusterMergesWithinSlots: on a cluster, concurrent takes merge
+// only with takes of their slot (the store computes slots as Redis does);
+// every bucket admits exactly its capacity.
+func TestRedisClusterMergesWithinSlots(t *testing.T) {
+	cl := redistest.StartCluster(t)
+	node := redis.NewClient(&redis.Options{Addr: cl.Addrs[0]})
+	t.Cleanup(func() { _ = node.Close() })
+	checkGroupClusterSlots(t, node)
+	r := newRedis(t, cl.Client(t))
+	var reqs []bucket.Request
+	for i := range 12 {
+		k, _ := bucket.NewKey("clustermerge", 1, fmt.Sprintf("s%d", i))
+		reqs = append(reqs, bucket.Request{Key: k, Limits: bucket.Limits{Capacity: 20, IdleTTL: time.Minute}, Share: 1, Cost: 1})
+	}
+	admitted := raceTakes(t, r, reqs, 6) // 384 takes, 32 per bucket
+	for b, n := range admitted {
+		if n != 20 {
+			t.Errorf("%s: admitted %d, want exactly 20", reqs[b].Key, n)
+		}
+	}
+}
+
+// TestRedisMergedCrossSlotFallback: through a plain client on one node of
+// a cluster (as behind a proxy), merged takes of subjects in different
+// slots meet CROSSSLOT; the store resends them one by one, charging each
+// exactly once, and merges within one slot from then on.
+func TestRedisMergedCrossSlotFallback(t *testing.T) {
+	r, reqs := behindProxy(t, "mergecross", bucket.Limits{Capacity: 100_000, IdleTTL: time.Minute}, 1)
+	ctx := context.Background()
+	taken := 0
+	for round := 0; round < 50 && !bucket.RedisCrossSlot(r); round++ {
+		concurrently(t, 64, func(g int) error {
+			_, err := r.Take(ctx, reqs[g%2])
+			return err
+		})
+		taken += 32
+	}
+	if !bucket.RedisCrossSlot(r) {
+		t.Fatal("no merged call met CROSSSLOT in 50 rounds of 64 concurrent takes")
+	}
+	concurrently(t, 64, func(g int) error {
+		_, err := r.Take(ctx, reqs[g%2])
+		return err
+	})
+	taken += 32
+	for _, req := range reqs {
+		req.Cost = 0
+		if d, err := r.Take(ctx, req); err != nil || d.Remaining != float64(100_000-taken) {
+			t.Fatalf("%s: peek %+v, %v; want %d remaining (each take charged once)", req.Key, d, err, 100_000-taken)
+		}
+	}
+}
