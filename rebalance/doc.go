@@ -11,7 +11,11 @@
 // operator controls, the policy documents and the published allocations.
 // It smooths demand (allocator.Smooth), computes per policy the default
 // split and the splits of at most Config.MaxOverrides pressured subjects
-// (allocator.Split) and publishes what changed. The pure part of a round is
+// (allocator.Split) and publishes what changed. A region's first smoothed
+// demand is its first report, taken as it is. A region that registers
+// again after the leader saw it without any node (a region back from an
+// outage) gets a full round as soon as it writes its first demand report,
+// rather than at the next tick. The pure part of a round is
 // plan(now, snapshot, state, config); Loop does the I/O around it.
 //
 // # Two-step publish

@@ -49,12 +49,10 @@ func TestRegionRegisteredBetweenReadAndPublish(t *testing.T) {
 	checkInvariant(t, e)
 }
 
-// TestPlanOverPendingShrinkShrinksAgain: a region registers while a
-// shrink epoch waits for c's acknowledgement. The new plan (which must
-// include the new region) may not publish growth: c may still enforce
-// the epoch before the shrink, whose shares the shrink record does not
-// hold. It publishes another shrink from the pending one.
-func TestPlanOverPendingShrinkShrinksAgain(t *testing.T) {
+// planFixture returns the exports policy and a default Config, for tests
+// of plan and observe without etcd.
+func planFixture(t *testing.T) (*policy.Set, Config) {
+	t.Helper()
 	set, err := policy.Parse("exports.yaml", []byte(exportsDoc))
 	if err != nil {
 		t.Fatal(err)
@@ -63,6 +61,16 @@ func TestPlanOverPendingShrinkShrinksAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return set, cfg
+}
+
+// TestPlanOverPendingShrinkShrinksAgain: a region registers while a
+// shrink epoch waits for c's acknowledgement. The new plan (which must
+// include the new region) may not publish growth: c may still enforce
+// the epoch before the shrink, whose shares the shrink record does not
+// hold. It publishes another shrink from the pending one.
+func TestPlanOverPendingShrinkShrinksAgain(t *testing.T) {
+	set, cfg := planFixture(t)
 	// Epoch 1: c held most; epoch 2 shrinks c toward b. a and b
 	// acknowledged 2, c did not; d just registered.
 	cur := &etcdlayout.Allocation{
@@ -187,4 +195,103 @@ func TestLateRegionStartsFromNothing(t *testing.T) {
 		t.Fatalf("want a shrink giving b 0 now and at least its minimum later, got %+v", shrink)
 	}
 	checkInvariant(t, e)
+}
+
+// TestReturnedRegionFirstReportRunsFullRound: region c loses its last
+// node, registers again and reports; its first report brings a full round
+// at once (the loop's Interval is an hour and nothing calls RebalanceNow),
+// and that round takes c's demand as it is.
+func TestReturnedRegionFirstReportRunsFullRound(t *testing.T) {
+	e := newEnv(t, "a", "b", "c")
+	ctx := context.Background()
+	l, _ := startLoop(t, Config{Client: e.cli, Name: "c1", SkewMargin: 100 * time.Millisecond})
+	waitLeader(t, l)
+	roundStable(t, e, l)
+	actx, stopAcks := context.WithCancel(ctx)
+	var acking []func()
+	t.Cleanup(func() {
+		stopAcks()
+		for _, wait := range acking {
+			wait()
+		}
+	})
+	for _, n := range []string{"a", "b"} {
+		acking = append(acking, e.regions[n].AutoAck(actx))
+	}
+	e.regions["c"].Kill()
+	waitFor(t, "c's lease to expire", 10*time.Second, func() bool {
+		resp, err := e.cli.Get(ctx, e.layout.RegionNodes("c"), clientv3.WithPrefix())
+		return err == nil && len(resp.Kvs) == 0
+	})
+	// The registration watch's round sees c without a node.
+	waitFor(t, "the loop to note c missing", 10*time.Second, func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		_, ok := l.st.missingSince["c"]
+		return ok
+	})
+	c := coordtest.NewRegion(e.cli, e.layout, "c")
+	t.Cleanup(c.Kill)
+	if err := c.Register(ctx, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	acking = append(acking, c.AutoAck(actx))
+	waitFor(t, "the loop to note c back", 10*time.Second, func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.st.returned["c"]
+	})
+	before := e.alloc(t)
+	// c now carries 3/4 of the offered load.
+	if err := c.Report(ctx, time.Second, map[string]etcdlayout.PolicyDemand{"exports": {Offered: 30, Admitted: 10}}); err != nil {
+		t.Fatal(err)
+	}
+	var a etcdlayout.Allocation
+	waitFor(t, "c's share to follow its first report", 10*time.Second, func() bool {
+		a = e.alloc(t)
+		return a.Phase == etcdlayout.PhaseStable && a.Epoch > before.Epoch && a.Default["c"] > 0.5
+	})
+	if a.Default["c"] <= a.Default["a"] {
+		t.Fatalf("after c's first report: %v", a.Default)
+	}
+	l.mu.Lock()
+	back := l.st.returned["c"]
+	l.mu.Unlock()
+	if back {
+		t.Error("c still counted as just back after a full round observed its report")
+	}
+	checkInvariant(t, e)
+}
+
+// TestFirstObservationComesFromAReport: a live region without a demand
+// report gets no smoothed demand; its first report is then taken as it
+// is, not smoothed up from 0.
+func TestFirstObservationComesFromAReport(t *testing.T) {
+	set, cfg := planFixture(t)
+	reg := etcdlayout.Registration{}
+	report := func(offered float64) etcdlayout.DemandReport {
+		return etcdlayout.DemandReport{Policies: map[string]etcdlayout.PolicyDemand{"exports": {Offered: offered}}}
+	}
+	snap := &snapshot{
+		live:     map[string]map[string]etcdlayout.Registration{"a": {"n": reg}, "b": {"n": reg}, "c": {"n": reg}},
+		demand:   map[string]etcdlayout.DemandReport{"a": report(10), "b": report(10)},
+		policies: set,
+	}
+	st := newState()
+	st.returned["c"] = true
+	st.observe(snap, &cfg)
+	if d, ok := st.demand["exports"]["c"]; ok {
+		t.Fatalf("c has demand %v before any report", d)
+	}
+	if !st.returned["c"] {
+		t.Fatal("c no longer counted as just back before any report")
+	}
+	snap.demand["c"] = report(20)
+	st.observe(snap, &cfg)
+	if got := st.demand["exports"]["c"]; got != 0.5 {
+		t.Fatalf("c's first observation %v, want 0.5 (20 of 40, as it is)", got)
+	}
+	if st.returned["c"] {
+		t.Fatal("c still counted as just back after a round observed its report")
+	}
 }

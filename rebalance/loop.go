@@ -106,8 +106,9 @@ func (l *Loop) Leader(ctx context.Context) (string, error) {
 }
 
 // Run campaigns for leadership and, while leading, runs a round every
-// Interval, on RebalanceNow and whenever an acknowledgement or
-// registration changes. It blocks until ctx is done, then resigns and
+// Interval, on RebalanceNow, whenever an acknowledgement or registration
+// changes, and when a region that came back from having no registered node
+// writes its first demand report. It blocks until ctx is done, then resigns and
 // returns nil. It starts goroutines that end before it returns.
 func (l *Loop) Run(ctx context.Context) error {
 	log := l.cfg.Logger
@@ -194,6 +195,7 @@ func (l *Loop) lead(ctx context.Context, sess *concurrency.Session, f fence) err
 	l.mu.Unlock()
 	wacks := l.cfg.Client.Watch(lctx, l.cfg.Layout.AcksPrefix(), clientv3.WithPrefix())
 	wregs := l.cfg.Client.Watch(lctx, l.cfg.Layout.RegionsPrefix(), clientv3.WithPrefix())
+	wdemand := l.cfg.Client.Watch(lctx, l.cfg.Layout.DemandPrefix(), clientv3.WithPrefix(), clientv3.WithFilterDelete())
 	tick := time.NewTicker(l.cfg.Interval)
 	defer tick.Stop()
 	// recheck re-runs an acknowledgement round while growth waits (a
@@ -224,28 +226,23 @@ func (l *Loop) lead(ctx context.Context, sess *concurrency.Session, f fence) err
 			res, err = l.round(lctx, f, true)
 			req.reply <- roundReply{res, err}
 		case wr, ok := <-wacks:
-			if !ok {
-				if ctx.Err() != nil {
-					return nil
-				}
-				return fmt.Errorf("rebalance: watch of %s closed", "acknowledgements")
-			}
-			if werr := wr.Err(); werr != nil {
-				return fmt.Errorf("rebalance: watch acknowledgements: %w", werr)
+			if end, err := watchEnded(ctx, "acknowledgements", wr, ok); end {
+				return err
 			}
 			res, err = l.round(lctx, f, false)
 		case wr, ok := <-wregs:
-			if !ok {
-				if ctx.Err() != nil {
-					return nil
-				}
-				return fmt.Errorf("rebalance: watch of %s closed", "registrations")
-			}
-			if werr := wr.Err(); werr != nil {
-				return fmt.Errorf("rebalance: watch registrations: %w", werr)
+			if end, err := watchEnded(ctx, "registrations", wr, ok); end {
+				return err
 			}
 			l.notedGone(wr.Events)
 			res, err = l.round(lctx, f, false)
+		case wr, ok := <-wdemand:
+			if end, err := watchEnded(ctx, "demand reports", wr, ok); end {
+				return err
+			}
+			if l.reportedBack(wr.Events) {
+				res, err = l.round(lctx, f, true)
+			}
 		}
 		if errors.Is(err, ErrNotLeader) {
 			return err
@@ -254,6 +251,22 @@ func (l *Loop) lead(ctx context.Context, sess *concurrency.Session, f fence) err
 			l.cfg.Logger.Warn("rebalance round failed", "error", err)
 		}
 	}
+}
+
+// watchEnded reports whether a watch of what that delivered (wr, ok) ends
+// the lead, and with which error: nil when ctx ended, else the watch's
+// failure.
+func watchEnded(ctx context.Context, what string, wr clientv3.WatchResponse, ok bool) (bool, error) {
+	if !ok {
+		if ctx.Err() != nil {
+			return true, nil
+		}
+		return true, fmt.Errorf("rebalance: watch of %s closed", what)
+	}
+	if err := wr.Err(); err != nil {
+		return true, fmt.Errorf("rebalance: watch %s: %w", what, err)
+	}
+	return false, nil
 }
 
 // notedGone records the nodes whose registration a watch saw deleted, so
@@ -271,6 +284,23 @@ func (l *Loop) notedGone(evs []*clientv3.Event) {
 			l.st.nodeGoneAt(region, now)
 		}
 	}
+}
+
+// reportedBack reports whether evs hold a demand report of a region that
+// came back (state.returned) and that no full round has observed since:
+// its first report is worth a full round now.
+func (l *Loop) reportedBack(evs []*clientv3.Event) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.st.returned) == 0 {
+		return false
+	}
+	for _, ev := range evs {
+		if region, _, ok := etcdlayout.NodeOf(l.cfg.Layout.DemandPrefix(), string(ev.Kv.Key)); ok && l.st.returned[region] {
+			return true
+		}
+	}
+	return false
 }
 
 // RebalanceNow runs a full round in the loop's goroutine and returns what

@@ -65,6 +65,12 @@ type state struct {
 	// that vanished before it are unknown to it, so it treats that
 	// instant as a node vanishing in every region.
 	leadSince time.Time
+	// returned are the regions that registered again after this leader
+	// saw them without any node, until a full round observes their first
+	// demand report: that report brings a full round at once (Loop.lead)
+	// rather than at the next tick, so a region back from an outage does
+	// not wait an Interval at its minimum share.
+	returned map[string]bool
 }
 
 func newState() *state {
@@ -74,6 +80,7 @@ func newState() *state {
 		missingSince: make(map[string]time.Time),
 		nodes:        make(map[string]bool),
 		nodeGone:     make(map[string]time.Time),
+		returned:     make(map[string]bool),
 	}
 }
 
@@ -92,6 +99,7 @@ func (st *state) clone() *state {
 	maps.Copy(c.missingSince, st.missingSince)
 	maps.Copy(c.nodes, st.nodes)
 	maps.Copy(c.nodeGone, st.nodeGone)
+	maps.Copy(c.returned, st.returned)
 	c.leadSince = st.leadSince
 	return c
 }
@@ -108,11 +116,18 @@ func rate(p *policy.Policy) float64 {
 }
 
 // trackMissing records when regions of published allocations lost their
-// last registered node, and when nodes of any region vanished.
+// last registered node, which of them registered again, and when nodes of
+// any region vanished.
 func (st *state) trackMissing(now time.Time, snap *snapshot) {
 	for r := range st.missingSince {
 		if _, ok := snap.live[r]; ok {
 			delete(st.missingSince, r)
+			st.returned[r] = true // bounded: missingSince holds at most MaxRegions
+		}
+	}
+	for r := range st.returned {
+		if _, ok := snap.live[r]; !ok {
+			delete(st.returned, r)
 		}
 	}
 	for key := range st.nodes {
@@ -161,8 +176,17 @@ func (st *state) nodeGoneAt(region string, now time.Time) {
 	}
 }
 
-// observe smooths the demand reports of live regions into st.
+// observe smooths the demand reports of live regions into st. A region's
+// first observation is taken as it is, and only from a report: a region
+// that registered and has not reported yet gets no demand (the plan gives
+// it demand 0 for now) rather than a first observation of 0 that its later
+// reports would climb from one smoothing step at a time.
 func (st *state) observe(snap *snapshot, cfg *Config) {
+	for r := range st.returned {
+		if _, ok := snap.demand[r]; ok {
+			delete(st.returned, r)
+		}
+	}
 	for _, p := range snap.policies.Policies() {
 		total := 0.0
 		offered := make(map[string]float64)
@@ -209,7 +233,7 @@ func (st *state) observe(snap *snapshot, cfg *Config) {
 				obs := offered[r] / total
 				if prev, ok := dm[r]; ok {
 					dm[r] = allocator.Smooth(prev, obs, cfg.Alpha)
-				} else {
+				} else if _, reported := snap.demand[r]; reported {
 					dm[r] = obs
 				}
 			}

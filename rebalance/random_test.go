@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/quotacoord/quota/internal/coordinator/coordtest"
+	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/internal/invariant"
 )
 
@@ -68,11 +69,40 @@ func TestRandomDemandRestartsAndFailover(t *testing.T) {
 			t.Fatalf("step %d: %v", step, err)
 		}
 	}
+	// Liveness: once every node acknowledges, the protocol settles on
+	// the demand; two opposite demands make sure shares move (the random
+	// steps above run faster than a skew margin and may leave a shrink
+	// pending throughout).
+	for _, hot := range []string{"a", "c"} {
+		offered := map[string]float64{"a": 1, "a/node-1": 1, "b": 1, "c": 1}
+		offered[hot] = 20
+		settle(t, e, l, offered)
+	}
 	rep := checkInvariant(t, e)
 	t.Logf("replayed %d revisions, %d epochs, %d acks; max Σ-ε %.6f", rep.Revisions, rep.Epochs, rep.Acks, rep.MaxSum)
 	if rep.Epochs < 3 {
 		t.Errorf("only %d epochs published: nothing moved", rep.Epochs)
 	}
+}
+
+// settle reports offered, then acknowledges and runs rounds until one
+// publishes nothing and waits for nothing over a stable allocation.
+func settle(t *testing.T, e *env, l *Loop, offered map[string]float64) {
+	t.Helper()
+	ctx := context.Background()
+	e.demand(t, offered)
+	waitFor(t, "the allocation to settle", 15*time.Second, func() bool {
+		for _, r := range e.regions {
+			if _, err := r.AckLatest(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		res, err := l.RebalanceNow(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(res.Published) == 0 && len(res.Waiting) == 0 && e.alloc(t).Phase == etcdlayout.PhaseStable
+	})
 }
 
 // TestNaiveProtocolBreaksTheInvariant shows what the two-step protocol

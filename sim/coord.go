@@ -30,11 +30,19 @@ func (e *engine) handle(ev *event) error {
 		if l := e.latest[ev.region]; l == nil || ev.rep.interval > l.interval {
 			e.latest[ev.region] = ev.rep
 		}
+		// The demand watch (rebalance.Loop.lead): the first report of a
+		// region back from having no lease brings a full round at once.
+		if e.returned[ev.region] && e.coordUp && e.up[ev.region] {
+			e.returned[ev.region] = false
+			e.push(&event{at: ev.at, kind: evRebalance, gen: e.term, once: true})
+		}
 	case evRebalance:
 		if ev.gen != e.term {
 			return nil // scheduled by a leader that is gone
 		}
-		e.push(&event{at: ev.at + e.cfg.RebalanceInterval, kind: evRebalance, gen: e.term})
+		if !ev.once {
+			e.push(&event{at: ev.at + e.cfg.RebalanceInterval, kind: evRebalance, gen: e.term})
+		}
 		return e.rebalance()
 	case evRecheck:
 		e.rechecks = false
@@ -69,6 +77,11 @@ func (e *engine) handle(ev *event) error {
 			}
 		case EventRegionUp:
 			if !e.up[r] {
+				// A leader saw its lease end (the registration watch's
+				// round, or a new leader's first round): it is back.
+				if e.coordUp && !e.registered(r) {
+					e.returned[r] = true
+				}
 				// Back at its safe share until it reads the latest epoch.
 				safe := &allocation{epoch: 0, def: make([]float64, e.n), overrides: map[int32][]float64{}}
 				for i := range safe.def {
@@ -99,6 +112,7 @@ func (e *engine) handle(ev *event) error {
 				e.leadSince = ev.at
 				clear(e.hasDemand)
 				clear(e.sOffered)
+				clear(e.returned)
 				clear(e.sSubject)
 				e.push(&event{at: ev.at, kind: evRebalance, gen: e.term})
 			}
@@ -149,7 +163,7 @@ func (e *engine) collect(r int) *report {
 // observe folds the latest reports of registered regions into the
 // smoothed demand, once per round, exactly as the coordinator does
 // (rebalance's state.observe): each region's share of the offered load,
-// its first observation taken as it is; and per pressured subject its
+// its first observation taken as it is and only from a report; and per pressured subject its
 // offered rate over the global rate, smoothed in every registered region
 // (0 where not reported), taken as it is when the subject is new, decayed
 // towards 0 in rounds without any report of it and forgotten after
@@ -163,8 +177,11 @@ func (e *engine) observe() {
 	for r := 0; r < e.n; r++ {
 		if !e.registered(r) {
 			// Its lease ended: its report is gone with it.
-			e.latest[r], e.hasDemand[r], e.sOffered[r] = nil, false, 0
+			e.latest[r], e.hasDemand[r], e.sOffered[r], e.returned[r] = nil, false, 0, false
 			continue
+		}
+		if e.latest[r] != nil {
+			e.returned[r] = false
 		}
 		if l := e.latest[r]; l != nil && l.offered > 0 {
 			total += l.offered
@@ -181,7 +198,8 @@ func (e *engine) observe() {
 			}
 			if e.hasDemand[r] {
 				e.sOffered[r] = allocator.Smooth(e.sOffered[r], obs, a)
-			} else {
+			} else if e.latest[r] != nil {
+				// The first observation, from a report only.
 				e.sOffered[r], e.hasDemand[r] = obs, true
 			}
 		}

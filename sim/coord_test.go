@@ -119,6 +119,9 @@ func TestObserveLikeCoordinator(t *testing.T) {
 	e.observe()
 	near("round 1 default demand", e.sOffered, []float64{0.75, 0.25, 0})
 	near("round 1 subject 5", subject(5), []float64{2, 0, 0})
+	if e.hasDemand[2] {
+		t.Error("region 2 got a first observation without a report")
+	}
 
 	// Round 2: demand moves to r1, smoothed once with α = 0.5.
 	arrive(0, 3, 10)
@@ -167,6 +170,65 @@ func TestObserveLikeCoordinator(t *testing.T) {
 		t.Errorf("region 2's report or demand outlived its lease")
 	}
 	near("default demand without region 2", e.sOffered, []float64{prev[0] + 0.5*(0.5-prev[0]), prev[1] + 0.5*(0.5-prev[1]), 0})
+}
+
+// TestReturnedRegionFirstReportRunsRound holds the coordinator model to
+// rebalance.Loop.lead: a region back after its lease ended brings a full
+// round at its first report, once, off the ticker; a region back before
+// its lease ended, or with no coordinator, does not.
+func TestReturnedRegionFirstReportRunsRound(t *testing.T) {
+	early := func(e *engine) int {
+		n := 0
+		for _, ev := range e.events {
+			if ev.kind == evRebalance && ev.once {
+				n++
+			}
+		}
+		return n
+	}
+	scenario := func(e *engine, kind string) {
+		t.Helper()
+		if err := e.handle(&event{at: e.now, kind: evScenario, sc: Event{Kind: kind, Region: 2}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	arrive := func(e *engine, interval int64) {
+		t.Helper()
+		if err := e.handle(&event{at: e.now, kind: evReportArrive, region: 2, rep: &report{interval: interval, offered: 10}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cases := []struct {
+		name      string
+		downFor   time.Duration
+		coordDown bool
+		want      int
+	}{
+		{"back after its lease", 30 * time.Second, false, 1},
+		{"back within its lease", time.Second, false, 0},
+		{"back with no coordinator", 30 * time.Second, true, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := testEngine(t, 3, 10, 10, 10, Config{LeaseTTL: 10 * time.Second})
+			scenario(e, EventRegionDown)
+			e.now += c.downFor
+			if c.coordDown {
+				if err := e.handle(&event{at: e.now, kind: evScenario, sc: Event{Kind: EventCoordinatorDown}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			scenario(e, EventRegionUp)
+			arrive(e, 1)
+			arrive(e, 2)
+			if got := early(e); got != c.want {
+				t.Fatalf("%d early rounds queued, want %d", got, c.want)
+			}
+			if e.returned[2] {
+				t.Error("region 2 still counted as just back")
+			}
+		})
+	}
 }
 
 // TestChangedAndShrinks holds the two-step decisions to rebalance's: only

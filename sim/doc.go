@@ -58,14 +58,20 @@
 //     never replaces a newer one, and a region's report is gone once its
 //     lease ends (LeaseTTL after it went down); until then the region
 //     counts as live with that report, as a registered region does. A
-//     region that registers again has no report until its first one
-//     arrives, and a round before that observes its demand as 0 (in the
-//     failover scenario at 300 s the region returns just before a round
-//     and waits out the next ten minutes, five of them without a
-//     coordinator, at almost nothing: under-admission 0.062).
+//     region that registers again after its lease ended has no report
+//     until its first one arrives; that report brings a full round at
+//     once (the coordinator watches demand reports for such regions). A
+//     round before it gives the region no demand. In the failover scenario
+//     at 300 s the region returns at a round, which plans a shrink without
+//     its demand; the round at its first report finds that shrink pending,
+//     and a round with a shrink pending only grows or waits, so the region
+//     waits out the next ten minutes, five of them without a coordinator,
+//     at almost nothing (under-admission 0.062; 0.057 with the return a
+//     minute later, off the round).
 //   - Smoothing, once per round. Each RebalanceInterval the coordinator
 //     smooths (allocator.Smooth, α = Smoothing) each live region's share of
-//     the offered load, taking its first observation as it is; and each
+//     the offered load, taking its first observation as it is (from a
+//     report only: a region without one has no demand yet); and each
 //     pressured subject's offered rate over the global rate r, in every
 //     live region (0 where not reported), taken as it is when the subject
 //     is new. Subjects without a report decay towards 0 and are forgotten

@@ -264,7 +264,8 @@ type event struct {
 	alloc  *allocation
 	rep    *report
 	sc     Event
-	gen    int // evRebalance: the leader term that scheduled it
+	gen    int  // evRebalance: the leader term that scheduled it
+	once   bool // evRebalance: a round off the ticker, which schedules no next
 }
 
 type eventHeap []*event
@@ -421,6 +422,7 @@ type engine struct {
 	latest    []*report // per region: the latest report that arrived (what etcd holds)
 	sOffered  []float64 // per region: smoothed share of the offered load
 	hasDemand []bool    // per region: sOffered holds an observation
+	returned  []bool    // per region: back after the leader saw it without a lease, no report observed yet
 	sSubject  map[int32]*subjectDemand
 	obsIdx    map[int32]int // scratch of observe
 	maxSum    float64
@@ -532,6 +534,7 @@ func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 		latest:     make([]*report, n),
 		sOffered:   make([]float64, n),
 		hasDemand:  make([]bool, n),
+		returned:   make([]bool, n),
 		sSubject:   map[int32]*subjectDemand{},
 		obsIdx:     map[int32]int{},
 		leadSince:  -cfg.SkewMargin, // led since before the start
