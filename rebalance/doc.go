@@ -15,7 +15,10 @@
 // demand is its first report, taken as it is. A region that registers
 // again after the leader saw it without any node (a region back from an
 // outage) gets a full round as soon as it writes its first demand report,
-// rather than at the next tick. The pure part of a round is
+// rather than at the next tick. A full round that finds a policy's shrink
+// still waiting for acknowledgements plans nothing for it; the round that
+// then publishes the growth is followed by a full round at once, so that
+// demand read meanwhile does not wait a whole Interval either. The pure part of a round is
 // plan(now, snapshot, state, config); Loop does the I/O around it.
 //
 // # Two-step publish

@@ -197,16 +197,25 @@ func TestLateRegionStartsFromNothing(t *testing.T) {
 	checkInvariant(t, e)
 }
 
+// stableABC starts regions a, b and c and a leader (Interval an hour,
+// SkewMargin 100 ms), and returns once a round settled on a stable
+// allocation.
+func stableABC(t *testing.T) (*env, *Loop) {
+	t.Helper()
+	e := newEnv(t, "a", "b", "c")
+	l, _ := startLoop(t, Config{Client: e.cli, Name: "c1", SkewMargin: 100 * time.Millisecond})
+	waitLeader(t, l)
+	roundStable(t, e, l)
+	return e, l
+}
+
 // TestReturnedRegionFirstReportRunsFullRound: region c loses its last
 // node, registers again and reports; its first report brings a full round
 // at once (the loop's Interval is an hour and nothing calls RebalanceNow),
 // and that round takes c's demand as it is.
 func TestReturnedRegionFirstReportRunsFullRound(t *testing.T) {
-	e := newEnv(t, "a", "b", "c")
+	e, l := stableABC(t)
 	ctx := context.Background()
-	l, _ := startLoop(t, Config{Client: e.cli, Name: "c1", SkewMargin: 100 * time.Millisecond})
-	waitLeader(t, l)
-	roundStable(t, e, l)
 	actx, stopAcks := context.WithCancel(ctx)
 	var acking []func()
 	t.Cleanup(func() {
@@ -294,4 +303,59 @@ func TestFirstObservationComesFromAReport(t *testing.T) {
 	if st.returned["c"] {
 		t.Fatal("c still counted as just back after a round observed its report")
 	}
+}
+
+// TestDeferredRoundRunsAfterGrowth: a full round that finds a shrink
+// still waiting plans nothing; once the acknowledgements let the growth
+// out, a full round follows at once (the Interval is an hour) and plans
+// the demand read meanwhile.
+func TestDeferredRoundRunsAfterGrowth(t *testing.T) {
+	e, l := stableABC(t)
+	ctx := context.Background()
+	for _, r := range e.regions {
+		if _, err := r.AckLatest(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.demand(t, map[string]float64{"a": 20, "b": 5, "c": 5})
+	if _, err := l.RebalanceNow(ctx); err != nil {
+		t.Fatal(err)
+	}
+	shrink := e.alloc(t)
+	if shrink.Phase != etcdlayout.PhaseShrink {
+		t.Fatalf("want a shrink toward a, got %+v", shrink)
+	}
+	// Demand moves to c while the shrink waits: the round defers.
+	e.demand(t, map[string]float64{"a": 1, "b": 1, "c": 30})
+	res, err := l.RebalanceNow(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Published) != 0 || len(res.Waiting) == 0 {
+		t.Fatalf("round over a waiting shrink: %+v", res)
+	}
+	for _, r := range e.regions {
+		if err := r.Ack(ctx, "exports", shrink.Epoch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The growth to a, then at once a plan toward c.
+	var a etcdlayout.Allocation
+	waitFor(t, "a plan toward c after the growth", 10*time.Second, func() bool {
+		a = e.alloc(t)
+		return a.Epoch >= shrink.Epoch+2
+	})
+	grown := e.epoch(t, shrink.Epoch+1)
+	if grown.Phase != etcdlayout.PhaseStable {
+		t.Fatalf("epoch %d: %+v, want the growth", shrink.Epoch+1, grown)
+	}
+	next := e.epoch(t, shrink.Epoch+2)
+	target := next.Default
+	if next.Target != nil {
+		target = next.Target.Default
+	}
+	if target["c"] <= grown.Default["c"] {
+		t.Fatalf("epoch %d does not move toward c: %v after %v", next.Epoch, target, grown.Default)
+	}
+	checkInvariant(t, e)
 }

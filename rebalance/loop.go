@@ -23,6 +23,9 @@ type Result struct {
 	Published []string
 	// Waiting lists "policy: why" for policies whose growth waits.
 	Waiting []string
+	// deferred: a full round found a policy's shrink still waiting and
+	// did not plan it on the demand it read.
+	deferred bool
 }
 
 // Proposal is what a round would publish for one policy.
@@ -107,8 +110,9 @@ func (l *Loop) Leader(ctx context.Context) (string, error) {
 
 // Run campaigns for leadership and, while leading, runs a round every
 // Interval, on RebalanceNow, whenever an acknowledgement or registration
-// changes, and when a region that came back from having no registered node
-// writes its first demand report. It blocks until ctx is done, then resigns and
+// changes, when a region that came back from having no registered node
+// writes its first demand report, and right after the growth that ends a
+// shrink a full round had to wait on. It blocks until ctx is done, then resigns and
 // returns nil. It starts goroutines that end before it returns.
 func (l *Loop) Run(ctx context.Context) error {
 	log := l.cfg.Logger
@@ -208,11 +212,16 @@ func (l *Loop) lead(ctx context.Context, sess *concurrency.Session, f fence) err
 	if errors.Is(err, ErrNotLeader) {
 		return err
 	}
+	// owed: a full round found a shrink still waiting and planned nothing
+	// on the demand it read; the round that publishes the growth is
+	// followed by a full round at once, rather than at the next tick.
+	owed := res.deferred
 	for {
 		if len(res.Waiting) > 0 {
 			recheck.Reset(recheckEvery)
 		}
 		res, err = Result{}, nil
+		full := false
 		select {
 		case <-recheck.C:
 			res, err = l.round(lctx, f, false)
@@ -221,8 +230,10 @@ func (l *Loop) lead(ctx context.Context, sess *concurrency.Session, f fence) err
 		case <-sess.Done():
 			return fmt.Errorf("%w: election session expired", ErrNotLeader)
 		case <-tick.C:
+			full = true
 			res, err = l.round(lctx, f, true)
 		case req := <-l.reqs:
+			full = true
 			res, err = l.round(lctx, f, true)
 			req.reply <- roundReply{res, err}
 		case wr, ok := <-wacks:
@@ -241,9 +252,17 @@ func (l *Loop) lead(ctx context.Context, sess *concurrency.Session, f fence) err
 				return err
 			}
 			if l.reportedBack(wr.Events) {
+				full = true
 				res, err = l.round(lctx, f, true)
 			}
 		}
+		if err == nil && owed && !res.deferred && len(res.Published) > 0 {
+			owed = false
+			if !full {
+				res, err = l.round(lctx, f, true)
+			}
+		}
+		owed = owed || res.deferred
 		if errors.Is(err, ErrNotLeader) {
 			return err
 		}
@@ -396,6 +415,7 @@ func (l *Loop) doRound(ctx context.Context, f fence, full bool) (Result, error) 
 	l.mu.Unlock()
 	var res Result
 	for _, pp := range plans {
+		res.deferred = res.deferred || pp.deferred
 		if pp.pub == nil {
 			if pp.note != "" {
 				res.Waiting = append(res.Waiting, pp.policy+": "+pp.note)

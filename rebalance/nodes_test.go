@@ -105,8 +105,11 @@ func TestGrowthWaitsForEveryNode(t *testing.T) {
 	}
 	ackAll(t, a2)
 	waitFor(t, "growth after the last node's ack", 10*time.Second, func() bool {
-		return e.alloc(t).Epoch == shrink.Epoch+1
+		return e.alloc(t).Epoch > shrink.Epoch
 	})
+	if grown := e.epoch(t, shrink.Epoch+1); grown.Phase != etcdlayout.PhaseStable {
+		t.Fatalf("epoch %d after the last ack: %+v, want the growth", shrink.Epoch+1, grown)
+	}
 	checkInvariant(t, e)
 }
 

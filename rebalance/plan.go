@@ -297,6 +297,9 @@ type policyPlan struct {
 	proposal *etcdlayout.Shares
 	// demand is the smoothed demand per region fed to the allocator.
 	demand map[string]float64
+	// deferred is set when a full round found a shrink still waiting and
+	// planned nothing (Loop.lead runs a full round again once it grows).
+	deferred bool
 }
 
 // plan computes one round. full rounds plan every policy; other rounds
@@ -321,7 +324,7 @@ func planPolicy(now time.Time, snap *snapshot, st *state, cfg *Config, p *policy
 	ctl := snap.controls[p.Name]
 	if cur != nil && cur.Phase == etcdlayout.PhaseShrink && cur.Target != nil && coversLive(cur, snap) {
 		if why := ackWait(now, snap, st, cfg, cur); why != "" {
-			pp.note = why
+			pp.note, pp.deferred = why, full
 			return pp
 		}
 		pp.pub = &etcdlayout.Allocation{

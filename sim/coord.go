@@ -16,7 +16,10 @@ func (e *engine) handle(ev *event) error {
 	case evReport:
 		e.push(&event{at: ev.at + e.cfg.ReportInterval, kind: evReport, region: ev.region})
 		rep := e.collect(ev.region)
-		if !e.up[ev.region] || e.rng.Float64() < e.cfg.LostReports {
+		// A region that came back reports once it has served a whole
+		// interval, as a node that starts reports one interval after
+		// its start: the ticks before only reset its counters.
+		if !e.up[ev.region] || ev.at-e.upAt[ev.region] < e.cfg.ReportInterval || e.rng.Float64() < e.cfg.LostReports {
 			return nil
 		}
 		at := ev.at + e.delay()
@@ -47,7 +50,7 @@ func (e *engine) handle(ev *event) error {
 	case evRecheck:
 		e.rechecks = false
 		if e.coordUp {
-			e.maybeGrow()
+			e.ackRound()
 		}
 	case evApply:
 		if e.up[ev.region] && ev.alloc.epoch > e.applied[ev.region].epoch {
@@ -60,7 +63,7 @@ func (e *engine) handle(ev *event) error {
 			e.acked[ev.region] = ev.alloc.epoch
 		}
 		if e.coordUp {
-			e.maybeGrow()
+			e.ackRound()
 		}
 	case evScenario:
 		r := ev.sc.Region
@@ -72,7 +75,7 @@ func (e *engine) handle(ev *event) error {
 				if e.coordUp {
 					// The registration watch: growth may wait for this
 					// region's lease and skew margin now.
-					e.maybeGrow()
+					e.ackRound()
 				}
 			}
 		case EventRegionUp:
@@ -87,7 +90,7 @@ func (e *engine) handle(ev *event) error {
 				for i := range safe.def {
 					safe.def[i] = e.cfg.MinShare
 				}
-				e.up[r] = true
+				e.up[r], e.upAt[r] = true, ev.at
 				e.acked[r] = 0 // a new registration acknowledges afresh
 				e.setApplied(r, safe)
 				latest := e.published
@@ -113,6 +116,7 @@ func (e *engine) handle(ev *event) error {
 				clear(e.hasDemand)
 				clear(e.sOffered)
 				clear(e.returned)
+				e.owed = false
 				clear(e.sSubject)
 				e.push(&event{at: ev.at, kind: evRebalance, gen: e.term})
 			}
@@ -292,7 +296,9 @@ const eq = 1e-12
 func (e *engine) rebalance() error {
 	e.observe()
 	if e.shrink != nil {
-		e.maybeGrow()
+		// Still waiting: this round's demand is owed a full round once
+		// the shrink grows (ackRound).
+		e.owed = !e.maybeGrow()
 		return nil
 	}
 	cur := e.published
@@ -466,16 +472,16 @@ func (e *engine) publish(a *allocation) {
 
 // maybeGrow publishes the pending growth once the leader has led for a
 // skew margin and every region has acknowledged the shrink epoch or lost
-// its lease a skew margin ago (rebalance's ackWait). While it waits on a
-// margin, it rechecks as the coordinator does (every min(RebalanceInterval,
-// max(SkewMargin/4, 50 ms))).
-func (e *engine) maybeGrow() {
+// its lease a skew margin ago (rebalance's ackWait), and reports whether it
+// did. While it waits on a margin, it rechecks as the coordinator does
+// (every min(RebalanceInterval, max(SkewMargin/4, 50 ms))).
+func (e *engine) maybeGrow() (grew bool) {
 	if e.shrink == nil {
-		return
+		return false
 	}
 	if e.now < e.leadSince+e.cfg.SkewMargin {
 		e.recheck()
-		return
+		return false
 	}
 	for r := 0; r < e.n; r++ {
 		switch {
@@ -484,15 +490,26 @@ func (e *engine) maybeGrow() {
 				if !e.up[r] {
 					e.recheck() // its lease will end without an acknowledgement
 				}
-				return
+				return false
 			}
 		case e.live(r):
 			e.recheck() // its lease ended less than a skew margin ago
-			return
+			return false
 		}
 	}
 	e.publish(e.pending)
 	e.published, e.shrink, e.pending = e.pending, nil, nil
+	return true
+}
+
+// ackRound is a round on an acknowledgement, a registration change or a
+// recheck (rebalance.Loop.lead): it only grows a pending shrink, and when
+// a full round waited on that shrink (owed), a full round follows at once.
+func (e *engine) ackRound() {
+	if e.maybeGrow() && e.owed {
+		e.owed = false
+		e.push(&event{at: e.now, kind: evRebalance, gen: e.term, once: true})
+	}
 }
 
 // recheck schedules one more look at a waiting growth.

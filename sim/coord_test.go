@@ -231,6 +231,75 @@ func TestReturnedRegionFirstReportRunsRound(t *testing.T) {
 	}
 }
 
+// TestReturnedRegionReportsAfterAWholeInterval: a region that comes back
+// sends its first report once it has served a whole report interval; the
+// tick that meets it earlier only resets its counters.
+func TestReturnedRegionReportsAfterAWholeInterval(t *testing.T) {
+	e := testEngine(t, 3, 10, 10, 10, Config{ReportInterval: time.Second})
+	arrivals := func() int {
+		n := 0
+		for _, ev := range e.events {
+			if ev.kind == evReportArrive && ev.region == 2 {
+				n++
+			}
+		}
+		return n
+	}
+	for _, kind := range []string{EventRegionDown, EventRegionUp} {
+		if err := e.handle(&event{at: e.now, kind: evScenario, sc: Event{Kind: kind, Region: 2}}); err != nil {
+			t.Fatal(err)
+		}
+		e.now += 30 * time.Second
+	}
+	up := e.now - 30*time.Second
+	for _, c := range []struct {
+		at   time.Duration
+		want int
+	}{{up, 0}, {up + 500*time.Millisecond, 0}, {up + time.Second, 1}} {
+		if err := e.handle(&event{at: c.at, kind: evReport, region: 2}); err != nil {
+			t.Fatal(err)
+		}
+		if got := arrivals(); got != c.want {
+			t.Fatalf("report tick %v after coming back: %d reports sent, want %d", c.at-up, got, c.want)
+		}
+	}
+}
+
+// TestDeferredRoundFollowsGrowth holds the model to rebalance.Loop.lead:
+// a full round over a shrink still waiting is owed, and the growth that
+// ends the shrink queues a full round at once.
+func TestDeferredRoundFollowsGrowth(t *testing.T) {
+	e := testEngine(t, 2, 10, 10, 10, Config{})
+	e.published = &allocation{epoch: 1, def: []float64{0.5, 0.5}, overrides: map[int32][]float64{}}
+	e.shrink = &allocation{epoch: 2, def: []float64{0.5, 0.3}, overrides: map[int32][]float64{}}
+	e.pending = &allocation{def: []float64{0.7, 0.3}, overrides: map[int32][]float64{}}
+	e.epoch = 2
+	e.now = time.Minute
+	if err := e.rebalance(); err != nil {
+		t.Fatal(err)
+	}
+	if !e.owed || e.shrink == nil {
+		t.Fatalf("a round over an unacknowledged shrink: owed %v, shrink %v", e.owed, e.shrink)
+	}
+	for r := range 2 {
+		if err := e.handle(&event{at: e.now, kind: evAck, region: r, alloc: e.shrink}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if e.shrink != nil || e.owed {
+		t.Fatalf("after every acknowledgement: shrink %v, owed %v", e.shrink, e.owed)
+	}
+	n := 0
+	for _, ev := range e.events {
+		if ev.kind == evRebalance && ev.once && ev.at == e.now {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("%d full rounds queued after the growth, want 1", n)
+	}
+}
+
 // TestChangedAndShrinks holds the two-step decisions to rebalance's: only
 // a change beyond 1e-12 is published, and only one that lowers some share
 // (the default, or a subject's in either allocation) needs a shrink epoch.

@@ -58,16 +58,13 @@
 //     never replaces a newer one, and a region's report is gone once its
 //     lease ends (LeaseTTL after it went down); until then the region
 //     counts as live with that report, as a registered region does. A
-//     region that registers again after its lease ended has no report
-//     until its first one arrives; that report brings a full round at
-//     once (the coordinator watches demand reports for such regions). A
-//     round before it gives the region no demand. In the failover scenario
-//     at 300 s the region returns at a round, which plans a shrink without
-//     its demand; the round at its first report finds that shrink pending,
-//     and a round with a shrink pending only grows or waits, so the region
-//     waits out the next ten minutes, five of them without a coordinator,
-//     at almost nothing (under-admission 0.062; 0.057 with the return a
-//     minute later, off the round).
+//     region that comes back sends its first report once it has served a
+//     whole interval (as a node reports one interval after it starts; the
+//     report ticks before only reset its counters). If its lease had
+//     ended, that report brings a full round at once (the coordinator
+//     watches demand reports for such regions); a round before it gives
+//     the region no demand. In the failover scenario at 300 s these rules
+//     and the owed round below took under-admission from 0.062 to 0.0085.
 //   - Smoothing, once per round. Each RebalanceInterval the coordinator
 //     smooths (allocator.Smooth, α = Smoothing) each live region's share of
 //     the offered load, taking its first observation as it is (from a
@@ -91,6 +88,9 @@
 //     acknowledged it or lost its lease a SkewMargin ago; a round with a
 //     shrink pending only grows or waits, and waiting on a margin is
 //     rechecked every min(RebalanceInterval, max(SkewMargin/4, 50 ms)).
+//     A full round that waited is owed: the growth that ends the shrink
+//     (on an acknowledgement or a recheck) is followed by a full round at
+//     once, not at the next tick.
 //     A returning coordinator is a new leader: empty smoothed state, a
 //     round at once and every RebalanceInterval after, and no growth for
 //     a SkewMargin. A returning region acknowledges afresh.

@@ -414,15 +414,17 @@ type engine struct {
 	term      int           // leader terms: a coordinator's return starts a new one
 	leadSince time.Duration // when the current leader took over
 	rechecks  bool          // an evRecheck is pending
+	owed      bool          // a full round waited on a shrink: another follows its growth
 	published *allocation   // latest grow (or naive) allocation
 	pending   *allocation   // two-step: the growth waiting for acks
 	shrink    *allocation
 	acked     []int
 	epoch     int
-	latest    []*report // per region: the latest report that arrived (what etcd holds)
-	sOffered  []float64 // per region: smoothed share of the offered load
-	hasDemand []bool    // per region: sOffered holds an observation
-	returned  []bool    // per region: back after the leader saw it without a lease, no report observed yet
+	latest    []*report       // per region: the latest report that arrived (what etcd holds)
+	sOffered  []float64       // per region: smoothed share of the offered load
+	hasDemand []bool          // per region: sOffered holds an observation
+	returned  []bool          // per region: back after the leader saw it without a lease, no report observed yet
+	upAt      []time.Duration // per region: when it last came back (0: up from the start)
 	sSubject  map[int32]*subjectDemand
 	obsIdx    map[int32]int // scratch of observe
 	maxSum    float64
@@ -535,6 +537,7 @@ func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 		sOffered:   make([]float64, n),
 		hasDemand:  make([]bool, n),
 		returned:   make([]bool, n),
+		upAt:       make([]time.Duration, n),
 		sSubject:   map[int32]*subjectDemand{},
 		obsIdx:     map[int32]int{},
 		leadSince:  -cfg.SkewMargin, // led since before the start
