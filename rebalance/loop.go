@@ -112,8 +112,9 @@ func (l *Loop) Leader(ctx context.Context) (string, error) {
 // Interval, on RebalanceNow, whenever an acknowledgement or registration
 // changes, when a region that came back from having no registered node
 // writes its first demand report, and right after the growth that ends a
-// shrink a full round had to wait on. It blocks until ctx is done, then resigns and
-// returns nil. It starts goroutines that end before it returns.
+// shrink a full round had to wait on. It blocks until ctx is done, then
+// resigns and returns nil. It starts goroutines that end before it
+// returns.
 func (l *Loop) Run(ctx context.Context) error {
 	log := l.cfg.Logger
 	backoff := 100 * time.Millisecond
