@@ -167,14 +167,14 @@ func (e *engine) collect(r int) *report {
 // observe folds the latest reports of registered regions into the
 // smoothed demand, once per round, exactly as the coordinator does
 // (rebalance's state.observe): each region's share of the offered load,
-// its first observation taken as it is and only from a report; and per pressured subject its
-// offered rate over the global rate, smoothed in every registered region
-// (0 where not reported), taken as it is when the subject is new, decayed
-// towards 0 in rounds without any report of it and forgotten after
-// OverrideRounds such rounds. At most MaxOverrides subjects of a report and
-// 4·MaxOverrides of a round are read, and at most 2·MaxOverrides subjects
-// kept; new subjects are taken in region order, then report order (the
-// coordinator takes them in map order).
+// its first observation taken as it is and only from a report; and per
+// pressured subject its offered rate over the global rate, smoothed in
+// every registered region (0 where not reported), taken as it is when the
+// subject is new, decayed towards 0 in rounds without any report of it
+// and forgotten after OverrideRounds such rounds. At most MaxOverrides
+// subjects of a report and 4·MaxOverrides of a round are read, and at most
+// 2·MaxOverrides subjects kept; new subjects are taken in region order,
+// then report order (the coordinator takes them in map order).
 func (e *engine) observe() {
 	a := e.cfg.Smoothing
 	total := 0.0
