@@ -92,9 +92,9 @@ func TestRedisMergedTakesAreExact(t *testing.T) {
 		}
 	}
 	const perGoroutine = 25 // 1600 takes, 200 per bucket
-	before := evalshaCalls(t, c)
+	before := redistest.ScriptCalls(t, c)
 	admitted := raceTakes(t, r, reqs, perGoroutine)
-	calls := evalshaCalls(t, c) - before
+	calls := redistest.ScriptCalls(t, c) - before
 	for b, n := range admitted {
 		if n != 100 {
 			t.Errorf("%s (%s): admitted %d, want exactly 100", reqs[b].Key, reqs[b].Limits.Algorithm, n)

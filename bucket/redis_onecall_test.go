@@ -3,8 +3,6 @@ package bucket_test
 import (
 	"context"
 	"fmt"
-	"regexp"
-	"strconv"
 	"testing"
 	"time"
 
@@ -13,21 +11,6 @@ import (
 	"github.com/quotacoord/quota/bucket"
 	"github.com/quotacoord/quota/internal/redistest"
 )
-
-// evalshaCalls reads how many EVALSHA commands the server has run.
-func evalshaCalls(t *testing.T, c *redis.Client) int {
-	t.Helper()
-	info, err := c.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := regexp.MustCompile(`cmdstat_evalsha:calls=(\d+)`).FindStringSubmatch(info)
-	if m == nil {
-		return 0
-	}
-	n, _ := strconv.Atoi(m[1])
-	return n
-}
 
 // TestRedisTakeAllOneCallOnOneServer: on a single server, a TakeAll over
 // buckets of subjects in different groups is one script call, all or
@@ -62,12 +45,12 @@ func TestRedisTakeAllOneCallOnOneServer(t *testing.T) {
 		{"third denies all", false, 2},
 	}
 	for _, tt := range tests {
-		before := evalshaCalls(t, c)
+		before := redistest.ScriptCalls(t, c)
 		ds, err := r.TakeAll(ctx, reqs)
 		if err != nil {
 			t.Fatalf("%s: %v", tt.name, err)
 		}
-		if n := evalshaCalls(t, c) - before; n != 1 {
+		if n := redistest.ScriptCalls(t, c) - before; n != 1 {
 			t.Fatalf("%s: %d script calls for %d buckets in %d groups, want 1", tt.name, n, len(reqs), len(groups))
 		}
 		for i, d := range ds {

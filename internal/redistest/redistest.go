@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -197,4 +198,25 @@ func tail(path string) string {
 		b = b[len(b)-400:]
 	}
 	return strconv.Quote(string(b))
+}
+
+var evalshaRE = regexp.MustCompile(`cmdstat_evalsha:calls=(\d+)`)
+
+// ScriptCalls returns how many EVALSHA commands the server behind c has
+// run (INFO commandstats), for tests that count script calls.
+func ScriptCalls(tb testing.TB, c *redis.Client) int {
+	tb.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	m := evalshaRE.FindStringSubmatch(info)
+	if m == nil {
+		return 0
+	}
+	n, err := strconv.Atoi(m[1])
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return n
 }

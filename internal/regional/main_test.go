@@ -126,6 +126,8 @@ func TestMainFlags(t *testing.T) {
 		{"grpc tls missing files", []string{"-policies", "../../examples/policies", "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0",
 			"-tls-cert", "/nonexistent/c", "-tls-key", "/nonexistent/k"}, nil, "gRPC TLS"},
 		{"bad envoy plain key", []string{"-policies", "../../examples/policies", "-envoy-plain-keys", strings.Repeat("k", 2000)}, nil, "EnvoyPlainKeys"},
+		{"negative redis merge", []string{"-policies", "x", "-redis-merge", "-1"}, nil, "-redis-merge -1"},
+		{"redis merge too large", []string{"-policies", "x", "-redis-merge", "100000"}, nil, "want 0 to 256"},
 		{"bad unknown-policy", []string{"-policies", "../../examples/policies", "-unknown-policy", "maybe"}, nil, "UnknownPolicy"},
 	}
 	for _, tt := range tests {
