@@ -132,7 +132,11 @@ func TestEveryCommand(t *testing.T) {
 	if _, err := h.run("policy", "show", "nope"); err == nil || !strings.Contains(err.Error(), "NotFound") {
 		t.Fatalf("show unknown: %v", err)
 	}
-	if out := h.must("rebalance", "now"); !strings.Contains(out, "exports@1") {
+	// The first epoch, unless another round published it first: on a
+	// loaded machine a 1 s session or lease may lapse, and a new lead or
+	// a registration round plans a policy that has no allocation at once
+	// (seen once in CI). alloc show checks the allocation either way.
+	if out := h.must("rebalance", "now"); !strings.Contains(out, "exports@1") && !strings.Contains(out, "published: none") {
 		t.Fatalf("rebalance now: %q", out)
 	}
 	out := h.must("alloc", "show")
