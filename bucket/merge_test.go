@@ -3,6 +3,7 @@ package bucket_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -230,5 +231,33 @@ func TestRedisMergedCrossSlotFallback(t *testing.T) {
 		if d, err := r.Take(ctx, req); err != nil || d.Remaining != float64(100_000-taken) {
 			t.Fatalf("%s: peek %+v, %v; want %d remaining (each take charged once)", req.Key, d, err, 100_000-taken)
 		}
+	}
+}
+
+// TestScriptRejectsBadArguments: the script answers malformed calls with
+// an error and writes nothing.
+func TestScriptRejectsBadArguments(t *testing.T) {
+	c := redistest.Client(t)
+	ctx := context.Background()
+	key := "rl:v1:{g." + redistest.Unique(t) + "}:p"
+	src := bucket.TokenBucketScript()
+	for _, tc := range []struct {
+		name string
+		argv []any
+		want string
+	}{
+		{"missing arguments", []any{"t", ""}, "want 8 arguments, got 2"},
+		{"unknown operation", []any{"x", "", "tb", 1000, 0.1, 1000, 60000, "s"}, "unknown operation x"},
+		{"unknown algorithm", []any{"i", "", "zz", 1000, 0.1, 1000, 60000, "s"}, "unknown algorithm zz"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := c.Eval(ctx, src, []string{key}, tc.argv...).Err()
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want one containing %q", err, tc.want)
+			}
+			if n, err := c.Exists(ctx, key).Result(); err != nil || n != 0 {
+				t.Fatalf("the refused call wrote %s: %d, %v", key, n, err)
+			}
+		})
 	}
 }
