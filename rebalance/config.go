@@ -11,18 +11,19 @@ import (
 	"github.com/quotacoord/quota/allocator"
 	"github.com/quotacoord/quota/internal/clock"
 	"github.com/quotacoord/quota/internal/etcdlayout"
+	"github.com/quotacoord/quota/plan"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// Protocol says how a change of shares is published.
-type Protocol string
+// Protocol says how a change of shares is published (plan.Protocol).
+type Protocol = plan.Protocol
 
 const (
 	// ProtocolTwoStep shrinks first and grows after acknowledgements.
-	ProtocolTwoStep Protocol = "two-step"
+	ProtocolTwoStep = plan.TwoStep
 	// ProtocolNaive publishes new shares at once. It can let shares sum
 	// above 1 + ε while regions apply them; it exists for comparison.
-	ProtocolNaive Protocol = "naive"
+	ProtocolNaive = plan.Naive
 )
 
 // Sentinel errors.
@@ -39,12 +40,12 @@ var (
 // Bounds on what input can grow.
 const (
 	// MaxRegions is the most regions an allocation holds.
-	MaxRegions = 256
+	MaxRegions = plan.MaxRegions
 	// MaxNodes is the most registered nodes (over all regions) a round
 	// accepts; a round that reads more fails without publishing.
 	MaxNodes = 4096
 	// MaxOverridesLimit is the largest accepted Config.MaxOverrides.
-	MaxOverridesLimit = 1024
+	MaxOverridesLimit = plan.MaxOverridesLimit
 )
 
 // Config configures a Loop. Zero fields take the defaults listed.
@@ -165,5 +166,22 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Logger == nil {
 		c.Logger = hclog.NewNullLogger()
 	}
+	if err := c.params().Validate(); err != nil {
+		return c, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
 	return c, nil
+}
+
+// params are the planner's rules of a defaulted Config.
+func (c *Config) params() plan.Params {
+	return plan.Params{
+		Algorithm:      c.Algorithm,
+		MaxStep:        c.MaxStep,
+		DeadBand:       c.DeadBand,
+		Alpha:          c.Alpha,
+		Protocol:       c.Protocol,
+		MaxOverrides:   c.MaxOverrides,
+		OverrideRounds: c.OverrideRounds,
+		SkewMargin:     c.SkewMargin,
+	}
 }

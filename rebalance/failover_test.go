@@ -8,7 +8,6 @@ import (
 
 	"github.com/quotacoord/quota/internal/coordinator/coordtest"
 	"github.com/quotacoord/quota/internal/etcdlayout"
-	"github.com/quotacoord/quota/internal/policy"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -47,123 +46,6 @@ func TestRegionRegisteredBetweenReadAndPublish(t *testing.T) {
 		}
 	}
 	checkInvariant(t, e)
-}
-
-// planFixture returns the exports policy and a default Config, for tests
-// of plan and observe without etcd.
-func planFixture(t *testing.T) (*policy.Set, Config) {
-	t.Helper()
-	set, err := policy.Parse("exports.yaml", []byte(exportsDoc))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := Config{Client: &clientv3.Client{}}.withDefaults()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return set, cfg
-}
-
-// TestPlanOverPendingShrinkShrinksAgain: a region registers while a
-// shrink epoch waits for c's acknowledgement. The new plan (which must
-// include the new region) may not publish growth: c may still enforce
-// the epoch before the shrink, whose shares the shrink record does not
-// hold. It publishes another shrink from the pending one.
-func TestPlanOverPendingShrinkShrinksAgain(t *testing.T) {
-	set, cfg := planFixture(t)
-	// Epoch 1: c held most; epoch 2 shrinks c toward b. a and b
-	// acknowledged 2, c did not; d just registered.
-	cur := &etcdlayout.Allocation{
-		Policy: "exports", Epoch: 2, Phase: etcdlayout.PhaseShrink,
-		Default: map[string]float64{"a": 0.2, "b": 0.2, "c": 0.2},
-		Target:  &etcdlayout.Shares{Default: map[string]float64{"a": 0.2, "b": 0.6, "c": 0.2}},
-		Safe:    map[string]float64{"a": 0.05, "b": 0.05, "c": 0.05},
-	}
-	reg := etcdlayout.Registration{}
-	snap := &snapshot{
-		rev:  10,
-		live: map[string]map[string]etcdlayout.Registration{"a": {"n": reg}, "b": {"n": reg}, "c": {"n": reg}, "d": {"n": reg}},
-		acks: map[string]map[string]etcdlayout.Ack{
-			"a": {"n": {Epochs: map[string]uint64{"exports": 2}}},
-			"b": {"n": {Epochs: map[string]uint64{"exports": 2}}},
-			"c": {"n": {Epochs: map[string]uint64{"exports": 1}}},
-		},
-		controls:  map[string]etcdlayout.Control{},
-		policies:  set,
-		allocs:    map[string]*etcdlayout.Allocation{"exports": cur},
-		allocRevs: map[string]int64{"exports": 9},
-	}
-	st := newState()
-	st.demand["exports"] = map[string]float64{"a": 0.2, "b": 0.6, "c": 0.2, "d": 0}
-	now := time.Unix(1_700_000_000, 0)
-	for _, full := range []bool{false, true} {
-		plans := plan(now, snap, st, &cfg, full)
-		if len(plans) != 1 || plans[0].pub == nil {
-			t.Fatalf("full=%v: want one publish, got %+v", full, plans)
-		}
-		pub := plans[0].pub
-		if pub.Phase != etcdlayout.PhaseShrink || pub.Target == nil || pub.Epoch != 3 {
-			t.Fatalf("full=%v: over a pending shrink got phase %s epoch %d, want shrink 3: %+v", full, pub.Phase, pub.Epoch, pub)
-		}
-		for r, s := range cur.Default {
-			if pub.Default[r] > s+1e-12 {
-				t.Errorf("full=%v: region %s grows %v → %v before c acknowledged", full, r, s, pub.Default[r])
-			}
-		}
-		if _, ok := pub.Target.Default["d"]; !ok {
-			t.Errorf("full=%v: target leaves out the new region d: %v", full, pub.Target.Default)
-		}
-		sum := 0.0
-		for _, s := range pub.Target.Default {
-			sum += s
-		}
-		if sum > 1+1e-9 {
-			t.Errorf("full=%v: target sums to %v", full, sum)
-		}
-	}
-}
-
-// TestAllocationReservesNamedMinimums: a region the policy names a
-// minimum for enforces it outside any allocation, even before it ever
-// registers, so the plan reserves it.
-func TestAllocationReservesNamedMinimums(t *testing.T) {
-	const doc = `policies:
-  - name: exports
-    capacity: 50
-    rate: 600/minute
-    min_share:
-      default: 0.05
-      eu: 0.3
-`
-	set, err := policy.Parse("exports.yaml", []byte(doc))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := Config{Client: &clientv3.Client{}}.withDefaults()
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg := etcdlayout.Registration{}
-	snap := &snapshot{
-		live:      map[string]map[string]etcdlayout.Registration{"us": {"n": reg}, "ap": {"n": reg}},
-		demand:    map[string]etcdlayout.DemandReport{},
-		acks:      map[string]map[string]etcdlayout.Ack{},
-		controls:  map[string]etcdlayout.Control{},
-		policies:  set,
-		allocs:    map[string]*etcdlayout.Allocation{},
-		allocRevs: map[string]int64{},
-	}
-	plans := plan(time.Unix(1_700_000_000, 0), snap, newState(), &cfg, true)
-	if len(plans) != 1 || plans[0].pub == nil {
-		t.Fatalf("want one publish, got %+v", plans)
-	}
-	a := plans[0].pub
-	if a.Default["eu"] != 0.3 || a.Safe["eu"] != 0.3 {
-		t.Fatalf("eu (named minimum 0.3, not registered) got share %v safe %v", a.Default["eu"], a.Safe["eu"])
-	}
-	if sum := a.Default["us"] + a.Default["ap"] + a.Default["eu"]; sum > 1+1e-9 {
-		t.Fatalf("shares sum to %v: %v", sum, a.Default)
-	}
 }
 
 // TestLateRegionStartsFromNothing: a region that registers after the
@@ -236,7 +118,7 @@ func TestReturnedRegionFirstReportRunsFullRound(t *testing.T) {
 	waitFor(t, "the loop to note c missing", 10*time.Second, func() bool {
 		l.mu.Lock()
 		defer l.mu.Unlock()
-		_, ok := l.st.missingSince["c"]
+		_, ok := l.ld.MissingSince("c")
 		return ok
 	})
 	c := coordtest.NewRegion(e.cli, e.layout, "c")
@@ -248,7 +130,7 @@ func TestReturnedRegionFirstReportRunsFullRound(t *testing.T) {
 	waitFor(t, "the loop to note c back", 10*time.Second, func() bool {
 		l.mu.Lock()
 		defer l.mu.Unlock()
-		return l.st.returned["c"]
+		return l.ld.Returned("c")
 	})
 	before := e.alloc(t)
 	// c now carries 3/4 of the offered load.
@@ -264,45 +146,12 @@ func TestReturnedRegionFirstReportRunsFullRound(t *testing.T) {
 		t.Fatalf("after c's first report: %v", a.Default)
 	}
 	l.mu.Lock()
-	back := l.st.returned["c"]
+	back := l.ld.Returned("c")
 	l.mu.Unlock()
 	if back {
 		t.Error("c still counted as just back after a full round observed its report")
 	}
 	checkInvariant(t, e)
-}
-
-// TestFirstObservationComesFromAReport: a live region without a demand
-// report gets no smoothed demand; its first report is then taken as it
-// is, not smoothed up from 0.
-func TestFirstObservationComesFromAReport(t *testing.T) {
-	set, cfg := planFixture(t)
-	reg := etcdlayout.Registration{}
-	report := func(offered float64) etcdlayout.DemandReport {
-		return etcdlayout.DemandReport{Policies: map[string]etcdlayout.PolicyDemand{"exports": {Offered: offered}}}
-	}
-	snap := &snapshot{
-		live:     map[string]map[string]etcdlayout.Registration{"a": {"n": reg}, "b": {"n": reg}, "c": {"n": reg}},
-		demand:   map[string]etcdlayout.DemandReport{"a": report(10), "b": report(10)},
-		policies: set,
-	}
-	st := newState()
-	st.returned["c"] = true
-	st.observe(snap, &cfg)
-	if d, ok := st.demand["exports"]["c"]; ok {
-		t.Fatalf("c has demand %v before any report", d)
-	}
-	if !st.returned["c"] {
-		t.Fatal("c no longer counted as just back before any report")
-	}
-	snap.demand["c"] = report(20)
-	st.observe(snap, &cfg)
-	if got := st.demand["exports"]["c"]; got != 0.5 {
-		t.Fatalf("c's first observation %v, want 0.5 (20 of 40, as it is)", got)
-	}
-	if st.returned["c"] {
-		t.Fatal("c still counted as just back after a round observed its report")
-	}
 }
 
 // TestDeferredRoundRunsAfterGrowth: a full round that finds a shrink

@@ -13,6 +13,7 @@ import (
 
 	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/internal/policy"
+	"github.com/quotacoord/quota/plan"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
@@ -71,8 +72,9 @@ type Loop struct {
 	reqs    chan roundReq
 	leading atomic.Bool
 
-	mu sync.Mutex // guards st
-	st *state
+	mu sync.Mutex // guards ld
+	// ld is the planner's state while leading (an empty one otherwise).
+	ld *plan.Leader
 
 	// afterRead, when a test sets it before Run, runs in doRound between
 	// the read and the publishes.
@@ -89,7 +91,11 @@ func New(cfg Config) (*Loop, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rebalance: register metrics: %w", err)
 	}
-	return &Loop{cfg: c, m: m, reqs: make(chan roundReq), st: newState()}, nil
+	l := &Loop{cfg: c, m: m, reqs: make(chan roundReq)}
+	if l.ld, err = plan.NewLeader(c.params(), time.Time{}); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	return l, nil
 }
 
 // IsLeader says whether this Loop leads now.
@@ -157,7 +163,7 @@ func (l *Loop) Run(ctx context.Context) error {
 		_ = sess.Close()
 	}
 	l.mu.Lock()
-	l.st = newState()
+	l.ld, _ = plan.NewLeader(l.cfg.params(), time.Time{}) // validated in New
 	l.mu.Unlock()
 	return nil
 }
@@ -195,8 +201,8 @@ func (l *Loop) lead(ctx context.Context, sess *concurrency.Session, f fence) err
 		return err
 	}
 	l.mu.Lock()
-	l.st = newState() // no learning period: the first round observes the latest reports
-	l.st.leadSince = l.cfg.Clock.Now()
+	// No learning period: the first round observes the latest reports.
+	l.ld, _ = plan.NewLeader(l.cfg.params(), l.cfg.Clock.Now()) // validated in New
 	l.mu.Unlock()
 	wacks := l.cfg.Client.Watch(lctx, l.cfg.Layout.AcksPrefix(), clientv3.WithPrefix())
 	wregs := l.cfg.Client.Watch(lctx, l.cfg.Layout.RegionsPrefix(), clientv3.WithPrefix())
@@ -213,10 +219,7 @@ func (l *Loop) lead(ctx context.Context, sess *concurrency.Session, f fence) err
 	if errors.Is(err, ErrNotLeader) {
 		return err
 	}
-	// owed: a full round found a shrink still waiting and planned nothing
-	// on the demand it read; the round that publishes the growth is
-	// followed by a full round at once, rather than at the next tick.
-	owed := res.deferred
+	l.settle(true, res, err)
 	for {
 		if len(res.Waiting) > 0 {
 			recheck.Reset(recheckEvery)
@@ -257,13 +260,10 @@ func (l *Loop) lead(ctx context.Context, sess *concurrency.Session, f fence) err
 				res, err = l.round(lctx, f, true)
 			}
 		}
-		if err == nil && owed && !res.deferred && len(res.Published) > 0 {
-			owed = false
-			if !full {
-				res, err = l.round(lctx, f, true)
-			}
+		if l.settle(full, res, err) {
+			res, err = l.round(lctx, f, true)
+			l.settle(true, res, err)
 		}
-		owed = owed || res.deferred
 		if errors.Is(err, ErrNotLeader) {
 			return err
 		}
@@ -301,26 +301,35 @@ func (l *Loop) notedGone(evs []*clientv3.Event) {
 			continue
 		}
 		if region, _, ok := etcdlayout.NodeOf(l.cfg.Layout.RegionsPrefix(), string(ev.Kv.Key)); ok {
-			l.st.nodeGoneAt(region, now)
+			l.ld.NodeGone(region, now)
 		}
 	}
 }
 
-// reportedBack reports whether evs hold a demand report of a region that
-// came back (state.returned) and that no full round has observed since:
-// its first report is worth a full round now.
+// reportedBack reports whether evs hold the first demand report of a
+// region back from having no registered node (plan.Leader.ReportArrived):
+// it is worth a full round now.
 func (l *Loop) reportedBack(evs []*clientv3.Event) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if len(l.st.returned) == 0 {
-		return false
-	}
+	back := false
 	for _, ev := range evs {
-		if region, _, ok := etcdlayout.NodeOf(l.cfg.Layout.DemandPrefix(), string(ev.Kv.Key)); ok && l.st.returned[region] {
-			return true
+		if region, _, ok := etcdlayout.NodeOf(l.cfg.Layout.DemandPrefix(), string(ev.Kv.Key)); ok && l.ld.ReportArrived(region) {
+			back = true
 		}
 	}
-	return false
+	return back
+}
+
+// settle tells the planner how a round ended and reports whether a full
+// round is owed at once (plan.Leader.Settle).
+func (l *Loop) settle(full bool, res Result, err error) bool {
+	if err != nil {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.ld.Settle(full, res.deferred, len(res.Published) > 0)
 }
 
 // RebalanceNow runs a full round in the loop's goroutine and returns what
@@ -356,13 +365,13 @@ func (l *Loop) DryRun(ctx context.Context, policyName string) (Proposal, error) 
 		return Proposal{}, fmt.Errorf("%w: %q", ErrUnknownPolicy, policyName)
 	}
 	l.mu.Lock()
-	st := l.st.clone()
+	ld := l.ld.Clone()
 	l.mu.Unlock()
 	now := l.cfg.Clock.Now()
-	st.trackMissing(now, snap)
-	st.observe(snap, &l.cfg)
-	pp := planPolicy(now, snap, st, &l.cfg, p, true)
-	out := Proposal{Policy: policyName, Current: snap.allocs[policyName], Next: pp.proposal, Demand: pp.demand, Note: pp.note,
+	ld.Track(now, snap.view, snap.allocs)
+	ld.Observe(snap.view, snap.planPolicies())
+	d := ld.Plan(now, snap.view, planPolicy(p), snap.allocs[policyName], snap.controls[policyName], true)
+	out := Proposal{Policy: policyName, Current: snap.allocs[policyName], Next: d.Proposal, Demand: d.Demand, Note: d.Note,
 		HottestSubject: map[string]float64{}, Interval: l.cfg.Interval, Protocol: l.cfg.Protocol}
 	for region, rep := range snap.demand {
 		hot := 0.0
@@ -371,8 +380,8 @@ func (l *Loop) DryRun(ctx context.Context, policyName string) (Proposal, error) 
 		}
 		out.HottestSubject[region] = hot
 	}
-	if out.Next == nil && pp.pub != nil {
-		out.Next = &etcdlayout.Shares{Default: pp.pub.Default, Overrides: pp.pub.Overrides}
+	if out.Next == nil && d.Publish != nil {
+		out.Next = &etcdlayout.Shares{Default: d.Publish.Default, Overrides: d.Publish.Overrides}
 	}
 	return out, nil
 }
@@ -408,32 +417,28 @@ func (l *Loop) doRound(ctx context.Context, f fence, full bool) (Result, error) 
 	}
 	now := l.cfg.Clock.Now()
 	l.mu.Lock()
-	l.st.trackMissing(now, snap)
-	if full {
-		l.st.observe(snap, &l.cfg)
-	}
-	plans := plan(now, snap, l.st, &l.cfg, full)
+	plans := planRound(now, snap, l.ld, full)
 	l.mu.Unlock()
 	var res Result
-	for _, pp := range plans {
-		res.deferred = res.deferred || pp.deferred
-		if pp.pub == nil {
-			if pp.note != "" {
-				res.Waiting = append(res.Waiting, pp.policy+": "+pp.note)
+	for _, d := range plans {
+		res.deferred = res.deferred || d.Deferred
+		if d.Publish == nil {
+			if d.Note != "" {
+				res.Waiting = append(res.Waiting, d.Policy+": "+d.Note)
 			}
 			continue
 		}
-		ok, err := l.publish(ctx, f, pp.pub, pp.prevRev, snap.rev)
+		ok, err := l.publish(ctx, f, d.Publish, snap.allocRevs[d.Policy], snap.rev)
 		if err != nil {
 			return res, err
 		}
 		if !ok {
 			continue
 		}
-		snap.allocs[pp.policy] = pp.pub
-		res.Published = append(res.Published, fmt.Sprintf("%s@%d (%s)", pp.policy, pp.pub.Epoch, pp.pub.Phase))
-		l.m.epochs.WithLabelValues(pp.policy, string(pp.pub.Phase)).Inc()
-		l.cfg.Logger.Info("published epoch", "policy", pp.policy, "epoch", pp.pub.Epoch, "phase", pp.pub.Phase, "why", pp.pub.Reason)
+		snap.allocs[d.Policy] = d.Publish
+		res.Published = append(res.Published, fmt.Sprintf("%s@%d (%s)", d.Policy, d.Publish.Epoch, d.Publish.Phase))
+		l.m.epochs.WithLabelValues(d.Policy, string(d.Publish.Phase)).Inc()
+		l.cfg.Logger.Info("published epoch", "policy", d.Policy, "epoch", d.Publish.Epoch, "phase", d.Publish.Phase, "why", d.Publish.Reason)
 	}
 	l.m.observe(snap)
 	return res, nil
@@ -506,15 +511,16 @@ func (l *Loop) read(ctx context.Context) (*snapshot, error) {
 	}
 	snap := &snapshot{
 		rev:       resp.Header.Revision,
-		live:      map[string]map[string]etcdlayout.Registration{},
+		view:      &plan.View{Regions: map[string]map[string]plan.Node{}, Demand: map[string]map[string]plan.PolicyDemand{}},
 		demand:    map[string]etcdlayout.DemandReport{},
-		acks:      map[string]map[string]etcdlayout.Ack{},
 		controls:  map[string]etcdlayout.Control{},
 		allocs:    map[string]*etcdlayout.Allocation{},
 		allocRevs: map[string]int64{},
 	}
 	docs := map[string][]byte{}
 	nodes := 0
+	live := snap.view.Regions
+	acks := map[string]map[string]etcdlayout.Ack{}
 	reports := map[string][]etcdlayout.DemandReport{}
 	for i, r := range resp.Responses {
 		for _, kv := range r.GetResponseRange().Kvs {
@@ -534,15 +540,15 @@ func (l *Loop) read(ctx context.Context) (*snapshot, error) {
 					if nodes++; nodes > MaxNodes {
 						return nil, fmt.Errorf("rebalance: more than %d registered nodes", MaxNodes)
 					}
-					if _, ok := snap.live[region]; !ok && len(snap.live) >= MaxRegions {
+					if _, ok := live[region]; !ok && len(live) >= MaxRegions {
 						return nil, fmt.Errorf("rebalance: more than %d registered regions", MaxRegions)
 					}
 					var v etcdlayout.Registration
 					derr = json.Unmarshal(kv.Value, &v)
-					if snap.live[region] == nil {
-						snap.live[region] = map[string]etcdlayout.Registration{}
+					if live[region] == nil {
+						live[region] = map[string]plan.Node{}
 					}
-					snap.live[region][node] = v
+					live[region][node] = plan.Node{}
 				case 1:
 					var v etcdlayout.DemandReport
 					if derr = json.Unmarshal(kv.Value, &v); derr == nil && len(reports[region]) < MaxNodes {
@@ -551,10 +557,10 @@ func (l *Loop) read(ctx context.Context) (*snapshot, error) {
 				case 2:
 					var v etcdlayout.Ack
 					derr = json.Unmarshal(kv.Value, &v)
-					if snap.acks[region] == nil {
-						snap.acks[region] = map[string]etcdlayout.Ack{}
+					if acks[region] == nil {
+						acks[region] = map[string]etcdlayout.Ack{}
 					}
-					snap.acks[region][node] = v
+					acks[region][node] = v
 				}
 				if derr != nil {
 					l.cfg.Logger.Warn("unreadable record ignored", "key", string(kv.Key), "error", derr)
@@ -580,8 +586,14 @@ func (l *Loop) read(ctx context.Context) (*snapshot, error) {
 		}
 	}
 	for region, rs := range reports {
-		if _, ok := snap.live[region]; ok {
+		if _, ok := live[region]; ok {
 			snap.demand[region] = sumDemand(region, rs, MaxOverridesLimit)
+			snap.view.Demand[region] = snap.demand[region].Policies
+		}
+	}
+	for region, ns := range live {
+		for n := range ns {
+			ns[n] = plan.Node{Acked: acks[region][n].Epochs}
 		}
 	}
 	snap.policies, snap.policyErrs = LoadPolicies(docs)

@@ -55,17 +55,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 
 // observe updates the gauges that describe a snapshot.
 func (m *metrics) observe(snap *snapshot) {
-	m.regions.Set(float64(len(snap.live)))
+	m.regions.Set(float64(len(snap.view.Regions)))
 	m.share.Reset()
 	lag := make(map[string]float64)
 	for p, a := range snap.allocs {
 		for r, s := range a.Default {
 			m.share.WithLabelValues(p, r).Set(s)
-			if nodes, ok := snap.live[r]; ok {
+			if nodes, ok := snap.view.Regions[r]; ok {
 				// A region lags as far as its slowest node.
 				worst := uint64(0)
-				for n := range nodes {
-					if got := snap.acks[r][n].Epochs[p]; got < a.Epoch {
+				for _, n := range nodes {
+					if got := n.Acked[p]; got < a.Epoch {
 						worst = max(worst, a.Epoch-got)
 					}
 				}

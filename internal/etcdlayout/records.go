@@ -1,6 +1,10 @@
 package etcdlayout
 
-import "time"
+import (
+	"time"
+
+	"github.com/quotacoord/quota/plan"
+)
 
 // Registration says a node of a region is alive. It lives under the
 // node's lease. A region is live while any of its nodes is registered.
@@ -31,63 +35,22 @@ type DemandReport struct {
 	Policies map[string]PolicyDemand `json:"policies"`
 }
 
-// PolicyDemand is the demand of one policy in one region and interval.
-// Rates are cost units per second; denied cost counts as offered.
-type PolicyDemand struct {
-	Offered  float64 `json:"offered"`
-	Admitted float64 `json:"admitted"`
-	// Pressured are the top subjects under pressure (denied, or below half
-	// their local capacity), most pressured first; at most a bounded number.
-	Pressured []SubjectDemand `json:"pressured,omitempty"`
-}
-
-// SubjectDemand is the demand of one pressured subject.
-type SubjectDemand struct {
-	Subject  string  `json:"subject"`
-	Offered  float64 `json:"offered"`
-	Admitted float64 `json:"admitted"`
-	Denied   bool    `json:"denied,omitempty"`
-}
-
-// Phase is where an allocation stands in the two-step publish protocol.
-type Phase string
-
-const (
-	// PhaseShrink: every share is min(old, target); the coordinator waits
-	// for every live region to acknowledge this epoch before growing.
-	PhaseShrink Phase = "shrink"
-	// PhaseStable: the shares are the target.
-	PhaseStable Phase = "stable"
+// The records the planner reads and writes are defined in package plan,
+// the one place that gives them meaning; the layout stores them as JSON.
+type (
+	PolicyDemand  = plan.PolicyDemand
+	SubjectDemand = plan.SubjectDemand
+	Phase         = plan.Phase
+	Allocation    = plan.Allocation
+	Shares        = plan.Shares
+	Control       = plan.Control
 )
 
-// Allocation is one policy's shares at one epoch. Regions enforce Default
-// for every subject without an entry in Overrides.
-type Allocation struct {
-	Policy string `json:"policy"`
-	// Epoch increases by one with every publish.
-	Epoch uint64 `json:"epoch"`
-	Phase Phase  `json:"phase"`
-	// Default maps region to its share for subjects without an override.
-	Default map[string]float64 `json:"default"`
-	// Overrides maps subject to region to share, for pressured subjects.
-	Overrides map[string]map[string]float64 `json:"overrides,omitempty"`
-	// Target is the allocation the shrink phase leads to (PhaseShrink only).
-	Target *Shares `json:"target,omitempty"`
-	// Safe maps region to its safe (minimum) share, which the region falls
-	// back to when it loses its lease.
-	Safe map[string]float64 `json:"safe"`
-	// Overcommit is the policy's ε at publish time.
-	Overcommit  float64   `json:"overcommit"`
-	PublishedAt time.Time `json:"published_at"`
-	// Reason says why the shares moved, for operators.
-	Reason string `json:"reason,omitempty"`
-}
-
-// Shares is a default split plus subject overrides.
-type Shares struct {
-	Default   map[string]float64            `json:"default"`
-	Overrides map[string]map[string]float64 `json:"overrides,omitempty"`
-}
+// The phases of an allocation (plan.PhaseShrink, plan.PhaseStable).
+const (
+	PhaseShrink = plan.PhaseShrink
+	PhaseStable = plan.PhaseStable
+)
 
 // Ack says which epoch of each policy a node has applied. It lives under
 // the node's lease. A region has acknowledged an epoch when every live
@@ -98,14 +61,6 @@ type Ack struct {
 	Node   string            `json:"node,omitempty"`
 	Epochs map[string]uint64 `json:"epochs"`
 	At     time.Time         `json:"at"`
-}
-
-// Control holds the operator's steering of one policy.
-type Control struct {
-	Frozen   bool               `json:"frozen,omitempty"`
-	Pins     map[string]float64 `json:"pins,omitempty"`
-	Weights  map[string]float64 `json:"weights,omitempty"`
-	Minimums map[string]float64 `json:"minimums,omitempty"`
 }
 
 // Settings are published by the coordinator for the regions.

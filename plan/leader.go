@@ -1,0 +1,443 @@
+package plan
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/quotacoord/quota/allocator"
+)
+
+// Bounds on what input can grow.
+const (
+	// MaxRegions is the most regions an allocation holds.
+	MaxRegions = 256
+	// MaxOverridesLimit is the largest accepted Params.MaxOverrides.
+	MaxOverridesLimit = 1024
+)
+
+// ErrParams wraps every error about Params.
+var ErrParams = errors.New("plan: invalid params")
+
+// Params are the planner's rules. The zero value is not valid: every
+// caller states its own (rebalance.Config and sim.Config hold the
+// defaults).
+type Params struct {
+	// Algorithm, MaxStep and DeadBand go to allocator.Params; the
+	// overcommit ε is the policy's.
+	Algorithm allocator.Algorithm
+	MaxStep   float64
+	DeadBand  float64
+	// Alpha is the demand smoothing factor in (0, 1], applied once per
+	// full round.
+	Alpha float64
+	// Protocol is TwoStep or Naive.
+	Protocol Protocol
+	// MaxOverrides bounds the subject overrides per policy, and the
+	// pressured subjects read from one region's report.
+	MaxOverrides int
+	// OverrideRounds is how many full rounds a subject keeps its smoothed
+	// demand (and so its override) after the last report of pressure.
+	OverrideRounds int
+	// SkewMargin is how long after a node's registration vanished the
+	// leader still counts it at its old shares.
+	SkewMargin time.Duration
+}
+
+// Validate reports whether p can plan.
+func (p Params) Validate() error {
+	if err := (allocator.Params{Algorithm: p.Algorithm, MaxStep: p.MaxStep, DeadBand: p.DeadBand}).Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrParams, err)
+	}
+	switch {
+	case math.IsNaN(p.Alpha) || p.Alpha <= 0 || p.Alpha > 1:
+		return fmt.Errorf("%w: Alpha %v must be in (0, 1]", ErrParams, p.Alpha)
+	case p.Protocol != TwoStep && p.Protocol != Naive:
+		return fmt.Errorf("%w: protocol %q is not %q or %q", ErrParams, p.Protocol, TwoStep, Naive)
+	case p.MaxOverrides < 0 || p.MaxOverrides > MaxOverridesLimit:
+		return fmt.Errorf("%w: MaxOverrides %d not in [0, %d]", ErrParams, p.MaxOverrides, MaxOverridesLimit)
+	case p.OverrideRounds < 1:
+		return fmt.Errorf("%w: OverrideRounds %d must be at least 1", ErrParams, p.OverrideRounds)
+	case p.SkewMargin < 0:
+		return fmt.Errorf("%w: SkewMargin %v is negative", ErrParams, p.SkewMargin)
+	}
+	return nil
+}
+
+// Policy is what the planner needs of a policy.
+type Policy struct {
+	Name string
+	// Rate is the global rate in cost units per second; a pressured
+	// subject's demand is its offered rate over Rate.
+	Rate       float64
+	Overcommit float64
+	// MinShare maps region to a minimum the policy names for it;
+	// DefaultMinShare applies to every other region.
+	MinShare        map[string]float64
+	DefaultMinShare float64
+}
+
+// MinShareFor returns region's guaranteed minimum share.
+func (p *Policy) MinShareFor(region string) float64 {
+	if m, ok := p.MinShare[region]; ok {
+		return m
+	}
+	return p.DefaultMinShare
+}
+
+// View is what a round reads of the regions, at one instant.
+type View struct {
+	// Regions maps each region with at least one registered node to its
+	// registered nodes, by node id. A region is live while it has one.
+	Regions map[string]map[string]Node
+	// Demand maps a region to its demand per policy: the sum over its
+	// nodes' latest reports. A region without an entry has not reported.
+	Demand map[string]map[string]PolicyDemand
+}
+
+// Node is one registered node as a round sees it.
+type Node struct {
+	// Acked maps policy to the latest epoch the node acknowledged.
+	Acked map[string]uint64
+}
+
+// nodeKey names a node within the leader's view.
+type nodeKey struct{ region, node string }
+
+// subjectDemand is one pressured subject's smoothed demand per region.
+type subjectDemand struct {
+	demand map[string]float64
+	// idle counts full rounds since a region last reported the subject.
+	idle int
+}
+
+// total is the subject's demand summed over regions in name order (a
+// fixed order, so that equal inputs rank equally).
+func (sd *subjectDemand) total() float64 {
+	t := 0.0
+	for _, r := range slices.Sorted(maps.Keys(sd.demand)) {
+		t += sd.demand[r]
+	}
+	return t
+}
+
+// Leader is what a leading coordinator keeps between rounds: the smoothed
+// demand, and what it saw of the regions' registrations. It can be rebuilt
+// from the latest reports at any time: a new leader starts from NewLeader.
+// Its methods take the instant they run at and read no clock; a Leader is
+// not safe for concurrent use.
+type Leader struct {
+	params Params
+	// demand is the smoothed share of each policy's offered load per
+	// region (fractions summing to 1 over regions with demand).
+	demand map[string]map[string]float64
+	// subjects are the smoothed demands of pressured subjects, as
+	// fractions of the policy's rate.
+	subjects map[string]map[string]*subjectDemand
+	// missingSince is when this leader first saw a region of an
+	// allocation without any registered node.
+	missingSince map[string]time.Time
+	// nodes are the nodes registered in the last view tracked.
+	nodes map[nodeKey]bool
+	// nodeGone is, per region, when this leader last saw one of its nodes
+	// lose its registration: such a node may enforce its old shares until
+	// its lease TTL plus the skew margin.
+	nodeGone map[string]time.Time
+	// leadSince is when this leader took over. Nodes that vanished before
+	// are unknown to it, so it treats that instant as a node vanishing in
+	// every region.
+	leadSince time.Time
+	// returned are the regions that registered again after this leader
+	// saw them without any node, until their first demand report: that
+	// report is worth a full round at once (ReportArrived).
+	returned map[string]bool
+	// owed: a full round found a shrink still waiting and planned nothing
+	// on the demand it read (Settle).
+	owed bool
+}
+
+// NewLeader returns the state of a leader that took over at since.
+func NewLeader(p Params, since time.Time) (*Leader, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	return &Leader{
+		params:       p,
+		demand:       make(map[string]map[string]float64),
+		subjects:     make(map[string]map[string]*subjectDemand),
+		missingSince: make(map[string]time.Time),
+		nodes:        make(map[nodeKey]bool),
+		nodeGone:     make(map[string]time.Time),
+		leadSince:    since,
+		returned:     make(map[string]bool),
+	}, nil
+}
+
+// Params returns the leader's rules.
+func (l *Leader) Params() Params { return l.params }
+
+// Clone returns a deep copy of l, for a dry run that must not change it.
+func (l *Leader) Clone() *Leader {
+	c, _ := NewLeader(l.params, l.leadSince)
+	for p, m := range l.demand {
+		c.demand[p] = maps.Clone(m)
+	}
+	for p, m := range l.subjects {
+		cm := make(map[string]*subjectDemand, len(m))
+		for s, sd := range m {
+			cm[s] = &subjectDemand{demand: maps.Clone(sd.demand), idle: sd.idle}
+		}
+		c.subjects[p] = cm
+	}
+	maps.Copy(c.missingSince, l.missingSince)
+	maps.Copy(c.nodes, l.nodes)
+	maps.Copy(c.nodeGone, l.nodeGone)
+	maps.Copy(c.returned, l.returned)
+	c.owed = l.owed
+	return c
+}
+
+// Track records, at every round, which regions of the allocations lost
+// their last registered node and since when, which of them registered
+// again, and when nodes of any region vanished.
+func (l *Leader) Track(now time.Time, v *View, allocs map[string]*Allocation) {
+	for r := range l.missingSince {
+		if _, ok := v.Regions[r]; ok {
+			delete(l.missingSince, r)
+			l.returned[r] = true // bounded: missingSince holds at most MaxRegions
+		}
+	}
+	for r := range l.returned {
+		if _, ok := v.Regions[r]; !ok {
+			delete(l.returned, r)
+		}
+	}
+	for k := range l.nodes {
+		if _, ok := v.Regions[k.region][k.node]; !ok {
+			l.NodeGone(k.region, now)
+		}
+	}
+	clear(l.nodes)
+	for r, nodes := range v.Regions {
+		for n := range nodes {
+			l.nodes[nodeKey{r, n}] = true
+		}
+	}
+	for _, a := range allocs {
+		if a == nil {
+			continue
+		}
+		for r := range a.Default {
+			if _, ok := v.Regions[r]; ok {
+				continue
+			}
+			if _, ok := l.missingSince[r]; !ok && len(l.missingSince) < MaxRegions {
+				l.missingSince[r] = now
+			}
+		}
+	}
+}
+
+// NodeGone records that a node of region lost its registration at now
+// (a watch may see a node come and go between two rounds).
+func (l *Leader) NodeGone(region string, now time.Time) {
+	if _, ok := l.nodeGone[region]; ok || len(l.nodeGone) < MaxRegions {
+		l.nodeGone[region] = now
+		return
+	}
+	// Out of room: forget the oldest region's entry, counting the instant
+	// as a node gone everywhere (leadSince is checked for every region).
+	var oldest string
+	for r, t := range l.nodeGone {
+		if oldest == "" || t.Before(l.nodeGone[oldest]) || t.Equal(l.nodeGone[oldest]) && r < oldest {
+			oldest = r
+		}
+	}
+	delete(l.nodeGone, oldest)
+	l.nodeGone[region] = now
+	if l.leadSince.Before(now) {
+		l.leadSince = now
+	}
+}
+
+// ReportArrived says whether a demand report of region, just written, is
+// the first of a region back from having no registered node: that report
+// is worth a full round at once rather than at the next tick, so that a
+// region back from an outage does not wait a whole interval at its
+// minimum. It answers true once per return.
+func (l *Leader) ReportArrived(region string) bool {
+	if !l.returned[region] {
+		return false
+	}
+	delete(l.returned, region)
+	return true
+}
+
+// Settle records the outcome of a round (full or not, whether some policy
+// was deferred by a waiting shrink, whether anything was published) and
+// says whether a full round must follow at once: a full round that found
+// a shrink waiting planned nothing on the demand it read, so the round
+// that publishes the growth is followed by a full round rather than
+// leaving that demand a whole interval.
+func (l *Leader) Settle(full, deferred, published bool) (fullRoundNow bool) {
+	if l.owed && !deferred && published {
+		l.owed = false
+		fullRoundNow = !full
+	}
+	l.owed = l.owed || deferred
+	return fullRoundNow
+}
+
+// Observe folds the regions' latest demand reports into the smoothed
+// demand, once per full round, and forgets the policies not listed. A
+// region's first observation is taken as it is, and only from a report: a
+// region that registered and has not reported yet gets no demand (0 for
+// now) rather than a first observation of 0 that its later reports would
+// climb from one smoothing step at a time. Regions are read in name order
+// and at most MaxOverrides subjects of a report, 4·MaxOverrides of a round
+// and 2·MaxOverrides kept per policy.
+func (l *Leader) Observe(v *View, policies []Policy) {
+	for r := range l.returned {
+		if _, ok := v.Demand[r]; ok {
+			delete(l.returned, r)
+		}
+	}
+	regions := slices.Sorted(maps.Keys(v.Demand))
+	keep := make(map[string]bool, len(policies))
+	for i := range policies {
+		keep[policies[i].Name] = true
+		l.observePolicy(v, regions, &policies[i])
+	}
+	for p := range l.demand {
+		if !keep[p] {
+			delete(l.demand, p)
+			delete(l.subjects, p)
+		}
+	}
+}
+
+func (l *Leader) observePolicy(v *View, reported []string, p *Policy) {
+	a, maxOvr := l.params.Alpha, l.params.MaxOverrides
+	total := 0.0
+	offered := make(map[string]float64)
+	var order []string // new subjects in region order, then report order
+	subjects := make(map[string]map[string]float64)
+	for _, r := range reported {
+		if _, ok := v.Regions[r]; !ok {
+			continue
+		}
+		d, ok := v.Demand[r][p.Name]
+		if !ok {
+			continue
+		}
+		if o := finite(d.Offered); o > 0 {
+			offered[r] = o
+			total += o
+		}
+		for i, s := range d.Pressured {
+			if i >= maxOvr || s.Subject == "" {
+				break
+			}
+			m := subjects[s.Subject]
+			if m == nil {
+				if len(subjects) >= 4*maxOvr {
+					continue
+				}
+				m = make(map[string]float64)
+				subjects[s.Subject] = m
+				order = append(order, s.Subject)
+			}
+			if p.Rate > 0 {
+				m[r] = finite(s.Offered) / p.Rate
+			}
+		}
+	}
+	dm := l.demand[p.Name]
+	if dm == nil {
+		dm = make(map[string]float64)
+		l.demand[p.Name] = dm
+	}
+	for r := range dm {
+		if _, ok := v.Regions[r]; !ok {
+			delete(dm, r)
+		}
+	}
+	if total > 0 {
+		for r := range v.Regions {
+			obs := offered[r] / total
+			if prev, ok := dm[r]; ok {
+				dm[r] = allocator.Smooth(prev, obs, a)
+			} else if _, reported := v.Demand[r]; reported {
+				dm[r] = obs
+			}
+		}
+	}
+	sm := l.subjects[p.Name]
+	if sm == nil {
+		sm = make(map[string]*subjectDemand)
+		l.subjects[p.Name] = sm
+	}
+	for s, sd := range sm {
+		if _, ok := subjects[s]; ok {
+			continue
+		}
+		sd.idle++
+		for r, d := range sd.demand {
+			sd.demand[r] = allocator.Smooth(d, 0, a)
+		}
+		if sd.idle >= l.params.OverrideRounds {
+			delete(sm, s)
+		}
+	}
+	for _, s := range order {
+		obs := subjects[s]
+		sd := sm[s]
+		if sd == nil {
+			if len(sm) >= 2*maxOvr {
+				continue
+			}
+			sm[s] = &subjectDemand{demand: obs}
+			continue
+		}
+		sd.idle = 0
+		for r := range v.Regions {
+			sd.demand[r] = allocator.Smooth(sd.demand[r], obs[r], a)
+		}
+	}
+}
+
+// Demand returns the smoothed demand of policy per region (a copy), and
+// of each of its pressured subjects.
+func (l *Leader) Demand(policy string) (regions map[string]float64, subjects map[string]map[string]float64) {
+	regions = maps.Clone(l.demand[policy])
+	for s, sd := range l.subjects[policy] {
+		if subjects == nil {
+			subjects = make(map[string]map[string]float64)
+		}
+		subjects[s] = maps.Clone(sd.demand)
+	}
+	return regions, subjects
+}
+
+// finite is v when it is a finite non-negative number, else 0: reports
+// are input.
+func finite(v float64) float64 {
+	if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+		return 0
+	}
+	return v
+}
+
+// MissingSince says since when this leader has seen region, a region of
+// an allocation, without any registered node.
+func (l *Leader) MissingSince(region string) (time.Time, bool) {
+	t, ok := l.missingSince[region]
+	return t, ok
+}
+
+// Returned says region registered again after this leader saw it without
+// any node, and no demand report of it has been observed since.
+func (l *Leader) Returned(region string) bool { return l.returned[region] }

@@ -1,0 +1,472 @@
+package plan
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/quotacoord/quota/allocator"
+)
+
+// eq is the tolerance under which two shares are the same.
+const eq = 1e-12
+
+// Decision is the outcome of a round for one policy.
+type Decision struct {
+	Policy string
+	// Publish is the allocation to publish, nil when nothing moves.
+	Publish *Allocation
+	// Proposal is the computed split, also when it is not published (nil
+	// when the round did not compute one).
+	Proposal *Shares
+	// Demand is the smoothed demand per region fed to the allocator.
+	Demand map[string]float64
+	// Note says why nothing is published (growth waiting, frozen, an
+	// error), if so.
+	Note string
+	// Waiting says a shrink's growth waits; WaitUntil is when the wait can
+	// end by time alone (a skew margin running out), zero when it waits
+	// for an acknowledgement or a lease to end.
+	Waiting   bool
+	WaitUntil time.Time
+	// Deferred is set when a full round found a shrink still waiting and
+	// planned nothing on the demand it read (see Settle).
+	Deferred bool
+}
+
+// Plan computes one round for policy p, whose allocation in force is cur
+// (nil: none yet) and whose operator controls are ctl. A full round plans
+// the split; other rounds (on an acknowledgement, a registration change, a
+// recheck) only finish a pending shrink, or plan when a live region has no
+// share yet. Plan reads l and changes nothing; Observe and Track are the
+// only writers of the demand and registrations it reads.
+func (l *Leader) Plan(now time.Time, v *View, p Policy, cur *Allocation, ctl Control, full bool) Decision {
+	d := Decision{Policy: p.Name}
+	if cur != nil && cur.Phase == PhaseShrink && cur.Target != nil && coversLive(cur, v) {
+		if why, until := l.ackWait(now, v, cur); why != "" {
+			d.Note, d.Waiting, d.WaitUntil, d.Deferred = why, true, until, full
+			return d
+		}
+		d.Publish = &Allocation{
+			Policy:      p.Name,
+			Epoch:       cur.Epoch + 1,
+			Phase:       PhaseStable,
+			Default:     maps.Clone(cur.Target.Default),
+			Overrides:   cloneOverrides(cur.Target.Overrides),
+			Safe:        maps.Clone(cur.Safe),
+			Overcommit:  cur.Overcommit,
+			PublishedAt: now,
+			Reason: fmt.Sprintf("grow to the target of epoch %d: every region acknowledged it or lost its lease; %s",
+				cur.Epoch, moves(cur.Default, cur.Target.Default, nil)),
+		}
+		return d
+	}
+	if ctl.Frozen {
+		d.Note = "frozen by an operator"
+		return d
+	}
+	// pending: cur is a shrink epoch whose growth has not been published.
+	// Regions that did not acknowledge it may still enforce the epoch
+	// before it, whose shares the record does not hold, so whatever
+	// replaces it must again be a shrink from cur (each region's shares
+	// only go down from what it may be enforcing) and grow only after
+	// every region acknowledged that.
+	pending := cur != nil && cur.Phase == PhaseShrink
+	// Rounds that are not full also plan when a live region has no share
+	// yet (or nothing was ever published): the plan must include it
+	// before anyone grows.
+	if !full && cur != nil && coversLive(cur, v) {
+		return d
+	}
+	next, regions, err := l.proposal(v, &p, cur, ctl)
+	if err != nil {
+		d.Note = err.Error()
+		return d
+	}
+	d.Proposal = next
+	d.Demand = make(map[string]float64, len(regions))
+	safe := make(map[string]float64, len(regions))
+	for _, r := range regions {
+		d.Demand[r.Name] = r.Demand
+		safe[r.Name] = r.Min
+	}
+	// mins is what a region without a share in the allocation in force
+	// enforces: its safe share there if listed, else only a minimum the
+	// policy names for it explicitly (a default minimum is granted by an
+	// allocation, never assumed). A region joining late therefore starts
+	// from mins(region), and the shrink epoch gives it no more.
+	mins := func(region string) float64 {
+		if cur != nil {
+			if v, ok := cur.Safe[region]; ok {
+				return v
+			}
+		}
+		return p.MinShare[region]
+	}
+	a := &Allocation{
+		Policy:      p.Name,
+		Phase:       PhaseStable,
+		Default:     next.Default,
+		Overrides:   next.Overrides,
+		Safe:        safe,
+		Overcommit:  p.Overcommit,
+		PublishedAt: now,
+	}
+	if cur == nil {
+		a.Epoch = 1
+		a.Reason = "initial allocation: " + moves(nil, next.Default, d.Demand)
+		d.Publish = a
+		return d
+	}
+	old := Shares{Default: cur.Default, Overrides: cur.Overrides}
+	if !Changed(old, *next, mins) && maps.Equal(cur.Safe, safe) && cur.Overcommit == p.Overcommit {
+		return d
+	}
+	a.Epoch = cur.Epoch + 1
+	why := moves(cur.Default, next.Default, d.Demand) + overrideNote(old, *next)
+	if l.params.Protocol == TwoStep && (pending || Shrinks(old, *next, mins)) {
+		low := Lower(old, *next, mins)
+		a.Phase = PhaseShrink
+		a.Target = next
+		a.Default, a.Overrides = low.Default, low.Overrides
+		a.Reason = "shrink first, grow after acknowledgements: " + why
+	} else {
+		a.Reason = why
+	}
+	d.Publish = a
+	return d
+}
+
+// coversLive says every live region has a share in a.
+func coversLive(a *Allocation, v *View) bool {
+	for r := range v.Regions {
+		if _, ok := a.Default[r]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// ackWait says why the growth after shrink epoch cur must wait (or "")
+// and when the wait ends by time alone (zero: at an event). A region has
+// acknowledged an epoch when every registered node of it has; a node that
+// lost its registration counts at its safe share only SkewMargin after
+// this leader saw it vanish (or after this leader took over, for nodes
+// that vanished before).
+func (l *Leader) ackWait(now time.Time, v *View, cur *Allocation) (string, time.Time) {
+	margin := l.params.SkewMargin
+	if until := l.leadSince.Add(margin); until.After(now) {
+		return fmt.Sprintf("waiting %v more after taking the lead: a node that left before may still hold older shares",
+			until.Sub(now).Round(time.Millisecond)), until
+	}
+	for _, r := range slices.Sorted(maps.Keys(cur.Default)) {
+		if nodes, ok := v.Regions[r]; ok {
+			for _, n := range slices.Sorted(maps.Keys(nodes)) {
+				if got := nodes[n].Acked[cur.Policy]; got < cur.Epoch {
+					return fmt.Sprintf("waiting for node %s of region %s to acknowledge epoch %d (it holds %d)", nodeName(n), r, cur.Epoch, got), time.Time{}
+				}
+			}
+			if gone, ok := l.nodeGone[r]; ok {
+				if until := gone.Add(margin); until.After(now) {
+					return fmt.Sprintf("waiting %v more for a node of region %s, whose lease ended, to be at its safe share",
+						until.Sub(now).Round(time.Millisecond), r), until
+				}
+			}
+			continue
+		}
+		since, ok := l.missingSince[r]
+		if !ok {
+			since = now
+		}
+		if until := since.Add(margin); until.After(now) {
+			return fmt.Sprintf("waiting %v more for region %s, whose lease expired, to be at its safe share",
+				until.Sub(now).Round(time.Millisecond), r), until
+		}
+	}
+	return "", time.Time{}
+}
+
+// nodeName names a node in messages; "" is a region's own key.
+func nodeName(n string) string {
+	if n == "" {
+		return "(region key)"
+	}
+	return n
+}
+
+// proposal computes the default split and the subject overrides.
+func (l *Leader) proposal(v *View, p *Policy, cur *Allocation, ctl Control) (*Shares, []allocator.Region, error) {
+	names := make(map[string]bool)
+	for r := range v.Regions {
+		names[r] = true
+	}
+	if cur != nil {
+		for r := range cur.Default {
+			names[r] = true
+		}
+	}
+	// A region the policy names a minimum for may enforce that minimum
+	// before it ever registers (it is all a node outside any allocation
+	// enforces), so every allocation reserves it.
+	for r := range p.MinShare {
+		names[r] = true
+	}
+	sorted := slices.Sorted(maps.Keys(names))
+	if len(sorted) == 0 {
+		return nil, nil, errors.New("no regions")
+	}
+	if len(sorted) > MaxRegions {
+		sorted = sorted[:MaxRegions]
+	}
+	params := allocator.Params{
+		Algorithm:  l.params.Algorithm,
+		Overcommit: p.Overcommit,
+		MaxStep:    l.params.MaxStep,
+		DeadBand:   l.params.DeadBand,
+	}
+	if cur == nil {
+		// The first allocation replaces the regions' safe shares: no
+		// region enforces anything above its minimum yet, so it jumps
+		// straight to the target.
+		params.MaxStep, params.DeadBand = 0, 0
+	}
+	base := make([]allocator.Region, len(sorted))
+	for i, name := range sorted {
+		r := allocator.Region{Name: name, Weight: 1, Min: p.MinShareFor(name)}
+		if m, ok := ctl.Minimums[name]; ok {
+			r.Min = m
+		}
+		if w, ok := ctl.Weights[name]; ok {
+			r.Weight = w
+		}
+		if pin, ok := ctl.Pins[name]; ok {
+			r.Pinned, r.Pin = true, pin
+		}
+		_, r.Live = v.Regions[name]
+		r.Current = r.Min
+		if cur != nil {
+			if s, ok := cur.Default[name]; ok {
+				r.Current = s
+			}
+		}
+		base[i] = r
+	}
+	regions := slices.Clone(base)
+	for i := range regions {
+		regions[i].Demand = l.demand[p.Name][regions[i].Name]
+	}
+	def, err := allocator.Split(params, regions)
+	if err != nil {
+		return nil, nil, fmt.Errorf("split policy %s: %w", p.Name, err)
+	}
+	out := &Shares{Default: make(map[string]float64, len(sorted))}
+	for i, name := range sorted {
+		out.Default[name] = def[i]
+	}
+	// Pressured subjects, most demand first, at most MaxOverrides.
+	type ranked struct {
+		subject string
+		total   float64
+	}
+	var subs []ranked
+	for s, sd := range l.subjects[p.Name] {
+		subs = append(subs, ranked{s, sd.total()})
+	}
+	slices.SortFunc(subs, func(a, b ranked) int {
+		if a.total != b.total {
+			return cmp.Compare(b.total, a.total)
+		}
+		return strings.Compare(a.subject, b.subject)
+	})
+	if len(subs) > l.params.MaxOverrides {
+		subs = subs[:l.params.MaxOverrides]
+	}
+	rs := slices.Clone(base)
+	for _, s := range subs {
+		sd := l.subjects[p.Name][s.subject]
+		copy(rs, base)
+		for i := range rs {
+			rs[i].Demand = sd.demand[rs[i].Name]
+			if cur != nil {
+				if o, ok := cur.Overrides[s.subject][rs[i].Name]; ok {
+					rs[i].Current = o
+				}
+			}
+		}
+		shares, err := allocator.Split(params, rs)
+		if err != nil {
+			return nil, nil, fmt.Errorf("split policy %s subject %s: %w", p.Name, s.subject, err)
+		}
+		same := true
+		for i := range shares {
+			if math.Abs(shares[i]-def[i]) > allocator.Tolerance {
+				same = false
+				break
+			}
+		}
+		if same {
+			continue // a split equal to the default needs no override
+		}
+		if out.Overrides == nil {
+			out.Overrides = make(map[string]map[string]float64)
+		}
+		m := make(map[string]float64, len(sorted))
+		for i, name := range sorted {
+			m[name] = shares[i]
+		}
+		out.Overrides[s.subject] = m
+	}
+	return out, regions, nil
+}
+
+// Effective is the share region enforces for subject ("" = the default)
+// under s; a region without an entry enforces mins(region).
+func Effective(s Shares, subject, region string, mins func(string) float64) float64 {
+	if subject != "" {
+		if v, ok := s.Overrides[subject][region]; ok {
+			return v
+		}
+	}
+	if v, ok := s.Default[region]; ok {
+		return v
+	}
+	return mins(region)
+}
+
+// universe lists the subjects ("" first) and regions of a and b.
+func universe(a, b Shares) (subjects, regions []string) {
+	ss := map[string]bool{"": true}
+	rs := map[string]bool{}
+	for _, s := range []Shares{a, b} {
+		for r := range s.Default {
+			rs[r] = true
+		}
+		for sub, m := range s.Overrides {
+			ss[sub] = true
+			for r := range m {
+				rs[r] = true
+			}
+		}
+	}
+	return slices.Sorted(maps.Keys(ss)), slices.Sorted(maps.Keys(rs))
+}
+
+// Changed says whether next differs from old: another set of overrides or
+// regions, or a share (default or subject) that moved by more than 1e-12.
+func Changed(old, next Shares, mins func(string) float64) bool {
+	if len(old.Overrides) != len(next.Overrides) || len(old.Default) != len(next.Default) {
+		return true
+	}
+	subs, regs := universe(old, next)
+	for _, s := range subs {
+		if s != "" {
+			_, a := old.Overrides[s]
+			_, b := next.Overrides[s]
+			if a != b {
+				return true
+			}
+		}
+		for _, r := range regs {
+			if math.Abs(Effective(old, s, r, mins)-Effective(next, s, r, mins)) > eq {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Shrinks says whether some share (the default, or a subject's with an
+// override in either) is lower in next than in old by more than 1e-12:
+// then the two-step protocol publishes Lower first.
+func Shrinks(old, next Shares, mins func(string) float64) bool {
+	subs, regs := universe(old, next)
+	for _, s := range subs {
+		for _, r := range regs {
+			if Effective(next, s, r, mins) < Effective(old, s, r, mins)-eq {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Lower is min(old, next) for the default and every subject of either.
+func Lower(old, next Shares, mins func(string) float64) *Shares {
+	subs, regs := universe(old, next)
+	out := &Shares{Default: make(map[string]float64, len(regs))}
+	for _, s := range subs {
+		m := make(map[string]float64, len(regs))
+		for _, r := range regs {
+			m[r] = math.Min(Effective(old, s, r, mins), Effective(next, s, r, mins))
+		}
+		if s == "" {
+			out.Default = m
+			continue
+		}
+		if out.Overrides == nil {
+			out.Overrides = make(map[string]map[string]float64)
+		}
+		out.Overrides[s] = m
+	}
+	return out
+}
+
+func cloneOverrides(o map[string]map[string]float64) map[string]map[string]float64 {
+	if o == nil {
+		return nil
+	}
+	c := make(map[string]map[string]float64, len(o))
+	for s, m := range o {
+		c[s] = maps.Clone(m)
+	}
+	return c
+}
+
+// moves describes the default shares that changed, for logs and Reason.
+func moves(old, next map[string]float64, demand map[string]float64) string {
+	var b strings.Builder
+	for _, r := range slices.Sorted(maps.Keys(next)) {
+		o, ok := old[r]
+		if ok && math.Abs(o-next[r]) < 0.0005 {
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteString(", ")
+		}
+		if ok {
+			fmt.Fprintf(&b, "%s %.3f→%.3f", r, o, next[r])
+		} else {
+			fmt.Fprintf(&b, "%s %.3f", r, next[r])
+		}
+		if d, ok := demand[r]; ok {
+			fmt.Fprintf(&b, " (demand %.2f)", d)
+		}
+	}
+	if b.Len() == 0 {
+		return "default unchanged"
+	}
+	return b.String()
+}
+
+func overrideNote(old, next Shares) string {
+	added, removed := 0, 0
+	for s := range next.Overrides {
+		if _, ok := old.Overrides[s]; !ok {
+			added++
+		}
+	}
+	for s := range old.Overrides {
+		if _, ok := next.Overrides[s]; !ok {
+			removed++
+		}
+	}
+	if len(next.Overrides) == 0 && removed == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; %d subject overrides (+%d -%d)", len(next.Overrides), added, removed)
+}
