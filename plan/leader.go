@@ -117,8 +117,14 @@ type subjectDemand struct {
 // total is the subject's demand summed over regions in name order (a
 // fixed order, so that equal inputs rank equally).
 func (sd *subjectDemand) total() float64 {
+	var buf [16]string
+	regions := buf[:0]
+	for r := range sd.demand {
+		regions = append(regions, r)
+	}
+	slices.Sort(regions)
 	t := 0.0
-	for _, r := range slices.Sorted(maps.Keys(sd.demand)) {
+	for _, r := range regions {
 		t += sd.demand[r]
 	}
 	return t
@@ -323,8 +329,14 @@ func (l *Leader) observePolicy(v *View, reported []string, p *Policy) {
 	a, maxOvr := l.params.Alpha, l.params.MaxOverrides
 	total := 0.0
 	offered := make(map[string]float64)
-	var order []string // new subjects in region order, then report order
-	subjects := make(map[string]map[string]float64)
+	// The round's observations of pressured subjects, by subject in the
+	// order first seen (region order, then report order).
+	type observation struct {
+		region string
+		demand float64
+	}
+	var order []string
+	subjects := make(map[string][]observation)
 	for _, r := range reported {
 		if _, ok := v.Regions[r]; !ok {
 			continue
@@ -341,18 +353,18 @@ func (l *Leader) observePolicy(v *View, reported []string, p *Policy) {
 			if i >= maxOvr || s.Subject == "" {
 				break
 			}
-			m := subjects[s.Subject]
-			if m == nil {
+			obs, ok := subjects[s.Subject]
+			if !ok {
 				if len(subjects) >= 4*maxOvr {
 					continue
 				}
-				m = make(map[string]float64)
-				subjects[s.Subject] = m
 				order = append(order, s.Subject)
 			}
+			o := observation{region: r}
 			if p.Rate > 0 {
-				m[r] = finite(s.Offered) / p.Rate
+				o.demand = finite(s.Offered) / p.Rate
 			}
+			subjects[s.Subject] = append(obs, o)
 		}
 	}
 	dm := l.demand[p.Name]
@@ -396,15 +408,26 @@ func (l *Leader) observePolicy(v *View, reported []string, p *Policy) {
 		obs := subjects[s]
 		sd := sm[s]
 		if sd == nil {
+			// A new subject's demand is its observation as it is.
 			if len(sm) >= 2*maxOvr {
 				continue
 			}
-			sm[s] = &subjectDemand{demand: obs}
+			sd = &subjectDemand{demand: make(map[string]float64, len(obs))}
+			for _, o := range obs {
+				sd.demand[o.region] = o.demand
+			}
+			sm[s] = sd
 			continue
 		}
 		sd.idle = 0
 		for r := range v.Regions {
-			sd.demand[r] = allocator.Smooth(sd.demand[r], obs[r], a)
+			d := 0.0
+			for _, o := range obs {
+				if o.region == r {
+					d = o.demand
+				}
+			}
+			sd.demand[r] = allocator.Smooth(sd.demand[r], d, a)
 		}
 	}
 }

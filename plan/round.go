@@ -315,13 +315,34 @@ func (l *Leader) proposal(v *View, p *Policy, cur *Allocation, ctl Control) (*Sh
 		if out.Overrides == nil {
 			out.Overrides = make(map[string]map[string]float64)
 		}
-		m := make(map[string]float64, len(sorted))
-		for i, name := range sorted {
-			m[name] = shares[i]
-		}
-		out.Overrides[s.subject] = m
+		out.Overrides[s.subject] = sharesOf(sorted, shares, cur, s.subject)
 	}
 	return out, regions, nil
+}
+
+// sharesOf maps regions to shares, reusing subject's override in cur when
+// it holds exactly these (allocations are never changed once built, so
+// they may share a map; a round that moves nothing then allocates none).
+func sharesOf(regions []string, shares []float64, cur *Allocation, subject string) map[string]float64 {
+	if cur != nil {
+		if o, ok := cur.Overrides[subject]; ok && len(o) == len(regions) {
+			same := true
+			for i, r := range regions {
+				if v, ok := o[r]; !ok || v != shares[i] {
+					same = false
+					break
+				}
+			}
+			if same {
+				return o
+			}
+		}
+	}
+	m := make(map[string]float64, len(regions))
+	for i, r := range regions {
+		m[r] = shares[i]
+	}
+	return m
 }
 
 // Effective is the share region enforces for subject ("" = the default)
@@ -338,42 +359,79 @@ func Effective(s Shares, subject, region string, mins func(string) float64) floa
 	return mins(region)
 }
 
-// universe lists the subjects ("" first) and regions of a and b.
-func universe(a, b Shares) (subjects, regions []string) {
-	ss := map[string]bool{"": true}
-	rs := map[string]bool{}
-	for _, s := range []Shares{a, b} {
-		for r := range s.Default {
-			rs[r] = true
+// eachUnit calls fn for every subject ("" = the default) and region
+// whose share a or b sets: the subjects of either, and the regions of
+// either's default and overrides. A pair may be visited more than once.
+// It allocates nothing while the regions fit in a small buffer.
+func eachUnit(a, b Shares, fn func(subject, region string)) {
+	var buf [16]string
+	regions := buf[:0]
+	for r := range a.Default {
+		regions = append(regions, r)
+	}
+	for r := range b.Default {
+		if _, ok := a.Default[r]; !ok {
+			regions = append(regions, r)
 		}
-		for sub, m := range s.Overrides {
-			ss[sub] = true
+	}
+	inDefault := func(r string) bool {
+		_, x := a.Default[r]
+		_, y := b.Default[r]
+		return x || y
+	}
+	for _, s := range []Shares{a, b} {
+		for _, m := range s.Overrides {
 			for r := range m {
-				rs[r] = true
+				if !inDefault(r) && !slices.Contains(regions, r) {
+					regions = append(regions, r) // a region only an override names
+				}
 			}
 		}
 	}
-	return slices.Sorted(maps.Keys(ss)), slices.Sorted(maps.Keys(rs))
+	for _, r := range regions {
+		fn("", r)
+	}
+	for subject := range a.Overrides {
+		for _, r := range regions {
+			fn(subject, r)
+		}
+	}
+	for subject := range b.Overrides {
+		if _, ok := a.Overrides[subject]; ok {
+			continue
+		}
+		for _, r := range regions {
+			fn(subject, r)
+		}
+	}
 }
 
 // Changed says whether next differs from old: another set of overrides or
 // regions, or a share (default or subject) that moved by more than 1e-12.
+// It allocates nothing: a full round asks it every time.
 func Changed(old, next Shares, mins func(string) float64) bool {
 	if len(old.Overrides) != len(next.Overrides) || len(old.Default) != len(next.Default) {
 		return true
 	}
-	subs, regs := universe(old, next)
-	for _, s := range subs {
-		if s != "" {
-			_, a := old.Overrides[s]
-			_, b := next.Overrides[s]
-			if a != b {
-				return true
-			}
+	// Equal lengths: the same regions when every one of next is in old.
+	for r, v := range next.Default {
+		o, ok := old.Default[r]
+		if !ok || math.Abs(o-v) > eq {
+			return true
 		}
-		for _, r := range regs {
-			if math.Abs(Effective(old, s, r, mins)-Effective(next, s, r, mins)) > eq {
-				return true
+	}
+	for s, m := range next.Overrides {
+		om, ok := old.Overrides[s]
+		if !ok {
+			return true
+		}
+		// A region in neither the default nor the subject's maps enforces
+		// mins in both.
+		for _, regions := range []map[string]float64{next.Default, m, om} {
+			for r := range regions {
+				if math.Abs(Effective(old, s, r, mins)-Effective(next, s, r, mins)) > eq {
+					return true
+				}
 			}
 		}
 	}
@@ -384,35 +442,31 @@ func Changed(old, next Shares, mins func(string) float64) bool {
 // override in either) is lower in next than in old by more than 1e-12:
 // then the two-step protocol publishes Lower first.
 func Shrinks(old, next Shares, mins func(string) float64) bool {
-	subs, regs := universe(old, next)
-	for _, s := range subs {
-		for _, r := range regs {
-			if Effective(next, s, r, mins) < Effective(old, s, r, mins)-eq {
-				return true
-			}
+	shrinks := false
+	eachUnit(old, next, func(s, r string) {
+		if !shrinks && Effective(next, s, r, mins) < Effective(old, s, r, mins)-eq {
+			shrinks = true
 		}
-	}
-	return false
+	})
+	return shrinks
 }
 
 // Lower is min(old, next) for the default and every subject of either.
 func Lower(old, next Shares, mins func(string) float64) *Shares {
-	subs, regs := universe(old, next)
-	out := &Shares{Default: make(map[string]float64, len(regs))}
-	for _, s := range subs {
-		m := make(map[string]float64, len(regs))
-		for _, r := range regs {
-			m[r] = math.Min(Effective(old, s, r, mins), Effective(next, s, r, mins))
+	out := &Shares{Default: make(map[string]float64, len(next.Default))}
+	eachUnit(old, next, func(s, r string) {
+		m := out.Default
+		if s != "" {
+			if out.Overrides == nil {
+				out.Overrides = make(map[string]map[string]float64, len(old.Overrides)+len(next.Overrides))
+			}
+			if m = out.Overrides[s]; m == nil {
+				m = make(map[string]float64, len(next.Default))
+				out.Overrides[s] = m
+			}
 		}
-		if s == "" {
-			out.Default = m
-			continue
-		}
-		if out.Overrides == nil {
-			out.Overrides = make(map[string]map[string]float64)
-		}
-		out.Overrides[s] = m
-	}
+		m[r] = math.Min(Effective(old, s, r, mins), Effective(next, s, r, mins))
+	})
 	return out
 }
 

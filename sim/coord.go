@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/quotacoord/quota/allocator"
+	"github.com/quotacoord/quota/plan"
 )
 
 // handle runs one control-plane event.
@@ -33,10 +35,9 @@ func (e *engine) handle(ev *event) error {
 		if l := e.latest[ev.region]; l == nil || ev.rep.interval > l.interval {
 			e.latest[ev.region] = ev.rep
 		}
-		// The demand watch (rebalance.Loop.lead): the first report of a
-		// region back from having no lease brings a full round at once.
-		if e.returned[ev.region] && e.coordUp && e.up[ev.region] {
-			e.returned[ev.region] = false
+		// The demand watch: the first report of a region back from
+		// having no registered node brings a full round at once.
+		if e.leader != nil && e.up[ev.region] && e.leader.ReportArrived(regionName(ev.region)) {
 			e.push(&event{at: ev.at, kind: evRebalance, gen: e.term, once: true})
 		}
 	case evRebalance:
@@ -46,83 +47,249 @@ func (e *engine) handle(ev *event) error {
 		if !ev.once {
 			e.push(&event{at: ev.at + e.cfg.RebalanceInterval, kind: evRebalance, gen: e.term})
 		}
-		return e.rebalance()
+		return e.round(true)
 	case evRecheck:
 		e.rechecks = false
-		if e.coordUp {
-			e.ackRound()
-		}
+		return e.round(false)
 	case evApply:
 		if e.up[ev.region] && ev.alloc.epoch > e.applied[ev.region].epoch {
 			e.setApplied(ev.region, ev.alloc)
 			e.checkSum()
-			e.push(&event{at: ev.at + e.delay(), kind: evAck, region: ev.region, alloc: ev.alloc})
+			node := &e.regs[ev.region][len(e.regs[ev.region])-1] // the node up now
+			e.push(&event{at: ev.at + e.delay(), kind: evAck, region: ev.region, alloc: ev.alloc, node: node.seq})
 		}
 	case evAck:
-		if ev.alloc.epoch > e.acked[ev.region] {
-			e.acked[ev.region] = ev.alloc.epoch
+		for i := range e.regs[ev.region] {
+			if nd := &e.regs[ev.region][i]; nd.seq == ev.node {
+				nd.acked = max(nd.acked, uint64(ev.alloc.epoch))
+			}
 		}
-		if e.coordUp {
-			e.ackRound()
+		return e.round(false)
+	case evLeaseEnd:
+		// The registration watch sees the node's key deleted with its
+		// lease.
+		regs := e.regs[ev.region][:0]
+		for _, nd := range e.regs[ev.region] {
+			if nd.until > e.now {
+				regs = append(regs, nd)
+			}
 		}
+		e.regs[ev.region] = regs
+		return e.round(false)
 	case evScenario:
 		r := ev.sc.Region
 		switch ev.sc.Kind {
 		case EventRegionDown:
 			if e.up[r] {
 				e.up[r], e.downAt[r] = false, ev.at
+				// Its registration lives until its lease ends.
+				until := ev.at + e.cfg.LeaseTTL
+				e.regs[r][len(e.regs[r])-1].until = until
+				e.push(&event{at: until, kind: evLeaseEnd, region: r})
 				e.checkSum()
-				if e.coordUp {
-					// The registration watch: growth may wait for this
-					// region's lease and skew margin now.
-					e.ackRound()
-				}
 			}
 		case EventRegionUp:
 			if !e.up[r] {
-				// A leader saw its lease end (the registration watch's
-				// round, or a new leader's first round): it is back.
-				if e.coordUp && !e.registered(r) {
-					e.returned[r] = true
-				}
-				// Back at its safe share until it reads the latest epoch.
+				// A new node registers, at its safe share until it reads
+				// the latest epoch; it acknowledges afresh.
 				safe := &allocation{epoch: 0, def: make([]float64, e.n), overrides: map[int32][]float64{}}
 				for i := range safe.def {
 					safe.def[i] = e.cfg.MinShare
 				}
 				e.up[r], e.upAt[r] = true, ev.at
-				e.acked[r] = 0 // a new registration acknowledges afresh
+				e.register(r)
 				e.setApplied(r, safe)
-				latest := e.published
-				if e.shrink != nil {
-					latest = e.shrink
-				}
-				e.push(&event{at: ev.at + e.delay(), kind: evApply, region: r, alloc: latest})
+				e.push(&event{at: ev.at + e.delay(), kind: evApply, region: r, alloc: e.allocationOf(e.current)})
 				e.checkSum()
+				// The registration watch's round.
+				return e.round(false)
 			}
 		case EventCoordinatorDown:
-			if e.coordUp {
-				e.coordUp = false
+			if e.leader != nil {
+				e.leader = nil
 				e.term++ // its round timer stops
 			}
 		case EventCoordinatorUp:
-			if !e.coordUp {
-				// A new leader (rebalance.Loop.lead): empty smoothed
-				// state, growth held for a skew margin, a full round at
-				// once and then every RebalanceInterval.
-				e.coordUp = true
+			if e.leader == nil {
+				// A new leader: empty smoothed state, growth held for a
+				// skew margin, a full round at once and then every
+				// RebalanceInterval.
+				if err := e.lead(ev.at); err != nil {
+					return err
+				}
 				e.term++
-				e.leadSince = ev.at
-				clear(e.hasDemand)
-				clear(e.sOffered)
-				clear(e.returned)
-				e.owed = false
-				clear(e.sSubject)
 				e.push(&event{at: ev.at, kind: evRebalance, gen: e.term})
 			}
 		}
 	}
 	return nil
+}
+
+// simNode is one registration of a region's node.
+type simNode struct {
+	seq   int           // the region's node number, from 1
+	id    string        // its node id in the planner's view
+	acked uint64        // the latest epoch it acknowledged
+	until time.Duration // when its lease ends (maxTime while it is up)
+}
+
+const maxTime = time.Duration(math.MaxInt64)
+
+// register adds a new node to region r, up from now.
+func (e *engine) register(r int) {
+	seq := 1
+	if k := len(e.regs[r]); k > 0 {
+		seq = e.regs[r][k-1].seq + 1
+	}
+	e.regs[r] = append(e.regs[r], simNode{seq: seq, id: "n" + strconv.Itoa(seq), until: maxTime})
+}
+
+// lead makes a new leader that took over at at.
+func (e *engine) lead(at time.Duration) error {
+	l, err := plan.NewLeader(e.params, e.instant(at))
+	if err != nil {
+		return fmt.Errorf("sim: %w", err)
+	}
+	e.leader = l
+	return nil
+}
+
+// instant is the planner's time for the simulated instant at (a run
+// starts at the Unix epoch).
+func (e *engine) instant(at time.Duration) time.Time { return time.Unix(0, 0).Add(at) }
+
+// view is what the coordinator reads from etcd now: the registered nodes
+// with their acknowledgements and the latest demand report of every
+// region with a registered node (a report lives under its node's lease).
+// The view is kept between rounds and updated in place: the planner keeps
+// nothing of it.
+func (e *engine) view() *plan.View {
+	v := e.v
+	if v == nil {
+		v = &plan.View{Regions: make(map[string]map[string]plan.Node, e.n), Demand: make(map[string]map[string]plan.PolicyDemand, e.n)}
+		e.v, e.viewed = v, make([]*report, e.n)
+	}
+	for r := 0; r < e.n; r++ {
+		name := regionName(r)
+		nodes := v.Regions[name]
+		registered := 0
+		for _, nd := range e.regs[r] {
+			if e.now >= nd.until {
+				continue
+			}
+			registered++
+			if n, ok := nodes[nd.id]; ok {
+				n.Acked[e.policy.Name] = nd.acked
+				continue
+			}
+			if nodes == nil {
+				nodes = make(map[string]plan.Node, 1)
+				v.Regions[name] = nodes
+			}
+			nodes[nd.id] = plan.Node{Acked: map[string]uint64{e.policy.Name: nd.acked}}
+		}
+		if registered < len(nodes) {
+			for id := range nodes {
+				if !e.registeredNode(r, id) {
+					delete(nodes, id)
+				}
+			}
+		}
+		if registered == 0 {
+			delete(v.Regions, name)
+			delete(v.Demand, name)
+			e.latest[r], e.viewed[r] = nil, nil // gone with the lease
+			continue
+		}
+		l := e.latest[r]
+		switch {
+		case l == nil:
+			delete(v.Demand, name)
+		case l != e.viewed[r]:
+			d := plan.PolicyDemand{Offered: l.offered, Pressured: make([]plan.SubjectDemand, len(l.subjects))}
+			for i, s := range l.subjects {
+				d.Pressured[i] = plan.SubjectDemand{Subject: e.subjectName(s.j), Offered: s.v}
+			}
+			v.Demand[name] = map[string]plan.PolicyDemand{e.policy.Name: d}
+		}
+		e.viewed[r] = l
+	}
+	return v
+}
+
+// registeredNode says node id of region r is registered now.
+func (e *engine) registeredNode(r int, id string) bool {
+	for _, nd := range e.regs[r] {
+		if nd.id == id {
+			return e.now < nd.until
+		}
+	}
+	return false
+}
+
+// round runs one round of the coordinator (plan.Leader) and publishes
+// what it decides: a full round at every RebalanceInterval, other rounds
+// on an acknowledgement, a registration change or a recheck.
+func (e *engine) round(full bool) error {
+	if e.leader == nil {
+		return nil
+	}
+	now := e.instant(e.now)
+	v := e.view()
+	e.leader.Track(now, v, map[string]*plan.Allocation{e.policy.Name: e.current})
+	if full {
+		e.leader.Observe(v, []plan.Policy{e.policy})
+	}
+	d := e.leader.Plan(now, v, e.policy, e.current, e.control, full)
+	if d.Publish == nil && d.Note != "" && !d.Waiting {
+		return fmt.Errorf("sim: round at %v: %s", e.now, d.Note)
+	}
+	if d.Publish != nil {
+		e.current = d.Publish
+		e.publish(e.allocationOf(d.Publish))
+	}
+	if d.Waiting && !d.WaitUntil.IsZero() {
+		e.recheck()
+	}
+	if e.leader.Settle(full, d.Deferred, d.Publish != nil) {
+		e.push(&event{at: e.now, kind: evRebalance, gen: e.term, once: true})
+	}
+	return nil
+}
+
+// allocationOf is a published allocation in the engine's terms (shares by region
+// index, overrides by subject index).
+func (e *engine) allocationOf(a *plan.Allocation) *allocation {
+	out := &allocation{epoch: int(a.Epoch), def: make([]float64, e.n), overrides: make(map[int32][]float64, len(a.Overrides))}
+	for r := range out.def {
+		out.def[r] = a.Default[regionName(r)]
+	}
+	for s, m := range a.Overrides {
+		j, err := strconv.ParseInt(s, 10, 32)
+		if err != nil {
+			continue // not a subject of the simulator's
+		}
+		o := make([]float64, e.n)
+		for r := range o {
+			o[r] = m[regionName(r)]
+		}
+		out.overrides[int32(j)] = o
+	}
+	return out
+}
+
+// subjectName is subject j's name for the planner: zero-padded, so that
+// names sort as the indexes do. Names are made once per subject.
+func (e *engine) subjectName(j int32) string {
+	if s, ok := e.names[j]; ok {
+		return s
+	}
+	s := strconv.Itoa(int(j))
+	if len(s) < 7 {
+		s = "0000000"[len(s):] + s
+	}
+	e.names[j] = s
+	return s
 }
 
 // collect builds region r's report for the interval and starts the next:
@@ -164,107 +331,6 @@ func (e *engine) collect(r int) *report {
 	return rep
 }
 
-// observe folds the latest reports of registered regions into the
-// smoothed demand, once per round, exactly as the coordinator does
-// (rebalance's state.observe): each region's share of the offered load,
-// its first observation taken as it is and only from a report; and per
-// pressured subject its offered rate over the global rate, smoothed in
-// every registered region (0 where not reported), taken as it is when the
-// subject is new, decayed towards 0 in rounds without any report of it
-// and forgotten after OverrideRounds such rounds. At most MaxOverrides
-// subjects of a report and 4·MaxOverrides of a round are read, and at most
-// 2·MaxOverrides subjects kept; new subjects are taken in region order,
-// then report order (the coordinator takes them in map order).
-func (e *engine) observe() {
-	a := e.cfg.Smoothing
-	total := 0.0
-	for r := 0; r < e.n; r++ {
-		if !e.registered(r) {
-			// Its lease ended: its report is gone with it.
-			e.latest[r], e.hasDemand[r], e.sOffered[r], e.returned[r] = nil, false, 0, false
-			continue
-		}
-		if e.latest[r] != nil {
-			e.returned[r] = false
-		}
-		if l := e.latest[r]; l != nil && l.offered > 0 {
-			total += l.offered
-		}
-	}
-	if total > 0 {
-		for r := 0; r < e.n; r++ {
-			if !e.registered(r) {
-				continue
-			}
-			obs := 0.0
-			if l := e.latest[r]; l != nil && l.offered > 0 {
-				obs = l.offered / total
-			}
-			if e.hasDemand[r] {
-				e.sOffered[r] = allocator.Smooth(e.sOffered[r], obs, a)
-			} else if e.latest[r] != nil {
-				// The first observation, from a report only.
-				e.sOffered[r], e.hasDemand[r] = obs, true
-			}
-		}
-	}
-	type observed struct {
-		j int32
-		d []float64
-	}
-	var round []observed
-	clear(e.obsIdx)
-	for r := 0; r < e.n; r++ {
-		l := e.latest[r]
-		if l == nil {
-			continue
-		}
-		for i, s := range l.subjects {
-			if i >= e.cfg.MaxOverrides {
-				break
-			}
-			k, ok := e.obsIdx[s.j]
-			if !ok {
-				if len(round) >= 4*e.cfg.MaxOverrides {
-					continue
-				}
-				k = len(round)
-				e.obsIdx[s.j] = k
-				round = append(round, observed{s.j, make([]float64, e.n)})
-			}
-			round[k].d[r] = s.v / e.sc.RefillPerSecond
-		}
-	}
-	for j, sd := range e.sSubject {
-		if _, ok := e.obsIdx[j]; ok {
-			continue
-		}
-		sd.idle++
-		for r := range sd.d {
-			sd.d[r] = allocator.Smooth(sd.d[r], 0, a)
-		}
-		if sd.idle >= e.cfg.OverrideRounds {
-			delete(e.sSubject, j)
-		}
-	}
-	for _, o := range round {
-		sd := e.sSubject[o.j]
-		if sd == nil {
-			if len(e.sSubject) >= 2*e.cfg.MaxOverrides {
-				continue
-			}
-			e.sSubject[o.j] = &subjectDemand{d: o.d}
-			continue
-		}
-		sd.idle = 0
-		for r := 0; r < e.n; r++ {
-			if e.registered(r) {
-				sd.d[r] = allocator.Smooth(sd.d[r], o.d[r], a)
-			}
-		}
-	}
-}
-
 // nextStamp returns a fresh mark for e.stamp: subjects stamped with it
 // are in the set being built.
 func (e *engine) nextStamp() uint64 {
@@ -272,127 +338,7 @@ func (e *engine) nextStamp() uint64 {
 	return e.stampSeq
 }
 
-// registered reports whether region r holds a registration lease: up, or
-// down for less than LeaseTTL. The coordinator reads its latest report
-// and counts it live while it does.
-func (e *engine) registered(r int) bool {
-	return e.up[r] || e.now < e.downAt[r]+e.cfg.LeaseTTL
-}
-
-// live reports whether the coordinator still counts region r as possibly
-// enforcing its shares: up, or down for less than the lease TTL plus the
-// skew margin.
-func (e *engine) live(r int) bool {
-	return e.up[r] || e.now < e.downAt[r]+e.cfg.LeaseTTL+e.cfg.SkewMargin
-}
-
-// eq is the tolerance under which two shares are the same (rebalance's).
-const eq = 1e-12
-
-// rebalance runs one full round of the coordinator (rebalance's plan):
-// observe the reports; a pending shrink then either grows or keeps
-// waiting, and nothing else is planned; otherwise split the default and
-// each of the most demanding pressured subjects, and publish what changed.
-func (e *engine) rebalance() error {
-	e.observe()
-	if e.shrink != nil {
-		// Still waiting: this round's demand is owed a full round once
-		// the shrink grows (ackRound).
-		e.owed = !e.maybeGrow()
-		return nil
-	}
-	cur := e.published
-	p := *e.cfg.Allocator
-	regions := make([]allocator.Region, e.n)
-	for r := range regions {
-		regions[r] = allocator.Region{Name: regionName(r), Weight: 1, Min: e.cfg.MinShare, Live: e.registered(r), Current: cur.def[r]}
-		if e.hasDemand[r] {
-			regions[r].Demand = e.sOffered[r]
-		}
-	}
-	def, err := allocator.Split(p, regions)
-	if e.cfg.proposed != nil {
-		def, err = e.cfg.proposed, nil
-	}
-	if err != nil {
-		return fmt.Errorf("sim: default split at %v: %w", e.now, err)
-	}
-	next := &allocation{def: def, overrides: map[int32][]float64{}}
-	// Subjects with their own allocation, most demanding first, bounded.
-	type subj struct {
-		j   int32
-		sum float64
-	}
-	var subs []subj
-	if e.cfg.proposed == nil {
-		for j, sd := range e.sSubject {
-			s := 0.0
-			for _, v := range sd.d {
-				s += v
-			}
-			subs = append(subs, subj{j, s})
-		}
-	}
-	slices.SortFunc(subs, func(a, b subj) int {
-		if a.sum != b.sum {
-			return cmp.Compare(b.sum, a.sum)
-		}
-		return cmp.Compare(a.j, b.j)
-	})
-	if len(subs) > e.cfg.MaxOverrides {
-		subs = subs[:e.cfg.MaxOverrides]
-	}
-	for _, s := range subs {
-		d := e.sSubject[s.j].d
-		for r := range regions {
-			regions[r].Demand = d[r]
-			regions[r].Current = cur.share(r, s.j)
-		}
-		sh, err := allocator.Split(p, regions)
-		if err != nil {
-			return fmt.Errorf("sim: subject split at %v: %w", e.now, err)
-		}
-		// A split equal to the default needs no override.
-		same := true
-		for r := range sh {
-			if math.Abs(sh[r]-def[r]) > 1e-9 {
-				same = false
-				break
-			}
-		}
-		if !same {
-			next.overrides[s.j] = sh
-		}
-	}
-	if !changed(cur, next, e.n) {
-		return nil
-	}
-	if e.cfg.Protocol == Naive || !shrinks(cur, next, e.n) {
-		// Naive, or growth only: one stable epoch.
-		e.publish(next)
-		e.published = next
-		return nil
-	}
-	// Two-step: min(old, new) for every allocation unit in either.
-	shrink := &allocation{def: make([]float64, e.n), overrides: map[int32][]float64{}}
-	for r := 0; r < e.n; r++ {
-		shrink.def[r] = math.Min(cur.def[r], next.def[r])
-	}
-	for j := range cur.overrides {
-		shrink.overrides[j] = lowerOf(cur, next, j, e.n)
-	}
-	for j := range next.overrides {
-		if _, ok := shrink.overrides[j]; !ok {
-			shrink.overrides[j] = lowerOf(cur, next, j, e.n)
-		}
-	}
-	e.publish(shrink)
-	e.shrink, e.pending = shrink, next
-	e.maybeGrow()
-	return nil
-}
-
-// regionNames are the allocator's names of the regions (the deployment's,
+// regionNames are the planner's names of the regions (the deployment's,
 // demo.ScenarioRegions).
 var regionNames = func() []string {
 	out := make([]string, MaxRegions)
@@ -404,65 +350,8 @@ var regionNames = func() []string {
 
 func regionName(r int) string { return regionNames[r] }
 
-// lowerOf is min(a, b) of subject j's shares in every region.
-func lowerOf(a, b *allocation, j int32, n int) []float64 {
-	o := make([]float64, n)
-	for r := range o {
-		o[r] = math.Min(a.share(r, j), b.share(r, j))
-	}
-	return o
-}
-
-// changed says whether b differs from a: another set of overrides, or a
-// share (default or subject) that moved by more than eq.
-func changed(a, b *allocation, n int) bool {
-	if len(a.overrides) != len(b.overrides) {
-		return true
-	}
-	for j := range a.overrides {
-		if _, ok := b.overrides[j]; !ok {
-			return true
-		}
-	}
-	for r := 0; r < n; r++ {
-		if math.Abs(a.def[r]-b.def[r]) > eq {
-			return true
-		}
-	}
-	for j := range a.overrides {
-		for r := 0; r < n; r++ {
-			if math.Abs(a.share(r, j)-b.share(r, j)) > eq {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// shrinks says whether some share (default, or of a subject with an
-// override in either) is lower in b than in a by more than eq.
-func shrinks(a, b *allocation, n int) bool {
-	for r := 0; r < n; r++ {
-		if b.def[r] < a.def[r]-eq {
-			return true
-		}
-	}
-	for _, ov := range []map[int32][]float64{a.overrides, b.overrides} {
-		for j := range ov {
-			for r := 0; r < n; r++ {
-				if b.share(r, j) < a.share(r, j)-eq {
-					return true
-				}
-			}
-		}
-	}
-	return false
-}
-
-// publish gives a an epoch and sends it to every up region.
+// publish sends a to every up region.
 func (e *engine) publish(a *allocation) {
-	e.epoch++
-	a.epoch = e.epoch
 	for r := 0; r < e.n; r++ {
 		if e.up[r] {
 			e.push(&event{at: e.now + e.delay(), kind: evApply, region: r, alloc: a})
@@ -470,49 +359,9 @@ func (e *engine) publish(a *allocation) {
 	}
 }
 
-// maybeGrow publishes the pending growth once the leader has led for a
-// skew margin and every region has acknowledged the shrink epoch or lost
-// its lease a skew margin ago (rebalance's ackWait), and reports whether it
-// did. While it waits on a margin, it rechecks as the coordinator does
-// (every min(RebalanceInterval, max(SkewMargin/4, 50 ms))).
-func (e *engine) maybeGrow() (grew bool) {
-	if e.shrink == nil {
-		return false
-	}
-	if e.now < e.leadSince+e.cfg.SkewMargin {
-		e.recheck()
-		return false
-	}
-	for r := 0; r < e.n; r++ {
-		switch {
-		case e.registered(r):
-			if e.acked[r] < e.shrink.epoch {
-				if !e.up[r] {
-					e.recheck() // its lease will end without an acknowledgement
-				}
-				return false
-			}
-		case e.live(r):
-			e.recheck() // its lease ended less than a skew margin ago
-			return false
-		}
-	}
-	e.publish(e.pending)
-	e.published, e.shrink, e.pending = e.pending, nil, nil
-	return true
-}
-
-// ackRound is a round on an acknowledgement, a registration change or a
-// recheck (rebalance.Loop.lead): it only grows a pending shrink, and when
-// a full round waited on that shrink (owed), a full round follows at once.
-func (e *engine) ackRound() {
-	if e.maybeGrow() && e.owed {
-		e.owed = false
-		e.push(&event{at: e.now, kind: evRebalance, gen: e.term, once: true})
-	}
-}
-
-// recheck schedules one more look at a waiting growth.
+// recheck schedules one more round while a growth waits on a skew margin,
+// as the coordinator does (every min(RebalanceInterval, max(SkewMargin/4,
+// 50 ms))).
 func (e *engine) recheck() {
 	if e.rechecks {
 		return
@@ -563,7 +412,7 @@ func (e *engine) result() *Result {
 		Scenario: sc.Name, RebalanceIntervalS: c.RebalanceInterval.Seconds(), ReportIntervalS: c.ReportInterval.Seconds(),
 		Protocol: string(c.Protocol), Algorithm: string(c.Allocator.Algorithm), Overcommit: c.Allocator.Overcommit,
 		Seed: c.Seed, Regions: e.n, Subjects: sc.Subjects, DurationS: time.Duration(sc.Duration).Seconds(),
-		Offered: e.offered, MaxShareSum: round(e.maxSum), Epochs: e.epoch,
+		Offered: e.offered, MaxShareSum: round(e.maxSum), Epochs: int(e.current.Epoch),
 		ConvergenceS: []float64{},
 	}
 	if res.Algorithm == "" {

@@ -2,10 +2,12 @@ package sim
 
 import (
 	"bytes"
+	"container/heap"
 	"encoding/json"
-	"math"
 	"testing"
 	"time"
+
+	"github.com/quotacoord/quota/plan"
 )
 
 // testEngine returns a system-only engine for cfg over a scenario of n
@@ -83,109 +85,11 @@ func TestPressureRule(t *testing.T) {
 	}
 }
 
-// TestObserveLikeCoordinator holds the coordinator model to rebalance's
-// observe: the latest report per region, smoothed once per round, the
-// first observation taken as it is, subject demand over the global rate
-// decaying without reports and forgotten after OverrideRounds rounds.
-func TestObserveLikeCoordinator(t *testing.T) {
-	e := testEngine(t, 3, 10, 10, 10, Config{Smoothing: 0.5, MaxOverrides: 2, OverrideRounds: 3})
-	arrive := func(r int, interval int64, offered float64, subjects ...demand) {
-		if err := e.handle(&event{kind: evReportArrive, region: r, rep: &report{interval: interval, offered: offered, subjects: subjects}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	near := func(what string, got, want []float64) {
-		t.Helper()
-		for i := range want {
-			if math.Abs(got[i]-want[i]) > 1e-12 {
-				t.Errorf("%s = %v, want %v", what, got, want)
-				return
-			}
-		}
-	}
-	subject := func(j int32) []float64 {
-		if sd := e.sSubject[j]; sd != nil {
-			return sd.d
-		}
-		return nil
-	}
-
-	// Round 1: r0 reported twice (only the latest counts), r1 once, r2
-	// not at all. First observations are taken as they are.
-	arrive(0, 1, 90, demand{5, 40})
-	arrive(0, 2, 30, demand{5, 20})
-	arrive(1, 1, 10)
-	arrive(0, 1, 500) // collected before the one held: ignored
-	e.observe()
-	near("round 1 default demand", e.sOffered, []float64{0.75, 0.25, 0})
-	near("round 1 subject 5", subject(5), []float64{2, 0, 0})
-	if e.hasDemand[2] {
-		t.Error("region 2 got a first observation without a report")
-	}
-
-	// Round 2: demand moves to r1, smoothed once with α = 0.5.
-	arrive(0, 3, 10)
-	arrive(1, 2, 30, demand{5, 10})
-	e.observe()
-	near("round 2 default demand", e.sOffered, []float64{0.5, 0.5, 0})
-	near("round 2 subject 5", subject(5), []float64{1, 0.5, 0})
-
-	// Rounds 3 to 5: no report names subject 5; it decays and is gone
-	// after OverrideRounds rounds.
-	arrive(1, 3, 30)
-	e.observe()
-	near("round 3 subject 5", subject(5), []float64{0.5, 0.25, 0})
-	e.observe()
-	near("round 4 subject 5", subject(5), []float64{0.25, 0.125, 0})
-	e.observe()
-	if subject(5) != nil {
-		t.Errorf("subject 5 kept after %d rounds without reports: %v", e.cfg.OverrideRounds, subject(5))
-	}
-
-	// Bounds: at most MaxOverrides subjects per report are read, at most
-	// 2·MaxOverrides kept, new ones taken in region order, then report
-	// order.
-	arrive(0, 4, 10, demand{1, 9}, demand{2, 8}, demand{3, 7})
-	arrive(1, 4, 10, demand{4, 9}, demand{6, 8})
-	arrive(2, 1, 10, demand{7, 9}, demand{8, 8})
-	e.observe()
-	for _, j := range []int32{1, 2, 4, 6} {
-		if subject(j) == nil {
-			t.Errorf("subject %d not tracked", j)
-		}
-	}
-	for _, j := range []int32{3, 7, 8} {
-		if subject(j) != nil {
-			t.Errorf("subject %d tracked beyond the bounds", j)
-		}
-	}
-
-	// A region down for longer than its lease loses its report and its
-	// demand; the rest is observed without it.
-	prev := append([]float64(nil), e.sOffered...)
-	e.up[2], e.downAt[2] = false, 0
-	e.now = e.cfg.LeaseTTL
-	e.observe()
-	if e.latest[2] != nil || e.hasDemand[2] {
-		t.Errorf("region 2's report or demand outlived its lease")
-	}
-	near("default demand without region 2", e.sOffered, []float64{prev[0] + 0.5*(0.5-prev[0]), prev[1] + 0.5*(0.5-prev[1]), 0})
-}
-
 // TestReturnedRegionFirstReportRunsRound holds the coordinator model to
 // rebalance.Loop.lead: a region back after its lease ended brings a full
 // round at its first report, once, off the ticker; a region back before
 // its lease ended, or with no coordinator, does not.
 func TestReturnedRegionFirstReportRunsRound(t *testing.T) {
-	early := func(e *engine) int {
-		n := 0
-		for _, ev := range e.events {
-			if ev.kind == evRebalance && ev.once {
-				n++
-			}
-		}
-		return n
-	}
 	scenario := func(e *engine, kind string) {
 		t.Helper()
 		if err := e.handle(&event{at: e.now, kind: evScenario, sc: Event{Kind: kind, Region: 2}}); err != nil {
@@ -212,7 +116,7 @@ func TestReturnedRegionFirstReportRunsRound(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			e := testEngine(t, 3, 10, 10, 10, Config{LeaseTTL: 10 * time.Second})
 			scenario(e, EventRegionDown)
-			e.now += c.downFor
+			advance(t, e, c.downFor)
 			if c.coordDown {
 				if err := e.handle(&event{at: e.now, kind: evScenario, sc: Event{Kind: EventCoordinatorDown}}); err != nil {
 					t.Fatal(err)
@@ -224,7 +128,7 @@ func TestReturnedRegionFirstReportRunsRound(t *testing.T) {
 			if got := early(e); got != c.want {
 				t.Fatalf("%d early rounds queued, want %d", got, c.want)
 			}
-			if e.returned[2] {
+			if e.leader != nil && e.leader.Returned(regionName(2)) {
 				t.Error("region 2 still counted as just back")
 			}
 		})
@@ -265,72 +169,61 @@ func TestReturnedRegionReportsAfterAWholeInterval(t *testing.T) {
 	}
 }
 
-// TestDeferredRoundFollowsGrowth holds the model to rebalance.Loop.lead:
-// a full round over a shrink still waiting is owed, and the growth that
-// ends the shrink queues a full round at once.
+// TestDeferredRoundFollowsGrowth: a full round over a shrink still
+// waiting is owed, and the growth that ends the shrink queues a full round
+// at once (plan.Leader.Settle, as rebalance.Loop does).
 func TestDeferredRoundFollowsGrowth(t *testing.T) {
 	e := testEngine(t, 2, 10, 10, 10, Config{})
-	e.published = &allocation{epoch: 1, def: []float64{0.5, 0.5}, overrides: map[int32][]float64{}}
-	e.shrink = &allocation{epoch: 2, def: []float64{0.5, 0.3}, overrides: map[int32][]float64{}}
-	e.pending = &allocation{def: []float64{0.7, 0.3}, overrides: map[int32][]float64{}}
-	e.epoch = 2
+	e.current = &plan.Allocation{Policy: e.policy.Name, Epoch: 2, Phase: plan.PhaseShrink,
+		Default: map[string]float64{"r00": 0.5, "r01": 0.3}, Safe: map[string]float64{"r00": 0, "r01": 0},
+		Target: &plan.Shares{Default: map[string]float64{"r00": 0.7, "r01": 0.3}}}
+	for r := range 2 {
+		e.regs[r][0].acked = 1
+	}
 	e.now = time.Minute
-	if err := e.rebalance(); err != nil {
+	if err := e.round(true); err != nil {
 		t.Fatal(err)
 	}
-	if !e.owed || e.shrink == nil {
-		t.Fatalf("a round over an unacknowledged shrink: owed %v, shrink %v", e.owed, e.shrink)
+	if e.current.Epoch != 2 || early(e) != 0 {
+		t.Fatalf("a full round over an unacknowledged shrink published epoch %d or queued %d rounds", e.current.Epoch, early(e))
 	}
+	shrink := e.allocationOf(e.current)
 	for r := range 2 {
-		if err := e.handle(&event{at: e.now, kind: evAck, region: r, alloc: e.shrink}); err != nil {
+		if err := e.handle(&event{at: e.now, kind: evAck, region: r, alloc: shrink, node: 1}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if e.shrink != nil || e.owed {
-		t.Fatalf("after every acknowledgement: shrink %v, owed %v", e.shrink, e.owed)
+	if e.current.Epoch != 3 || e.current.Phase != plan.PhaseStable {
+		t.Fatalf("after every acknowledgement: epoch %d %s, want 3 stable", e.current.Epoch, e.current.Phase)
 	}
-	n := 0
-	for _, ev := range e.events {
-		if ev.kind == evRebalance && ev.once && ev.at == e.now {
-			n++
-		}
-	}
-	if n != 1 {
+	if n := early(e); n != 1 {
 		t.Fatalf("%d full rounds queued after the growth, want 1", n)
 	}
 }
 
-// TestChangedAndShrinks holds the two-step decisions to rebalance's: only
-// a change beyond 1e-12 is published, and only one that lowers some share
-// (the default, or a subject's in either allocation) needs a shrink epoch.
-func TestChangedAndShrinks(t *testing.T) {
-	al := func(def []float64, ovr map[int32][]float64) *allocation {
-		if ovr == nil {
-			ovr = map[int32][]float64{}
-		}
-		return &allocation{def: def, overrides: ovr}
-	}
-	cases := []struct {
-		name            string
-		a, b            *allocation
-		changed, shrink bool
-	}{
-		{"same", al([]float64{0.5, 0.5}, nil), al([]float64{0.5, 0.5 + 1e-13}, nil), false, false},
-		{"default grows", al([]float64{0.4, 0.4}, nil), al([]float64{0.5, 0.5}, nil), true, false},
-		{"default moves", al([]float64{0.5, 0.5}, nil), al([]float64{0.6, 0.4}, nil), true, true},
-		{"override above the default", al([]float64{0.4, 0.4}, nil), al([]float64{0.4, 0.4}, map[int32][]float64{3: {0.6, 0.4}}), true, false},
-		{"override below the default", al([]float64{0.5, 0.5}, nil), al([]float64{0.5, 0.5}, map[int32][]float64{3: {0.9, 0.1}}), true, true},
-		{"override dropped, default higher", al([]float64{0.5, 0.5}, map[int32][]float64{3: {0.2, 0.2}}), al([]float64{0.5, 0.5}, nil), true, false},
-		{"override dropped, default lower", al([]float64{0.5, 0.5}, map[int32][]float64{3: {0.9, 0.1}}), al([]float64{0.5, 0.5}, nil), true, true},
-	}
-	for _, c := range cases {
-		if got := changed(c.a, c.b, 2); got != c.changed {
-			t.Errorf("%s: changed %v, want %v", c.name, got, c.changed)
-		}
-		if got := shrinks(c.a, c.b, 2); got != c.shrink {
-			t.Errorf("%s: shrinks %v, want %v", c.name, got, c.shrink)
+// early counts the full rounds queued off the ticker.
+func early(e *engine) int {
+	n := 0
+	for _, ev := range e.events {
+		if ev.kind == evRebalance && ev.once {
+			n++
 		}
 	}
+	return n
+}
+
+// advance runs the engine's control-plane events for d from now.
+func advance(t *testing.T, e *engine, d time.Duration) {
+	t.Helper()
+	end := e.now + d
+	for len(e.events) > 0 && e.events[0].at <= end {
+		ev := heap.Pop(&e.events).(*event)
+		e.now = max(e.now, ev.at)
+		if err := e.handle(ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.now = end
 }
 
 // TestPressureShortcutsMatchProbe holds the shortcuts of the pressure rule

@@ -37,10 +37,21 @@
 // serves nothing and its traffic moves to the live regions; it returns at
 // its safe share (MinShare) and applies the latest epoch.
 //
-// # The control plane, rule by rule
+// # The control plane
 //
-// The regions and the coordinator follow internal/demand,
-// internal/regional and rebalance's plan.go (docs/rebalance.md):
+// The coordinator is package plan, the same code as rebalance.Loop runs:
+// each round the simulator hands a plan.Leader a plan.View (the registered
+// nodes with their acknowledgements, each registered region's latest
+// report) and publishes the plan.Decision. Only the driving is the
+// simulator's: full rounds every RebalanceInterval, other rounds on every
+// acknowledgement, registration change (a node registering, a lease
+// ending) and recheck while growth waits on a skew margin (every
+// min(RebalanceInterval, max(SkewMargin/4, 50 ms)), as the loop does), a
+// full round at once when plan.Leader.ReportArrived or Settle asks for
+// one. A returning coordinator is a new plan.Leader. A dry run's proposal
+// (PredictOvershoot) is published as an operator's pin of every region.
+//
+// The regions follow internal/demand and internal/regional:
 //
 //   - Pressure. A request is pressured when its bucket denied it or it left
 //     the bucket below half the local capacity f·C (the regional node's
@@ -49,69 +60,24 @@
 //   - Reports. Every ReportInterval a region reports its offered rate
 //     (denied requests included) and its pressured subjects with their
 //     pressured offered rate, most pressured first, at most MaxOverrides.
-//     Nothing else: a subject with an override but no pressure is not
-//     reported. Counts are exact (the node's Space-Saving summary is exact
-//     while a shard holds fewer subjects than its top K). A report may be
-//     lost (LostReports) or one interval late (LateReports).
-//   - What the coordinator reads. It keeps each region's latest report,
-//     as etcd does: a lost report leaves the previous one, an older one
-//     never replaces a newer one, and a region's report is gone once its
-//     lease ends (LeaseTTL after it went down); until then the region
-//     counts as live with that report, as a registered region does. A
-//     region that comes back sends its first report once it has served a
-//     whole interval (as a node reports one interval after it starts; the
-//     report ticks before only reset its counters). If its lease had
-//     ended, that report brings a full round at once (the coordinator
-//     watches demand reports for such regions); a round before it gives
-//     the region no demand. In the failover scenario at 300 s these rules
-//     and the owed round below took under-admission from 0.062 to 0.0085.
-//   - Smoothing, once per round. Each RebalanceInterval the coordinator
-//     smooths (allocator.Smooth, α = Smoothing) each live region's share of
-//     the offered load, taking its first observation as it is (from a
-//     report only: a region without one has no demand yet); and each
-//     pressured subject's offered rate over the global rate r, in every
-//     live region (0 where not reported), taken as it is when the subject
-//     is new. Subjects without a report decay towards 0 and are forgotten
-//     after OverrideRounds rounds. Bounds: MaxOverrides subjects read per
-//     report, 4·MaxOverrides per round, 2·MaxOverrides kept (new ones in
-//     region order, then report order, where the coordinator takes map
-//     order).
-//   - Planning. allocator.Split (Weight 1, Min MinShare, Live while the
-//     region's lease lives, Current the share in force) splits the default
-//     and, for the MaxOverrides subjects with the most demand (ties by
-//     subject), their own shares; a subject whose split equals the default
-//     within 1e-9 gets no override. An allocation that moves no share by
-//     more than 1e-12 is not published.
-//   - Publishing. Naive publishes at once. TwoStep publishes growth-only
-//     changes at once as one epoch, and any change that lowers a share as
-//     min(old, new) first and the new shares once every region
-//     acknowledged it or lost its lease a SkewMargin ago; a round with a
-//     shrink pending only grows or waits, and waiting on a margin is
-//     rechecked every min(RebalanceInterval, max(SkewMargin/4, 50 ms)).
-//     A full round that waited is owed: the growth that ends the shrink
-//     (on an acknowledgement or a recheck) is followed by a full round at
-//     once, not at the next tick.
-//     A returning coordinator is a new leader: empty smoothed state, a
-//     round at once and every RebalanceInterval after, and no growth for
-//     a SkewMargin. A returning region acknowledges afresh.
-//   - First allocation and late regions. A run starts with an allocation
-//     in force (InitialShares, else an equal split of 1 + ε) that every
+//     Counts are exact (the node's Space-Saving summary is exact while a
+//     shard holds fewer subjects than its top K). A report may be lost
+//     (LostReports) or one interval late (LateReports); etcd keeps the
+//     latest one, gone with the node's lease.
+//   - Nodes. A region runs one node at a time. One that goes down keeps its
+//     registration until its lease ends (LeaseTTL). One that comes back is
+//     a new node: it registers, holds its safe share (MinShare) until it
+//     applies the latest epoch, acknowledges afresh, and sends its first
+//     report once it has served a whole interval.
+//   - First allocation. A run starts with an allocation in force
+//     (InitialShares, else an equal split of 1 + ε) at epoch 0 that every
 //     region holds, like a deployment whose coordinator has published
-//     before (the agreement test in internal/demo settles on the equal
-//     split before it replays); so the coordinator's first-allocation rule
-//     (no step limit or dead band when nothing was ever published) never
-//     applies, and no region is outside the allocation: a region that
-//     returns holds its safe share, its Safe entry, until it applies the
-//     latest epoch.
+//     before.
 //
 // Lazy refill: a bucket refills the time since its last write at the rate
-// of the share in force when it is next read, so a bucket idle across a
-// share increase gains refill at the new rate for time spent under the old
-// one. Even with Σ shares ≤ 1 at every instant (MaxShareSum), admissions
-// can then exceed C + r·W by a request or two: the default sweep shows
-// overshoot(60 s) 0.0071 (one request in 140) for heavy-tail at 15 s,
-// two-step. The simulator reproduces what the buckets do, and this is
-// theirs.
+// of the share in force when it is next read; a share that grew refills
+// the time before the growth at the old share (bucket.TokenState), as the
+// stores do.
 //
 // Baselines decide the very same stream: an ideal global bucket per
 // subject, independent full-budget buckets per region, and a static equal
@@ -124,10 +90,8 @@
 //
 // # Speed
 //
-// The default sweep (7 scenarios × 5 rebalance intervals × 2 protocols,
-// one simulated hour, 3 regions, 10,000 subjects: 279 million requests)
-// takes about 32 s of one core; BenchmarkSweep reports simulated requests
-// per second (and per CPU-second). A decision touches the subject's region
+// BenchmarkSweep reports simulated requests per second and per CPU-second
+// (docs/performance.md has the figures and the command). A decision touches the subject's region
 // record (bucket, override share, pressure counter, last decision, a floor
 // of its tokens: 64 bytes) and its window counters (24 bytes). Report
 // counters reset lazily, when a new interval first presses them. Reading

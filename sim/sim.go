@@ -12,19 +12,21 @@ import (
 
 	"github.com/quotacoord/quota/allocator"
 	"github.com/quotacoord/quota/bucket"
+	"github.com/quotacoord/quota/plan"
 )
 
-// Protocol is how the coordinator publishes a new allocation.
-type Protocol string
+// Protocol is how the coordinator publishes a new allocation
+// (plan.Protocol).
+type Protocol = plan.Protocol
 
 // The protocols.
 const (
 	// TwoStep publishes min(old, new) first and the new shares only after
 	// every live region acknowledged the shrink.
-	TwoStep Protocol = "two-step"
+	TwoStep = plan.TwoStep
 	// Naive publishes the new shares at once; regions apply them at
 	// different moments, so Σ shares may exceed 1 + ε for a while.
-	Naive Protocol = "naive"
+	Naive = plan.Naive
 )
 
 // Config is one run. Zero fields take the documented defaults.
@@ -56,7 +58,7 @@ type Config struct {
 	LeaseTTL   time.Duration
 	SkewMargin time.Duration
 	// Smoothing is the α of the demand average, applied once per
-	// rebalance round as the coordinator does (rebalance.Config.Alpha).
+	// rebalance round as the coordinator does (plan.Params.Alpha).
 	// Default 0.5.
 	Smoothing float64
 	// MinShare is every region's guaranteed minimum. Default 0.
@@ -66,7 +68,7 @@ type Config struct {
 	MaxOverrides int
 	// OverrideRounds is how many rebalance rounds without a report of
 	// pressure a subject keeps its demand, and so its override
-	// (rebalance.Config.OverrideRounds). Default 3.
+	// (plan.Params.OverrideRounds). Default 3.
 	OverrideRounds int
 	// SeriesBins is the number of points of the per-region series.
 	// Default 360.
@@ -168,8 +170,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("sim: smoothing %v outside (0, 1]", c.Smoothing)
 	case !(c.MinShare >= 0) || c.MinShare*float64(s.Regions) > 1:
 		return c, fmt.Errorf("sim: min share %v × %d regions above 1", c.MinShare, s.Regions)
-	case c.MaxOverrides < 0 || c.MaxOverrides > 10_000:
-		return c, fmt.Errorf("sim: max overrides %d outside [0, 10000]", c.MaxOverrides)
+	case c.MaxOverrides < 0 || c.MaxOverrides > plan.MaxOverridesLimit:
+		return c, fmt.Errorf("sim: max overrides %d outside [0, %d]", c.MaxOverrides, plan.MaxOverridesLimit)
 	case c.OverrideRounds < 1 || c.OverrideRounds > 10_000:
 		return c, fmt.Errorf("sim: override rounds %d outside [1, 10000]", c.OverrideRounds)
 	case c.SeriesBins < 1 || c.SeriesBins > 100_000:
@@ -254,6 +256,7 @@ const (
 	evAck
 	evScenario
 	evRecheck
+	evLeaseEnd
 )
 
 type event struct {
@@ -266,6 +269,7 @@ type event struct {
 	sc     Event
 	gen    int  // evRebalance: the leader term that scheduled it
 	once   bool // evRebalance: a round off the ticker, which schedules no next
+	node   int  // evAck: the region's node that acknowledges (simNode.seq)
 }
 
 type eventHeap []*event
@@ -372,14 +376,6 @@ func fullAfter(capacity int64, refill float64, tick time.Duration) int64 {
 	return int64(min(math.Ceil(float64(capacity)/refill/tick.Seconds())+1, math.MaxInt32))
 }
 
-// subjectDemand is the coordinator's smoothed demand of one pressured
-// subject per region (a fraction of the global rate), and the rounds
-// since any region last reported it (rebalance's subjectDemand).
-type subjectDemand struct {
-	d    []float64
-	idle int
-}
-
 type engine struct {
 	cfg      Config
 	sc       *Scenario
@@ -410,24 +406,23 @@ type engine struct {
 	stampSeq uint64
 	err      error
 
-	coordUp   bool
-	term      int           // leader terms: a coordinator's return starts a new one
-	leadSince time.Duration // when the current leader took over
-	rechecks  bool          // an evRecheck is pending
-	owed      bool          // a full round waited on a shrink: another follows its growth
-	published *allocation   // latest grow (or naive) allocation
-	pending   *allocation   // two-step: the growth waiting for acks
-	shrink    *allocation
-	acked     []int
-	epoch     int
-	latest    []*report       // per region: the latest report that arrived (what etcd holds)
-	sOffered  []float64       // per region: smoothed share of the offered load
-	hasDemand []bool          // per region: sOffered holds an observation
-	returned  []bool          // per region: back after the leader saw it without a lease, no report observed yet
-	upAt      []time.Duration // per region: when it last came back (0: up from the start)
-	sSubject  map[int32]*subjectDemand
-	obsIdx    map[int32]int // scratch of observe
-	maxSum    float64
+	// The coordinator: the planner's state while a leader leads (nil
+	// while none does), its rules, the scenario's policy and controls, and
+	// the allocation record it published last.
+	leader   *plan.Leader
+	params   plan.Params
+	policy   plan.Policy
+	control  plan.Control
+	current  *plan.Allocation
+	term     int         // leader terms: a coordinator's return starts a new one
+	rechecks bool        // an evRecheck is pending
+	regs     [][]simNode // per region: its nodes' registrations, oldest first
+	latest   []*report   // per region: the latest report that arrived (what etcd holds)
+	v        *plan.View  // the coordinator's view, updated in place (engine.view)
+	viewed   []*report   // per region: the report in v
+	names    map[int32]string
+	upAt     []time.Duration // per region: when it last came back (0: up from the start)
+	maxSum   float64
 
 	sys      *model   // nil when only the baselines run
 	base     *baseRun // baselines shared from a pass over the same stream, or nil
@@ -531,16 +526,10 @@ func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 		defLim:     make([]shareLimits, n),
 		ovrLim:     make([]shareLimits, n),
 		sub:        make([][]subjectRegion, n),
-		acked:      make([]int, n),
-		coordUp:    true,
+		regs:       make([][]simNode, n),
+		names:      map[int32]string{},
 		latest:     make([]*report, n),
-		sOffered:   make([]float64, n),
-		hasDemand:  make([]bool, n),
-		returned:   make([]bool, n),
 		upAt:       make([]time.Duration, n),
-		sSubject:   map[int32]*subjectDemand{},
-		obsIdx:     map[int32]int{},
-		leadSince:  -cfg.SkewMargin, // led since before the start
 		intOffered: make([]int64, n),
 		base:       base,
 	}
@@ -568,7 +557,9 @@ func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 		e.shareGen[i] = 1
 		e.fallMin[i][1] = math.Inf(1)
 	}
-	e.published = first
+	if err := e.coordinator(first); err != nil {
+		return nil, err
+	}
 	e.retryOf = make([]int, sc.Subjects)
 	for _, g := range compileGroups(sc, sc.Subjects) {
 		for j := 0; j < g.n; j++ {
@@ -620,6 +611,34 @@ func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 	}
 	e.checkSum()
 	return e, nil
+}
+
+// coordinator sets up the control plane: one node registered per region,
+// the allocation first in force (epoch 0), and a leader that has led since
+// before the start.
+func (e *engine) coordinator(first *allocation) error {
+	c := e.cfg
+	e.params = plan.Params{
+		Algorithm: c.Allocator.Algorithm, MaxStep: c.Allocator.MaxStep, DeadBand: c.Allocator.DeadBand,
+		Alpha: c.Smoothing, Protocol: c.Protocol, MaxOverrides: c.MaxOverrides, OverrideRounds: c.OverrideRounds,
+		SkewMargin: c.SkewMargin,
+	}
+	e.policy = plan.Policy{Name: e.sc.Name, Rate: e.sc.RefillPerSecond, Overcommit: c.Allocator.Overcommit, DefaultMinShare: c.MinShare}
+	e.current = &plan.Allocation{Policy: e.policy.Name, Phase: plan.PhaseStable,
+		Default: make(map[string]float64, e.n), Safe: make(map[string]float64, e.n), Overcommit: c.Allocator.Overcommit}
+	for r := 0; r < e.n; r++ {
+		e.register(r)
+		e.current.Default[regionName(r)] = first.def[r]
+		e.current.Safe[regionName(r)] = c.MinShare
+	}
+	if c.proposed != nil {
+		// A dry run's proposal is an operator's pin of every region.
+		e.control.Pins = make(map[string]float64, e.n)
+		for r, s := range c.proposed {
+			e.control.Pins[regionName(r)] = s
+		}
+	}
+	return e.lead(-c.SkewMargin)
 }
 
 // queueRoom is the room a model's window queue starts with: the mean
