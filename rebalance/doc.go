@@ -18,8 +18,10 @@
 // rather than at the next tick. A full round that finds a policy's shrink
 // still waiting for acknowledgements plans nothing for it; the round that
 // then publishes the growth is followed by a full round at once, so that
-// demand read meanwhile does not wait a whole Interval either. The pure part of a round is
-// plan(now, snapshot, state, config); Loop does the I/O around it.
+// demand read meanwhile does not wait a whole Interval either. These
+// rules are package plan's (plan.Leader), the same code the simulator and
+// the operator's dry run use; Loop turns an etcd snapshot into a plan.View
+// and does the I/O around it.
 //
 // # Two-step publish
 //
