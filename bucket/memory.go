@@ -9,8 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 	"unsafe"
-
-	"github.com/quotacoord/quota/internal/clock"
 )
 
 // DefaultMaxBuckets is the bucket cap of a Memory whose MaxBuckets is 0.
@@ -31,10 +29,16 @@ var (
 	ErrTakeAllSize = errors.New("bucket: TakeAll needs 1 to MaxTakeAll requests")
 )
 
+// Clock tells a Memory the time; tests pass a manual one.
+type Clock interface {
+	Now() time.Time
+}
+
 // MemoryConfig configures a Memory.
 type MemoryConfig struct {
-	// Clock is read by Take, TakeAll, Refund and Run; nil means clock.Real{}.
-	Clock clock.Clock
+	// Clock is read by Take, TakeAll, Refund and Run; nil means the
+	// system's clock.
+	Clock Clock
 	// MaxBuckets caps the live buckets; 0 means DefaultMaxBuckets. When a
 	// request must create a bucket at the cap, the store first sweeps the
 	// expired buckets of the bucket's shard and (at most once a second)
@@ -64,7 +68,7 @@ type MemoryConfig struct {
 // also remembers the last Limits and share it validated, so a run of
 // requests of one policy at one share is validated and converted once.
 type Memory struct {
-	clk   clock.Clock
+	clk   Clock
 	max   int64
 	every time.Duration
 	live  atomic.Int64
@@ -133,7 +137,7 @@ func NewMemory(cfg MemoryConfig) (*Memory, error) {
 	}
 	m := &Memory{clk: cfg.Clock, max: int64(cfg.MaxBuckets), every: cfg.SweepEvery}
 	if m.clk == nil {
-		m.clk = clock.Real{}
+		m.clk = systemClock{}
 	}
 	if m.max == 0 {
 		m.max = DefaultMaxBuckets
@@ -508,3 +512,8 @@ func (m *Memory) Run(ctx context.Context) error {
 		}
 	}
 }
+
+// systemClock is the system's clock.
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }

@@ -9,8 +9,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/quotacoord/quota/allocator"
-	"github.com/quotacoord/quota/internal/clock"
-	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/plan"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -52,13 +50,15 @@ const (
 type Config struct {
 	// Client talks to etcd. Required.
 	Client *clientv3.Client
-	// Layout places the keys.
-	Layout etcdlayout.Layout
+	// Prefix is the etcd key prefix everything lives under; default
+	// "/quota/v1/".
+	Prefix string
 	// Name is this coordinator's identity in the election, conventionally
 	// its operator address. Default "coordinator".
 	Name string
-	// Clock reads the time for skew margins and timestamps. Default real.
-	Clock clock.Clock
+	// Clock reads the time for skew margins and timestamps. Default the
+	// system's clock.
+	Clock Clock
 	// Interval between rounds. Default 5s.
 	Interval time.Duration
 	// ReportInterval is published in Settings for the regions. Default
@@ -100,7 +100,7 @@ func (c Config) withDefaults() (Config, error) {
 		c.Name = "coordinator"
 	}
 	if c.Clock == nil {
-		c.Clock = clock.Real{}
+		c.Clock = systemClock{}
 	}
 	def := func(d *time.Duration, v time.Duration, name string) error {
 		if *d < 0 {
@@ -185,3 +185,13 @@ func (c *Config) params() plan.Params {
 		SkewMargin:     c.SkewMargin,
 	}
 }
+
+// Clock tells a Loop the time; tests pass a manual one.
+type Clock interface {
+	Now() time.Time
+}
+
+// systemClock is the system's clock.
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -68,6 +66,7 @@ type fence struct {
 // Loop is the rebalance loop of one coordinator. See the package doc.
 type Loop struct {
 	cfg     Config
+	layout  etcdlayout.Layout
 	m       *metrics
 	reqs    chan roundReq
 	leading atomic.Bool
@@ -91,7 +90,7 @@ func New(cfg Config) (*Loop, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rebalance: register metrics: %w", err)
 	}
-	l := &Loop{cfg: c, m: m, reqs: make(chan roundReq)}
+	l := &Loop{cfg: c, layout: etcdlayout.Layout{Prefix: c.Prefix}, m: m, reqs: make(chan roundReq)}
 	if l.ld, err = plan.NewLeader(c.params(), time.Time{}); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
@@ -104,7 +103,7 @@ func (l *Loop) IsLeader() bool { return l.leading.Load() }
 // Leader returns the name of the current leader, or "" when none.
 func (l *Loop) Leader(ctx context.Context) (string, error) {
 	opts := append([]clientv3.OpOption{clientv3.WithPrefix()}, clientv3.WithFirstCreate()...)
-	resp, err := l.cfg.Client.Get(ctx, l.cfg.Layout.Election()+"/", opts...)
+	resp, err := l.cfg.Client.Get(ctx, l.layout.Election()+"/", opts...)
 	if err != nil {
 		return "", fmt.Errorf("rebalance: read leader: %w", err)
 	}
@@ -138,7 +137,7 @@ func (l *Loop) Run(ctx context.Context) error {
 			continue
 		}
 		backoff = 100 * time.Millisecond
-		el := concurrency.NewElection(sess, l.cfg.Layout.Election())
+		el := concurrency.NewElection(sess, l.layout.Election())
 		if err := campaign(ctx, sess, el, l.cfg.Name); err != nil {
 			_ = sess.Close()
 			if ctx.Err() == nil {
@@ -204,9 +203,9 @@ func (l *Loop) lead(ctx context.Context, sess *concurrency.Session, f fence) err
 	// No learning period: the first round observes the latest reports.
 	l.ld, _ = plan.NewLeader(l.cfg.params(), l.cfg.Clock.Now()) // validated in New
 	l.mu.Unlock()
-	wacks := l.cfg.Client.Watch(lctx, l.cfg.Layout.AcksPrefix(), clientv3.WithPrefix())
-	wregs := l.cfg.Client.Watch(lctx, l.cfg.Layout.RegionsPrefix(), clientv3.WithPrefix())
-	wdemand := l.cfg.Client.Watch(lctx, l.cfg.Layout.DemandPrefix(), clientv3.WithPrefix(), clientv3.WithFilterDelete())
+	wacks := l.cfg.Client.Watch(lctx, l.layout.AcksPrefix(), clientv3.WithPrefix())
+	wregs := l.cfg.Client.Watch(lctx, l.layout.RegionsPrefix(), clientv3.WithPrefix())
+	wdemand := l.cfg.Client.Watch(lctx, l.layout.DemandPrefix(), clientv3.WithPrefix(), clientv3.WithFilterDelete())
 	tick := time.NewTicker(l.cfg.Interval)
 	defer tick.Stop()
 	// recheck re-runs an acknowledgement round while growth waits (a
@@ -300,7 +299,7 @@ func (l *Loop) notedGone(evs []*clientv3.Event) {
 		if ev.Type != clientv3.EventTypeDelete {
 			continue
 		}
-		if region, _, ok := etcdlayout.NodeOf(l.cfg.Layout.RegionsPrefix(), string(ev.Kv.Key)); ok {
+		if region, _, ok := etcdlayout.NodeOf(l.layout.RegionsPrefix(), string(ev.Kv.Key)); ok {
 			l.ld.NodeGone(region, now)
 		}
 	}
@@ -314,7 +313,7 @@ func (l *Loop) reportedBack(evs []*clientv3.Event) bool {
 	defer l.mu.Unlock()
 	back := false
 	for _, ev := range evs {
-		if region, _, ok := etcdlayout.NodeOf(l.cfg.Layout.DemandPrefix(), string(ev.Kv.Key)); ok && l.ld.ReportArrived(region) {
+		if region, _, ok := etcdlayout.NodeOf(l.layout.DemandPrefix(), string(ev.Kv.Key)); ok && l.ld.ReportArrived(region) {
 			back = true
 		}
 	}
@@ -455,11 +454,11 @@ func (l *Loop) publish(ctx context.Context, f fence, a *etcdlayout.Allocation, p
 	if err != nil {
 		return false, fmt.Errorf("rebalance: encode allocation of %s: %w", a.Policy, err)
 	}
-	key := l.cfg.Layout.Alloc(a.Policy)
+	key := l.layout.Alloc(a.Policy)
 	resp, err := l.cfg.Client.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(f.key), "=", f.rev),
 			clientv3.Compare(clientv3.ModRevision(key), "=", prevRev),
-			clientv3.Compare(clientv3.ModRevision(l.cfg.Layout.RegionsPrefix()), "<", readRev+1).WithPrefix()).
+			clientv3.Compare(clientv3.ModRevision(l.layout.RegionsPrefix()), "<", readRev+1).WithPrefix()).
 		Then(clientv3.OpPut(key, string(data))).
 		Else(clientv3.OpGet(f.key)).
 		Commit()
@@ -486,7 +485,7 @@ func (l *Loop) publishSettings(ctx context.Context, f fence) error {
 	data, _ := json.Marshal(s)
 	resp, err := l.cfg.Client.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(f.key), "=", f.rev)).
-		Then(clientv3.OpPut(l.cfg.Layout.Settings(), string(data))).
+		Then(clientv3.OpPut(l.layout.Settings(), string(data))).
 		Commit()
 	if err != nil {
 		return fmt.Errorf("rebalance: publish settings: %w", err)
@@ -499,7 +498,7 @@ func (l *Loop) publishSettings(ctx context.Context, f fence) error {
 
 // read takes a snapshot of everything a round needs at one revision.
 func (l *Loop) read(ctx context.Context) (*snapshot, error) {
-	ly := l.cfg.Layout
+	ly := l.layout
 	prefixes := []string{ly.RegionsPrefix(), ly.DemandPrefix(), ly.AcksPrefix(), ly.ControlPrefix(), ly.PoliciesPrefix(), ly.AllocPrefix()}
 	ops := make([]clientv3.Op, len(prefixes))
 	for i, p := range prefixes {
@@ -596,33 +595,6 @@ func (l *Loop) read(ctx context.Context) (*snapshot, error) {
 			ns[n] = plan.Node{Acked: acks[region][n].Epochs}
 		}
 	}
-	snap.policies, snap.policyErrs = LoadPolicies(docs)
+	snap.policies, snap.policyErrs = policy.LoadStored(docs)
 	return snap, nil
-}
-
-// LoadPolicies parses stored policy documents (name → bytes) in name order
-// and merges them; a document that does not parse, or that repeats a
-// policy of an earlier one, is skipped and reported.
-func LoadPolicies(docs map[string][]byte) (*policy.Set, []error) {
-	names := make([]string, 0, len(docs))
-	for n := range docs {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	var errs []error
-	set, _ := policy.Merge()
-	for _, n := range names {
-		s, err := policy.Parse(n, docs[n])
-		if err != nil {
-			errs = append(errs, fmt.Errorf("policy document %s: %w", n, err))
-			continue
-		}
-		merged, err := policy.Merge(set, s)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("policy document %s: %w", n, err))
-			continue
-		}
-		set = merged
-	}
-	return set, slices.Clip(errs)
 }

@@ -114,7 +114,7 @@ func parse(args []string, stderr io.Writer) (coordinator.Config, error) {
 	cfg.Logger = hclog.New(&hclog.LoggerOptions{Name: "coordinator", Level: lvl, Output: stderr})
 	cfg.EtcdTLS.Logger = cfg.Logger.Named("etcd-tls")
 	cfg.Rebalance = rebalance.Config{
-		Layout: etcdlayout.Layout{Prefix: prefix}, Name: name,
+		Prefix: prefix, Name: name,
 		Interval: interval, ReportInterval: report, RegionLeaseTTL: leaseTTL, SkewMargin: skew, SessionTTL: sessionTTL,
 		Algorithm: allocator.Algorithm(algorithm), MaxStep: maxStep, DeadBand: deadBand, Alpha: alpha,
 		Protocol: rebalance.Protocol(protocol), MaxOverrides: maxOverrides,

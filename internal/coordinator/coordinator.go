@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/quotacoord/quota/internal/clock"
+	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/internal/tlsconfig"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
 	"github.com/quotacoord/quota/rebalance"
@@ -212,7 +213,7 @@ func Start(ctx context.Context, cfg Config) (*Coordinator, error) {
 	auth := newAuthorizer(tokens, cfg.WriteNames, log.Named("auth"))
 	opts = append(opts, grpc.ChainUnaryInterceptor(auth.unary), grpc.ChainStreamInterceptor(auth.stream))
 	gs := grpc.NewServer(opts...)
-	op := &operator{cli: cli, layout: rc.Layout, loop: loop, clock: cfg.Clock, log: log.Named("operator"), auditMax: cfg.AuditMax}
+	op := &operator{cli: cli, layout: etcdlayout.Layout{Prefix: rc.Prefix}, loop: loop, clock: cfg.Clock, log: log.Named("operator"), auditMax: cfg.AuditMax}
 	quotav1.RegisterOperatorServer(gs, op)
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
@@ -224,7 +225,7 @@ func Start(ctx context.Context, cfg Config) (*Coordinator, error) {
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		hctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
-		if _, err := cli.Get(hctx, rc.Layout.Settings()); err != nil {
+		if _, err := cli.Get(hctx, etcdlayout.Layout{Prefix: rc.Prefix}.Settings()); err != nil {
 			http.Error(w, "etcd unreachable: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}

@@ -61,7 +61,7 @@ func (o *operator) policies(ctx context.Context) (*policy.Set, map[string][]byte
 	for _, kv := range resp.Kvs {
 		docs[etcdlayout.Name(o.layout.PoliciesPrefix(), string(kv.Key))] = kv.Value
 	}
-	set, errs := rebalance.LoadPolicies(docs)
+	set, errs := policy.LoadStored(docs)
 	for _, e := range errs {
 		o.log.Warn("stored policy document skipped", "error", e)
 	}
@@ -269,7 +269,7 @@ func (o *operator) ApplyPolicy(ctx context.Context, req *quotav1.ApplyPolicyRequ
 		return nil, err
 	}
 	delete(docs, doc)
-	others, _ := rebalance.LoadPolicies(docs)
+	others, _ := policy.LoadStored(docs)
 	if _, err := policy.Merge(others, set); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "%v", err)
 	}

@@ -4,7 +4,9 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/quotacoord/quota/bucket"
@@ -262,4 +264,26 @@ func validateRegion(region string) error {
 
 func isSubjectByte(c byte) bool {
 	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-'
+}
+
+// LoadStored parses stored policy documents (name → bytes) in name order
+// and merges them; a document that does not parse, or that repeats a
+// policy of an earlier one, is skipped and reported.
+func LoadStored(docs map[string][]byte) (*Set, []error) {
+	var errs []error
+	set, _ := Merge()
+	for _, n := range slices.Sorted(maps.Keys(docs)) {
+		s, err := Parse(n, docs[n])
+		if err != nil {
+			errs = append(errs, fmt.Errorf("policy document %s: %w", n, err))
+			continue
+		}
+		merged, err := Merge(set, s)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("policy document %s: %w", n, err))
+			continue
+		}
+		set = merged
+	}
+	return set, slices.Clip(errs)
 }

@@ -118,7 +118,7 @@ func (e *etcdEnv) startCoord(t *testing.T, name string) *coord {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := rebalance.New(rebalance.Config{Client: cli, Layout: e.layout, Name: name, Interval: 200 * time.Millisecond,
+	l, err := rebalance.New(rebalance.Config{Client: cli, Prefix: e.layout.Prefix, Name: name, Interval: 200 * time.Millisecond,
 		ReportInterval: 100 * time.Millisecond, RegionLeaseTTL: regionLeaseTTL, SkewMargin: 300 * time.Millisecond,
 		SessionTTL: time.Second, Registerer: prometheus.NewRegistry(), Logger: e.logger(name)})
 	if err != nil {
