@@ -50,8 +50,16 @@ type Allocation struct {
 	// Target is the allocation the shrink phase leads to (PhaseShrink only).
 	Target *Shares `json:"target,omitempty"`
 	// Safe maps region to its safe (minimum) share, which the region falls
-	// back to when it loses its lease.
-	Safe map[string]float64 `json:"safe"`
+	// back to when it loses its lease. A shrink epoch holds min(old, new)
+	// of each region's safe share, and TargetSafe the new one, which the
+	// growth publishes.
+	Safe       map[string]float64 `json:"safe"`
+	TargetSafe map[string]float64 `json:"target_safe,omitempty"`
+	// Held maps region to the largest safe share it may still fall back
+	// to: the largest of the epochs it has not acknowledged (a region cut
+	// off keeps the safe share it last read, whatever an operator set
+	// since). The plan reserves at least that much for the region.
+	Held map[string]float64 `json:"held,omitempty"`
 	// Overcommit is the policy's ε at publish time.
 	Overcommit  float64   `json:"overcommit"`
 	PublishedAt time.Time `json:"published_at"`

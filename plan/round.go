@@ -58,7 +58,8 @@ func (l *Leader) Plan(now time.Time, v *View, p Policy, cur *Allocation, ctl Con
 			Phase:       PhaseStable,
 			Default:     maps.Clone(cur.Target.Default),
 			Overrides:   cloneOverrides(cur.Target.Overrides),
-			Safe:        maps.Clone(cur.Safe),
+			Safe:        maps.Clone(grownSafe(cur)),
+			Held:        maps.Clone(cur.Held),
 			Overcommit:  cur.Overcommit,
 			PublishedAt: now,
 			Reason: fmt.Sprintf("grow to the target of epoch %d: every region acknowledged it or lost its lease; %s",
@@ -83,17 +84,16 @@ func (l *Leader) Plan(now time.Time, v *View, p Policy, cur *Allocation, ctl Con
 	if !full && cur != nil && coversLive(cur, v) {
 		return d
 	}
-	next, regions, err := l.proposal(v, &p, cur, ctl)
+	held := l.held(now, v, p.Name, cur)
+	next, regions, safe, err := l.proposal(v, &p, cur, ctl, held)
 	if err != nil {
 		d.Note = err.Error()
 		return d
 	}
 	d.Proposal = next
 	d.Demand = make(map[string]float64, len(regions))
-	safe := make(map[string]float64, len(regions))
 	for _, r := range regions {
 		d.Demand[r.Name] = r.Demand
-		safe[r.Name] = r.Min
 	}
 	// mins is what a region without a share in the allocation in force
 	// enforces: its safe share there if listed, else only a minimum the
@@ -114,6 +114,7 @@ func (l *Leader) Plan(now time.Time, v *View, p Policy, cur *Allocation, ctl Con
 		Default:     next.Default,
 		Overrides:   next.Overrides,
 		Safe:        safe,
+		Held:        held,
 		Overcommit:  p.Overcommit,
 		PublishedAt: now,
 	}
@@ -133,6 +134,9 @@ func (l *Leader) Plan(now time.Time, v *View, p Policy, cur *Allocation, ctl Con
 		low := Lower(old, *next, mins)
 		a.Phase = PhaseShrink
 		a.Target = next
+		// A raised safe share waits for the growth: a region that falls
+		// back before the others shrank must not take more than before.
+		a.Safe, a.TargetSafe = lowerSafe(cur.Safe, safe), safe
 		a.Default, a.Overrides = low.Default, low.Overrides
 		a.Reason = "shrink first, grow after acknowledgements: " + why
 	} else {
@@ -200,7 +204,7 @@ func nodeName(n string) string {
 }
 
 // proposal computes the default split and the subject overrides.
-func (l *Leader) proposal(v *View, p *Policy, cur *Allocation, ctl Control) (*Shares, []allocator.Region, error) {
+func (l *Leader) proposal(v *View, p *Policy, cur *Allocation, ctl Control, held map[string]float64) (*Shares, []allocator.Region, map[string]float64, error) {
 	names := make(map[string]bool)
 	for r := range v.Regions {
 		names[r] = true
@@ -218,7 +222,7 @@ func (l *Leader) proposal(v *View, p *Policy, cur *Allocation, ctl Control) (*Sh
 	}
 	sorted := slices.Sorted(maps.Keys(names))
 	if len(sorted) == 0 {
-		return nil, nil, errors.New("no regions")
+		return nil, nil, nil, errors.New("no regions")
 	}
 	if len(sorted) > MaxRegions {
 		sorted = sorted[:MaxRegions]
@@ -236,11 +240,16 @@ func (l *Leader) proposal(v *View, p *Policy, cur *Allocation, ctl Control) (*Sh
 		params.MaxStep, params.DeadBand = 0, 0
 	}
 	base := make([]allocator.Region, len(sorted))
+	safe := make(map[string]float64, len(sorted))
 	for i, name := range sorted {
 		r := allocator.Region{Name: name, Weight: 1, Min: p.MinShareFor(name)}
 		if m, ok := ctl.Minimums[name]; ok {
 			r.Min = m
 		}
+		// The safe share published is the minimum; the split reserves
+		// at least what the region may still hold from before.
+		safe[name] = r.Min
+		r.Min = max(r.Min, held[name])
 		if w, ok := ctl.Weights[name]; ok {
 			r.Weight = w
 		}
@@ -262,7 +271,7 @@ func (l *Leader) proposal(v *View, p *Policy, cur *Allocation, ctl Control) (*Sh
 	}
 	def, err := allocator.Split(params, regions)
 	if err != nil {
-		return nil, nil, fmt.Errorf("split policy %s: %w", p.Name, err)
+		return nil, nil, nil, fmt.Errorf("split policy %s: %w", p.Name, err)
 	}
 	out := &Shares{Default: make(map[string]float64, len(sorted))}
 	for i, name := range sorted {
@@ -300,7 +309,7 @@ func (l *Leader) proposal(v *View, p *Policy, cur *Allocation, ctl Control) (*Sh
 		}
 		shares, err := allocator.Split(params, rs)
 		if err != nil {
-			return nil, nil, fmt.Errorf("split policy %s subject %s: %w", p.Name, s.subject, err)
+			return nil, nil, nil, fmt.Errorf("split policy %s subject %s: %w", p.Name, s.subject, err)
 		}
 		same := true
 		for i := range shares {
@@ -317,7 +326,61 @@ func (l *Leader) proposal(v *View, p *Policy, cur *Allocation, ctl Control) (*Sh
 		}
 		out.Overrides[s.subject] = sharesOf(sorted, shares, cur, s.subject)
 	}
-	return out, regions, nil
+	return out, regions, safe, nil
+}
+
+// held is, per region of cur, the largest safe share the region may fall
+// back to: cur's own when every node of the region acknowledged cur (and
+// none vanished since the leader last looked), else also the largest of
+// the epochs before it that the region did not acknowledge.
+func (l *Leader) held(now time.Time, v *View, policy string, cur *Allocation) map[string]float64 {
+	if cur == nil {
+		return nil
+	}
+	out := make(map[string]float64, len(cur.Safe))
+	for r, s := range cur.Safe {
+		out[r] = s
+		if !l.acknowledged(now, v, policy, r, cur.Epoch) {
+			out[r] = max(s, cur.Held[r])
+		}
+	}
+	return out
+}
+
+// acknowledged says every registered node of region acknowledged epoch
+// of policy and none of its nodes vanished in the last skew margin.
+func (l *Leader) acknowledged(now time.Time, v *View, policy, region string, epoch uint64) bool {
+	nodes, ok := v.Regions[region]
+	if !ok {
+		return false
+	}
+	for _, n := range nodes {
+		if n.Acked[policy] < epoch {
+			return false
+		}
+	}
+	gone, ok := l.nodeGone[region]
+	return !ok || !gone.Add(l.params.SkewMargin).After(now)
+}
+
+// grownSafe is the safe share the growth after cur publishes.
+func grownSafe(cur *Allocation) map[string]float64 {
+	if cur.TargetSafe != nil {
+		return cur.TargetSafe
+	}
+	return cur.Safe
+}
+
+// lowerSafe is min(a, b) per region of b; a region only b names keeps
+// b's.
+func lowerSafe(a, b map[string]float64) map[string]float64 {
+	out := maps.Clone(b)
+	for r, s := range out {
+		if o, ok := a[r]; ok {
+			out[r] = math.Min(o, s)
+		}
+	}
+	return out
 }
 
 // sharesOf maps regions to shares, reusing subject's override in cur when

@@ -542,3 +542,81 @@ func TestChangedAndShrinks(t *testing.T) {
 		}
 	}
 }
+
+// TestLoweredMinimumOfACutOffRegionStaysReserved: an operator lowers the
+// minimum of a region cut off from etcd. Its nodes fall back to the safe
+// share they last read, so the plan keeps reserving that share until the
+// region acknowledges an epoch that carries the lower one, however many
+// epochs are published meanwhile.
+func TestLoweredMinimumOfACutOffRegionStaysReserved(t *testing.T) {
+	cur := &Allocation{Policy: "exports", Epoch: 3, Phase: PhaseStable,
+		Default: map[string]float64{"a": 0.35, "b": 0.35, "c": 0.3}, Safe: map[string]float64{"a": 0.05, "b": 0.05, "c": 0.3}}
+	p := params()
+	p.MaxStep = 1
+	l := leader(t, p, t0.Add(-time.Hour))
+	allocs := func() map[string]*Allocation { return map[string]*Allocation{"exports": cur} }
+	v := nodes(map[string]uint64{"a": 3, "b": 3}, "a", "b")
+	offered(v, "a", 30)
+	offered(v, "b", 30)
+	l.Track(t0.Add(-time.Minute), v, allocs()) // c has been gone a minute
+	for i, minimum := range []float64{0.2, 0.05} {
+		now := t0.Add(time.Duration(i) * time.Second)
+		l.Track(now, v, allocs())
+		l.Observe(v, []Policy{exports})
+		d := l.Plan(now, v, exports, cur, Control{Minimums: map[string]float64{"c": minimum}}, true)
+		if d.Publish == nil {
+			t.Fatalf("minimum %v: nothing published (%q)", minimum, d.Note)
+		}
+		if got := d.Publish.Default["c"]; got < 0.3-1e-12 {
+			t.Fatalf("minimum %v: cut-off c, which may enforce 0.3, left %v: a and b may admit %v", minimum, got, 1-got)
+		}
+		if d.Publish.Safe["c"] != minimum || d.Publish.Held["c"] != 0.3 {
+			t.Fatalf("minimum %v: safe %v held %v, want %v and 0.3", minimum, d.Publish.Safe["c"], d.Publish.Held["c"], minimum)
+		}
+		cur = d.Publish
+		v = nodes(map[string]uint64{"a": cur.Epoch, "b": cur.Epoch}, "a", "b")
+		offered(v, "a", 30)
+		offered(v, "b", 30)
+	}
+	// c comes back and acknowledges the epoch in force: the lower minimum
+	// now counts.
+	v = nodes(map[string]uint64{"a": cur.Epoch, "b": cur.Epoch, "c": cur.Epoch}, "a", "b", "c")
+	offered(v, "a", 30)
+	offered(v, "b", 30)
+	now := t0.Add(time.Minute)
+	l.Track(now, v, allocs())
+	l.Observe(v, []Policy{exports})
+	d := l.Plan(now, v, exports, cur, Control{Minimums: map[string]float64{"c": 0.05}}, true)
+	if d.Publish == nil || d.Publish.Target == nil || d.Publish.Target.Default["c"] > 0.05+1e-9 {
+		t.Fatalf("after c acknowledged: %+v", d.Publish)
+	}
+}
+
+// TestRaisedMinimumWaitsForTheGrowth: raising a region's minimum moves
+// share to it; the shrink epoch keeps the old safe share (a region that
+// falls back before the others shrank would otherwise take the new one
+// on top of their old shares) and the growth publishes the new one.
+func TestRaisedMinimumWaitsForTheGrowth(t *testing.T) {
+	cur := &Allocation{Policy: "exports", Epoch: 1, Phase: PhaseStable,
+		Default: map[string]float64{"a": 0.5, "b": 0.3, "c": 0.2}, Safe: map[string]float64{"a": 0.05, "b": 0.05, "c": 0.05}}
+	v := nodes(map[string]uint64{"a": 1, "b": 1, "c": 1}, "a", "b", "c")
+	offered(v, "a", 50)
+	offered(v, "b", 30)
+	offered(v, "c", 20)
+	l := leader(t, params(), t0.Add(-time.Hour))
+	l.Observe(v, []Policy{exports})
+	ctl := Control{Minimums: map[string]float64{"c": 0.4}}
+	d := l.Plan(t0, v, exports, cur, ctl, true)
+	shrink := d.Publish
+	if shrink == nil || shrink.Phase != PhaseShrink {
+		t.Fatalf("raising c's minimum: %+v (%q), want a shrink epoch", shrink, d.Note)
+	}
+	if shrink.Safe["c"] != 0.05 || shrink.TargetSafe["c"] != 0.4 {
+		t.Fatalf("shrink epoch safe %v target safe %v, want c at 0.05 then 0.4", shrink.Safe, shrink.TargetSafe)
+	}
+	v = nodes(map[string]uint64{"a": 2, "b": 2, "c": 2}, "a", "b", "c")
+	d = l.Plan(t0.Add(time.Second), v, exports, shrink, ctl, false)
+	if d.Publish == nil || d.Publish.Phase != PhaseStable || d.Publish.Safe["c"] != 0.4 || d.Publish.Default["c"] < 0.4 {
+		t.Fatalf("growth: %+v", d.Publish)
+	}
+}
