@@ -78,8 +78,11 @@ type Decision struct {
 type Store interface {
 	// Take charges req.Cost when the bucket holds it and reports the result.
 	Take(ctx context.Context, req Request) (Decision, error)
-	// TakeAll checks several buckets of one subject atomically: either every
-	// request is admitted and charged, or none is charged.
+	// TakeAll checks several buckets of one subject all or nothing: either
+	// every request is admitted and charged, or none is charged. It is one
+	// atomic script call when the buckets share a Redis slot (always on a
+	// single server); across slots a denial refunds what was charged, so
+	// a concurrent check may see those tokens gone for that moment.
 	TakeAll(ctx context.Context, reqs []Request) ([]Decision, error)
 	// Refund gives back req.Cost tokens for an operation that did not happen,
 	// never above capacity.

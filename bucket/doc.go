@@ -76,12 +76,12 @@
 //   - Token buckets: rl:v<version>:{g.<group>}:<policy> is a hash holding
 //     the token buckets of that policy version in that group; field = the
 //     subject (subjects over 48 bytes: "~" and a 32-character digest, so
-//     no field leaves the listpack encoding), value = 12 packed bytes
-//     (ts, tokens). A live token bucket costs about 30-40 bytes of Redis
-//     memory (used_memory over 100,000 buckets; TestRedisBytesPerBucket
-//     holds it under 100), where a key of its own cost 147: the per-key
-//     overhead of Redis (dict entry, key string, object, expires entry,
-//     about 120 bytes) is paid once per group instead of once per bucket.
+//     no field leaves the listpack encoding), value = 17 packed bytes
+//     (ts, tokens, the capacity they were written at). The per-key
+//     overhead of Redis (dict entry, key string, object, expires entry) is
+//     paid once per group instead of once per bucket; TestRedisBytesPerBucket
+//     holds a live token bucket under 100 bytes of Redis memory
+//     (docs/performance.md has the measured figure).
 //   - Fixed window, sliding window and sliding log keep a string key of
 //     their own, rl:v<version>:{g.<group>}:<policy>:<subject>, with a PX
 //     TTL (their values are larger or, for the log, unbounded by the
@@ -91,8 +91,7 @@
 // in logs, errors and caches; (*Redis).Location gives its Redis key and
 // field. All nodes that share a Redis must use the same Groups, as they use
 // the same policy version: another value puts the buckets under other keys,
-// where they start full. (Moving to this layout from the one key per bucket
-// of earlier versions likewise starts every bucket full once.)
+// where they start full.
 //
 // Expiry of token buckets: Redis 7.0 has no per-field TTL. Each write sets
 // the group's PEXPIRE to the policy's IdleTTL, so a group idle for its TTL

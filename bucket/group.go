@@ -50,7 +50,7 @@ func appendTag(b []byte, g uint32) []byte {
 
 // groupKey is the Redis key of the token-bucket group g of k's policy and
 // version: "rl:v<version>:{g.<g>}:<policy>". It is a hash: field = subject
-// (see fieldOf), value = the bucket's 12 packed bytes.
+// (see fieldOf), value = the bucket's 17 packed bytes (token_bucket.lua).
 func groupKey(k *Key, g uint32) string {
 	b := make([]byte, 0, 24+len(k.policy))
 	b = append(b, "rl:v"...)

@@ -203,9 +203,10 @@ func (k Key) Subject() string { return k.subject }
 // IsZero reports whether k was not built by NewKey.
 func (k Key) IsZero() bool { return k.subject == "" }
 
-// String returns the Redis key, "rl:v{version}:{subject}:policy". The
-// subject is a Redis Cluster hash tag, so every bucket of one subject lives
-// in one slot.
+// String returns the bucket's name in logs, errors and caches,
+// "rl:v{version}:{subject}:policy". It is not where Redis stores the
+// bucket: (*Redis).Location gives that key, whose hash tag is the subject's
+// group, not the subject.
 func (k Key) String() string {
 	b := make([]byte, 0, 8+len(k.subject)+len(k.policy)+10)
 	b = append(b, "rl:v"...)

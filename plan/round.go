@@ -172,7 +172,7 @@ func (l *Leader) ackWait(now time.Time, v *View, cur *Allocation) (string, time.
 		if nodes, ok := v.Regions[r]; ok {
 			for _, n := range slices.Sorted(maps.Keys(nodes)) {
 				if got := nodes[n].Acked[cur.Policy]; got < cur.Epoch {
-					return fmt.Sprintf("waiting for node %s of region %s to acknowledge epoch %d (it holds %d)", nodeName(n), r, cur.Epoch, got), time.Time{}
+					return fmt.Sprintf("waiting for node %s of region %s to acknowledge epoch %d (it holds %d)", n, r, cur.Epoch, got), time.Time{}
 				}
 			}
 			if gone, ok := l.nodeGone[r]; ok {
@@ -193,14 +193,6 @@ func (l *Leader) ackWait(now time.Time, v *View, cur *Allocation) (string, time.
 		}
 	}
 	return "", time.Time{}
-}
-
-// nodeName names a node in messages; "" is a region's own key.
-func nodeName(n string) string {
-	if n == "" {
-		return "(region key)"
-	}
-	return n
 }
 
 // proposal computes the default split and the subject overrides.

@@ -2,9 +2,7 @@
 --
 -- Stored value: struct '>I7I5I5' = ts (microseconds), tokens (units), the
 -- capacity lim (units) in force when it was written; 17 bytes, the value of
--- the subject's field in its group hash (see take.lua). A 12-byte value
--- (ts, tokens: written before the capacity was stored) reads as written at
--- the current capacity.
+-- the subject's field in its group hash (see take.lua).
 -- ts is the instant at which the bucket held exactly `tokens`: refill adds
 -- whole units only and moves ts forward by the time those units took, so
 -- no fraction of a unit is lost between calls.
@@ -33,13 +31,7 @@ ALG['tb'] = function(op, v, now, lim, rate, cost, ttl, charge)
   local tokens, ts, write = lim, now, false
   local flim, frate = lim, rate
   if v then
-    local ts0, tok0, lim0
-    if #v == 12 then
-      ts0, tok0 = struct.unpack('>I7I5', v)
-      lim0 = lim
-    else
-      ts0, tok0, lim0 = struct.unpack('>I7I5I5', v)
-    end
+    local ts0, tok0, lim0 = struct.unpack('>I7I5I5', v)
     if now - ts0 < ttl then
       tokens, ts = tok0, ts0
       if tokens > lim then

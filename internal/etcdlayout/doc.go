@@ -22,8 +22,7 @@
 // region's registration with it. Region names and node ids are
 // [A-Za-z0-9_.-]{1,64} (ValidName). A region is live while any node is
 // registered; its demand is the sum over its nodes; it has acknowledged an
-// epoch when every live node has. Readers also accept the pre-node keys
-// regions/{region}, demand/{region} and acks/{region} as node "" (NodeOf).
+// epoch when every live node has.
 //
 // Values are JSON. Published allocations do not depend on the coordinator's
 // lease: a coordinator that dies leaves the last shares in force.

@@ -39,12 +39,6 @@ func (l Layout) RegionNodes(region string) string { return l.RegionsPrefix() + r
 // Node is the key of one node's registration, regions/{region}/{node}.
 func (l Layout) Node(region, node string) string { return l.RegionNodes(region) + node }
 
-// Region is the key a region registered under before nodes had their own
-// keys (regions/{region}). Readers still accept it as the region's node
-// "" so that an old node keeps its region live during an upgrade; new
-// nodes write Node.
-func (l Layout) Region(region string) string { return l.RegionsPrefix() + region }
-
 // DemandPrefix holds the leased demand reports.
 func (l Layout) DemandPrefix() string { return l.p() + "demand/" }
 
@@ -53,9 +47,6 @@ func (l Layout) DemandPrefix() string { return l.p() + "demand/" }
 func (l Layout) NodeDemand(region, node string) string {
 	return l.DemandPrefix() + region + "/" + node
 }
-
-// Demand is the pre-node key of a region's demand report (see Region).
-func (l Layout) Demand(region string) string { return l.DemandPrefix() + region }
 
 // AllocPrefix holds the published allocations.
 func (l Layout) AllocPrefix() string { return l.p() + "alloc/" }
@@ -68,9 +59,6 @@ func (l Layout) AcksPrefix() string { return l.p() + "acks/" }
 
 // NodeAck is the key of one node's acknowledgement, acks/{region}/{node}.
 func (l Layout) NodeAck(region, node string) string { return l.AcksPrefix() + region + "/" + node }
-
-// Ack is the pre-node key of a region's acknowledgement (see Region).
-func (l Layout) Ack(region string) string { return l.AcksPrefix() + region }
 
 // ControlPrefix holds the operator's per-policy controls.
 func (l Layout) ControlPrefix() string { return l.p() + "control/" }
@@ -119,13 +107,12 @@ func ValidName(s string) bool {
 }
 
 // NodeOf splits a per-node key below prefix (RegionsPrefix, DemandPrefix
-// or AcksPrefix) into region and node. A pre-node key ({prefix}{region})
-// gives node "". ok is false for a key outside prefix or with an invalid
-// region or node.
+// or AcksPrefix), {prefix}{region}/{node}, into region and node. ok is
+// false for any other key, or one with an invalid region or node.
 func NodeOf(prefix, key string) (region, node string, ok bool) {
 	rest := Name(prefix, key)
 	region, node, split := strings.Cut(rest, "/")
-	if !ValidName(region) || split && !ValidName(node) {
+	if !split || !ValidName(region) || !ValidName(node) {
 		return "", "", false
 	}
 	return region, node, true

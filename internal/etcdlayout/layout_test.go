@@ -11,7 +11,6 @@ func TestKeys(t *testing.T) {
 		{Layout{}.RegionNodes("eu"), "/quota/v1/regions/eu/"},
 		{Layout{}.NodeDemand("eu", "n-1"), "/quota/v1/demand/eu/n-1"},
 		{Layout{}.NodeAck("eu", "n-1"), "/quota/v1/acks/eu/n-1"},
-		{Layout{}.Region("eu"), "/quota/v1/regions/eu"},
 	} {
 		if c.got != c.want {
 			t.Errorf("got %q, want %q", c.got, c.want)
@@ -27,7 +26,7 @@ func TestNodeOf(t *testing.T) {
 		ok           bool
 	}{
 		{l.Node("eu", "n-1"), "eu", "n-1", true},
-		{l.Region("eu"), "eu", "", true},
+		{l.RegionsPrefix() + "eu", "", "", false},                    // a region without a node
 		{l.NodeAck("eu", "host.a_b-C9"), "eu", "host.a_b-C9", false}, // not below the regions prefix
 		{l.RegionsPrefix() + "eu/", "", "", false},
 		{l.RegionsPrefix() + "eu/n/x", "", "", false},

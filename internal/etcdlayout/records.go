@@ -10,7 +10,7 @@ import (
 // node's lease. A region is live while any of its nodes is registered.
 type Registration struct {
 	Region string `json:"region"`
-	// Node is the node's id within the region ("" for a pre-node key).
+	// Node is the node's id within the region.
 	Node string `json:"node,omitempty"`
 	// Addr is the region's admission gRPC address, for operators.
 	Addr string `json:"addr,omitempty"`
@@ -25,7 +25,7 @@ type Registration struct {
 // sum over its nodes.
 type DemandReport struct {
 	Region string `json:"region"`
-	// Node is the reporting node's id ("" for a pre-node key).
+	// Node is the reporting node's id.
 	Node string `json:"node,omitempty"`
 	// At is the end of the interval on the region's clock.
 	At time.Time `json:"at"`
@@ -57,7 +57,7 @@ const (
 // node of it has.
 type Ack struct {
 	Region string `json:"region"`
-	// Node is the acknowledging node's id ("" for a pre-node key).
+	// Node is the acknowledging node's id.
 	Node   string            `json:"node,omitempty"`
 	Epochs map[string]uint64 `json:"epochs"`
 	At     time.Time         `json:"at"`

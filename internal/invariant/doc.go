@@ -13,7 +13,7 @@
 //	     max{ share_e(subject, R) : e from N's floor epoch to the latest } ≤ 1 + ε + Tolerance
 //
 // A region runs one or more nodes (regions/{region}/{node}, acks/{region}/
-// {node}; a pre-node key regions/{region} is the region's node ""). They
+// {node}). They
 // share the region's buckets, so a region may enforce the largest share
 // any of its nodes may enforce: from the oldest epoch any of them may
 // still hold. N's floor epoch is the epoch N last acknowledged for the

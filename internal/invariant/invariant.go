@@ -76,7 +76,7 @@ type Report struct {
 // OK says no violation was found.
 func (r *Report) OK() bool { return len(r.Violations) == 0 }
 
-// nodeState is one node of a region (node "" for a pre-node key).
+// nodeState is one node of a region.
 type nodeState struct {
 	region string
 	live   bool

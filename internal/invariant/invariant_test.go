@@ -36,7 +36,7 @@ const pDoc = `policies:
 func TestHistory(t *testing.T) {
 	var l etcdlayout.Layout
 	reg := func(r string) ev {
-		return ev{key: l.Region(r), value: etcdlayout.Registration{Region: r}, created: true}
+		return ev{key: l.Node(r, "n"), value: etcdlayout.Registration{Region: r}, created: true}
 	}
 	doc := ev{key: l.PolicyDoc("p.yaml"), value: rawDoc(pDoc)}
 	ac := func(epoch uint64, def map[string]float64) etcdlayout.Allocation {
@@ -52,14 +52,14 @@ func TestHistory(t *testing.T) {
 		events []ev
 		ok     bool
 	}{
-		{"two-step with acks", []ev{reg("a"), reg("b"), {key: l.Alloc("p"), value: even}, {key: l.Ack("a"), value: ack("a", 1)}, {key: l.Ack("b"), value: ack("b", 1)},
-			{key: l.Alloc("p"), value: shrink}, {key: l.Ack("a"), value: ack("a", 2)}, {key: l.Ack("b"), value: ack("b", 2)}, {key: l.Alloc("p"), value: grown}}, true},
-		{"growth before b acked the shrink", []ev{reg("a"), reg("b"), {key: l.Alloc("p"), value: even}, {key: l.Ack("a"), value: ack("a", 1)}, {key: l.Ack("b"), value: ack("b", 1)},
-			{key: l.Alloc("p"), value: shrink}, {key: l.Ack("a"), value: ack("a", 2)}, {key: l.Alloc("p"), value: grown}}, false},
-		{"b's lease expired: it counts at its safe share", []ev{reg("a"), reg("b"), {key: l.Alloc("p"), value: even}, {key: l.Ack("a"), value: ack("a", 1)}, {key: l.Ack("b"), value: ack("b", 1)},
-			{key: l.Alloc("p"), value: shrink}, {key: l.Ack("a"), value: ack("a", 2)}, {key: l.Ack("b"), del: true}, {key: l.Region("b"), del: true}, {key: l.Alloc("p"), value: grown}}, true},
+		{"two-step with acks", []ev{reg("a"), reg("b"), {key: l.Alloc("p"), value: even}, {key: l.NodeAck("a", "n"), value: ack("a", 1)}, {key: l.NodeAck("b", "n"), value: ack("b", 1)},
+			{key: l.Alloc("p"), value: shrink}, {key: l.NodeAck("a", "n"), value: ack("a", 2)}, {key: l.NodeAck("b", "n"), value: ack("b", 2)}, {key: l.Alloc("p"), value: grown}}, true},
+		{"growth before b acked the shrink", []ev{reg("a"), reg("b"), {key: l.Alloc("p"), value: even}, {key: l.NodeAck("a", "n"), value: ack("a", 1)}, {key: l.NodeAck("b", "n"), value: ack("b", 1)},
+			{key: l.Alloc("p"), value: shrink}, {key: l.NodeAck("a", "n"), value: ack("a", 2)}, {key: l.Alloc("p"), value: grown}}, false},
+		{"b's lease expired: it counts at its safe share", []ev{reg("a"), reg("b"), {key: l.Alloc("p"), value: even}, {key: l.NodeAck("a", "n"), value: ack("a", 1)}, {key: l.NodeAck("b", "n"), value: ack("b", 1)},
+			{key: l.Alloc("p"), value: shrink}, {key: l.NodeAck("a", "n"), value: ack("a", 2)}, {key: l.NodeAck("b", "n"), del: true}, {key: l.Node("b", "n"), del: true}, {key: l.Alloc("p"), value: grown}}, true},
 		{"region registered late starts at the latest epoch", []ev{reg("a"), {key: l.Alloc("p"), value: alloc(1, etcdlayout.PhaseStable, map[string]float64{"a": 1})},
-			{key: l.Ack("a"), value: ack("a", 1)}, {key: l.Alloc("p"), value: alloc(2, etcdlayout.PhaseShrink, map[string]float64{"a": 0.5, "b": 0})}, {key: l.Ack("a"), value: ack("a", 2)},
+			{key: l.NodeAck("a", "n"), value: ack("a", 1)}, {key: l.Alloc("p"), value: alloc(2, etcdlayout.PhaseShrink, map[string]float64{"a": 0.5, "b": 0})}, {key: l.NodeAck("a", "n"), value: ack("a", 2)},
 			{key: l.Alloc("p"), value: alloc(3, etcdlayout.PhaseStable, map[string]float64{"a": 0.5, "b": 0.5})}, reg("b")}, true},
 		// The reliability failure: b registered (and read no allocation,
 		// so it enforces p's minimum 0.2) before the first epoch, which
@@ -71,13 +71,13 @@ func TestHistory(t *testing.T) {
 		{"region registered after the first epoch and left out enforces nothing", []ev{doc, reg("a"), reg("c"),
 			{key: l.Alloc("p"), value: ac(1, map[string]float64{"a": 0.5, "c": 0.5})}, reg("b")}, true},
 		{"a region that acknowledged another policy only is still before p's first epoch", []ev{doc, reg("a"), reg("c"), reg("b"),
-			{key: l.Ack("b"), value: etcdlayout.Ack{Region: "b", Epochs: map[string]uint64{"q": 3}}},
+			{key: l.NodeAck("b", "n"), value: etcdlayout.Ack{Region: "b", Epochs: map[string]uint64{"q": 3}}},
 			{key: l.Alloc("p"), value: ac(1, map[string]float64{"a": 0.5, "c": 0.5})}}, false},
 		{"b acknowledged the first epoch: it enforces nothing of p", []ev{doc, reg("a"), reg("c"), reg("b"),
 			{key: l.Alloc("p"), value: ac(1, map[string]float64{"a": 0.4, "c": 0.4})},
-			{key: l.Ack("b"), value: ack("b", 1)}, {key: l.Alloc("p"), value: ac(2, map[string]float64{"a": 0.5, "c": 0.5})}}, true},
+			{key: l.NodeAck("b", "n"), value: ack("b", 1)}, {key: l.Alloc("p"), value: ac(2, map[string]float64{"a": 0.5, "c": 0.5})}}, true},
 		{"a region that died before applying the first epoch keeps its minimum", []ev{doc, reg("a"), reg("c"), reg("b"),
-			{key: l.Alloc("p"), value: ac(1, map[string]float64{"a": 0.4, "c": 0.4})}, {key: l.Region("b"), del: true},
+			{key: l.Alloc("p"), value: ac(1, map[string]float64{"a": 0.4, "c": 0.4})}, {key: l.Node("b", "n"), del: true},
 			{key: l.Alloc("p"), value: ac(2, map[string]float64{"a": 0.5, "c": 0.5})}}, false},
 	}
 	runHistory(t, l, cases)

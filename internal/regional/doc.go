@@ -87,8 +87,9 @@
 //
 // A negative cache remembers buckets that denied with retry-after t and
 // denies the same or larger cost locally until t, so a client ignoring
-// Retry-After cannot push its traffic onto Redis. It only ever denies what
-// the store would deny. An idempotency cache (LRU with TTL, per subject and
+// Retry-After cannot push its traffic onto Redis. It can deny what the
+// store would by then admit: a refund, or a share that grew, adds tokens
+// before t. It errs toward denial only, and only until t. An idempotency cache (LRU with TTL, per subject and
 // key) replays the first decision of a retried check without charging
 // again. Both are bounded.
 //

@@ -67,7 +67,7 @@ func TestMainWithEtcd(t *testing.T) {
 	// region's key or under the node's own key below it.
 	wctx, wcancel := context.WithCancel(context.Background())
 	defer wcancel()
-	watch := cli.Watch(wctx, l.Demand("eu-west"), clientv3.WithPrefix(), clientv3.WithRev(r0(t, cli)+1))
+	watch := cli.Watch(wctx, l.DemandPrefix()+"eu-west/", clientv3.WithPrefix(), clientv3.WithRev(r0(t, cli)+1))
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
