@@ -90,7 +90,10 @@
 // Retry-After cannot push its traffic onto Redis. It only ever denies what
 // the store would deny. An idempotency cache (LRU with TTL, per subject and
 // key) replays the first decision of a retried check without charging
-// again. Both are bounded.
+// again. Each key is bound to a fingerprint of its request (policies in
+// order, cost, peek): the key presented with a different request is
+// InvalidArgument, so a peek cannot be replayed as an uncharged admission.
+// Both caches are bounded.
 //
 // # TLS
 //
