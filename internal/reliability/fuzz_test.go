@@ -19,7 +19,13 @@ func FuzzSubjectNormalization(f *testing.F) {
 	f.Add("", "bad tenant", "[::1]:80", "")
 	f.Add(strings.Repeat("k", 2000), strings.Repeat("t", 97), "not-an-addr", "1.2.3.4,,,")
 	f.Add("a\x00b", "ok_-", "10.0.0.1:1", "::ffff:1.2.3.4")
-	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("::1/128")}
+	clientIP, err := httplimit.ClientIP(httplimit.Proxies{
+		Trusted: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("::1/128")},
+		Header:  "X-Forwarded-For",
+	})
+	if err != nil {
+		f.Fatal(err)
+	}
 	f.Fuzz(func(t *testing.T, apiKey, tenant, remote, forwarded string) {
 		r, err := http.NewRequest("GET", "http://x/", nil)
 		if err != nil {
@@ -30,7 +36,7 @@ func FuzzSubjectNormalization(f *testing.F) {
 		r.Header.Set("X-Tenant", tenant)
 		r.Header.Set("X-Forwarded-For", forwarded)
 		for name, fn := range map[string]httplimit.SubjectFunc{
-			"header": httplimit.Header("X-Api-Key"), "tenant": httplimit.Tenant("X-Tenant"), "ip": httplimit.ClientIP(trusted),
+			"header": httplimit.Header("X-Api-Key"), "tenant": httplimit.Tenant("X-Tenant"), "ip": clientIP,
 		} {
 			s, err := fn(r)
 			if err != nil {
