@@ -7,7 +7,7 @@
 //
 // A check is validated (subjects [A-Za-z0-9_-]{1,96} or hashed, at most
 // MaxPolicies policies, costs in [0, 2^53] and not above a policy's
-// capacity, bounded Envoy domains and descriptors), looked up in the
+// capacity, bounded Envoy domains, descriptors and keys), looked up in the
 // current policy snapshot (an atomic pointer swapped on reload), given the
 // region's share from the ShareSource, and decided by one Store.TakeAll
 // over every enforced policy: all or nothing, so a denial by one policy
@@ -59,6 +59,18 @@
 // reply carries RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset of
 // the descriptor with the least remaining. A degraded decision adds the
 // header x-quota-degraded.
+//
+// Envoy admits a request whose rate limit call fails unless its filter
+// sets failure_mode_deny, so bad input never gets an error here: a
+// descriptor value of any length is hashed like any other, a hits_addend
+// beyond 2^53 is denied as any cost above the capacity, and a request the
+// node still cannot decide (too many descriptors or entries, an empty or
+// oversize key or domain, an invalid limit override) is answered
+// OVER_LIMIT for every descriptor with the reason in the header
+// x-quota-rejected (RejectedHeader), charging nothing and counted in
+// quota_regional_rejected_requests_total. Only "policies not loaded yet"
+// (Unavailable) and a caller that went away remain errors; the shipped
+// Envoy configurations set failure_mode_deny for them (docs/security.md).
 //
 // # Failure behaviour
 //
