@@ -1,7 +1,10 @@
 package regional
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -9,6 +12,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/quotacoord/quota/bucket"
 	"github.com/quotacoord/quota/internal/clock"
 	"github.com/quotacoord/quota/internal/demand"
 )
@@ -71,5 +75,42 @@ func TestDemandInflationCapped(t *testing.T) {
 	if max := float64(honest + attackerRequests*capacity); got > max || got < float64(honest) {
 		t.Fatalf("offered demand %v/s after %d honest requests of cost 1 and %d attacking ones; want %d to %v",
 			got, honest, attackerRequests, honest, max)
+	}
+}
+
+// failingStore fails every call with a store error (not bad input).
+type failingStore struct{ err error }
+
+func (f failingStore) Take(context.Context, bucket.Request) (bucket.Decision, error) {
+	return bucket.Decision{}, f.err
+}
+
+func (f failingStore) TakeAll(context.Context, []bucket.Request) ([]bucket.Decision, error) {
+	return nil, f.err
+}
+
+func (f failingStore) Refund(context.Context, bucket.Request) (bucket.Decision, error) {
+	return bucket.Decision{}, f.err
+}
+
+// TestEnvoyUndecidedIsOverLimit: when even the failure mode cannot decide
+// (the primary and the local store both fail), the Envoy API answers
+// OVER_LIMIT rather than an error Envoy would admit on, and the reason
+// it gives the client carries no internal error text.
+func TestEnvoyUndecidedIsOverLimit(t *testing.T) {
+	const secret = "redis-10.1.2.3:6379 internal detail"
+	broken := failingStore{err: errors.New(secret)}
+	h := startNode(t, Config{Store: broken, Local: broken}, map[string]string{"sem.yaml": semanticsConfig})
+	resp, err := h.rls.ShouldRateLimit(ctxT(t), &rlsv3.RateLimitRequest{Domain: "sem", Descriptors: []*rlcommon.RateLimitDescriptor{desc("k", "a")}})
+	if err != nil {
+		t.Fatalf("err = %v: Envoy admits on an error", err)
+	}
+	if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("overall %v, want OVER_LIMIT", resp.OverallCode)
+	}
+	for _, hv := range resp.ResponseHeadersToAdd {
+		if strings.Contains(hv.Value, "10.1.2.3") {
+			t.Fatalf("header %s carries internal error text: %q", hv.Key, hv.Value)
+		}
 	}
 }

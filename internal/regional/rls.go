@@ -2,6 +2,7 @@ package regional
 
 import (
 	"context"
+	"errors"
 	"math"
 	"strconv"
 	"strings"
@@ -82,10 +83,15 @@ func (r *rls) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) 
 	defer span.End()
 	out, err := r.n.decide(ctx, now, ec.items)
 	if err != nil {
-		if ctx.Err() != nil {
+		switch {
+		case ctx.Err() != nil:
 			return nil, statusOf(err)
+		case isInputError(err):
+			return r.n.rejectEnvoy(req, err), nil
 		}
-		return r.n.rejectEnvoy(req, statusOf(err)), nil
+		// The reason reaches the client: no internal error text in it.
+		r.n.logDegraded(now, policy.FailClosed, err)
+		return r.n.rejectEnvoy(req, errUndecided), nil
 	}
 	r.n.account(ec.items, out)
 	r.n.logDecision("envoy", req.GetDomain(), ec.items, out)
@@ -235,6 +241,10 @@ func (n *Node) prepareEnvoy(set *policy.Set, req *rlsv3.RateLimitRequest, shares
 	}
 	return ec, nil
 }
+
+// errUndecided is the reason given for a request that failed for a cause
+// other than its input (logged, not told to the client).
+var errUndecided = errors.New("the node could not decide this request")
 
 // maxRejectReason bounds the reason RejectedHeader carries.
 const maxRejectReason = 256
