@@ -13,7 +13,10 @@
 // over every enforced policy: all or nothing, so a denial by one policy
 // charges none. Shadow policies are charged on their own afterwards and
 // never deny. Every decided policy is counted in Prometheus and reported to
-// the DemandSink.
+// the DemandSink, with at most the policy's capacity of demand per request
+// and bucket: a cost above the capacity can never be admitted anywhere,
+// and counted whole (an Envoy hits_addend of 2^53) it would drag the
+// region's share towards one caller.
 //
 // A check reads all its shares from one view: when the ShareSource is a
 // PinnedShareSource (internal/regionsync), each check, each batch and each
