@@ -67,7 +67,10 @@ type Request struct {
 	// Cost is the request's weight; 0 means 1.
 	Cost int64
 	// IdempotencyKey makes a retry return the first decision without
-	// charging again. At most 128 bytes.
+	// charging again. At most 128 bytes. The node binds the key to the
+	// request (subject, policies in order, cost, peek): reusing it for a
+	// different request within the node's window is an InvalidArgument
+	// error.
 	IdempotencyKey string
 	// Peek reports the buckets without charging them.
 	Peek bool

@@ -14,9 +14,17 @@
 //
 // The subject comes from a SubjectFunc: Header (any header value, hashed
 // by the node), Tenant (a header that already holds a valid subject) or
-// ClientIP, which believes X-Forwarded-For and Forwarded only when the
-// connection's peer is inside a configured trusted proxy prefix, and then
-// walks the hops from the right, skipping trusted proxies.
+// ClientIP. ClientIP reads a forwarding header only when the connection's
+// peer is one of the configured trusted proxies (Proxies.Trusted), and
+// then only the one header those proxies set (Proxies.Header: Forwarded,
+// or X-Forwarded-For or another address list), never one that no trusted
+// proxy wrote: behind a proxy that appends X-Forwarded-For only, a
+// client's own Forwarded header passes through untouched and would
+// otherwise let it pick its subject. The client is the rightmost hop that
+// is not a trusted proxy; everything left of it may be client-written and
+// is never read. A Forwarded header with an unterminated quoted string or
+// a parameter without "=" is an error, so that client text cannot swallow
+// the hop a proxy appends after it.
 //
 // Units: Retry-After, t and w are whole seconds; q and r are cost units of
 // the policy.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"time"
 
 	"github.com/quotacoord/quota/client"
@@ -50,4 +51,19 @@ func ExampleLimiter_Wrap() {
 	// exported
 	// 429 RateLimit-Policy: "exports";q=1;w=60 | RateLimit: "exports";r=0;t=60 | Retry-After: "2"
 	// {"error":{"code":"RATE_LIMITED","message":"rate limit exceeded for policy \"exports\"","policy":"exports","retry_after_seconds":2}}
+}
+
+func ExampleClientAddr() {
+	// Behind a load balancer in 10.0.0.0/8 that appends X-Forwarded-For.
+	proxies := httplimit.Proxies{
+		Trusted: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")},
+		Header:  "X-Forwarded-For",
+	}
+	req := httptest.NewRequest("GET", "/", nil)
+	req.RemoteAddr = "10.0.0.2:41000"
+	req.Header.Set("Forwarded", "for=192.0.2.1")                 // written by the client: ignored
+	req.Header.Set("X-Forwarded-For", "192.0.2.99, 203.0.113.7") // the client wrote the first hop
+	a, err := httplimit.ClientAddr(req, proxies)
+	fmt.Println(a, err)
+	// Output: 203.0.113.7 <nil>
 }

@@ -204,28 +204,45 @@ func TestNewErrors(t *testing.T) {
 
 func TestClientAddr(t *testing.T) {
 	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8")}
+	xff := httplimit.Proxies{Trusted: trusted, Header: "X-Forwarded-For"}
+	fwd := httplimit.Proxies{Trusted: trusted, Header: "Forwarded"}
 	tests := []struct {
 		name    string
+		proxies httplimit.Proxies
 		remote  string
 		headers map[string]string
 		want    string // "" for an error
 	}{
-		{"untrusted peer ignores headers", "203.0.113.9:5000", map[string]string{"X-Forwarded-For": "1.1.1.1"}, "203.0.113.9"},
-		{"trusted peer, one hop", "10.0.0.2:5000", map[string]string{"X-Forwarded-For": "198.51.100.7"}, "198.51.100.7"},
-		{"spoofed left entries are skipped", "10.0.0.2:5000", map[string]string{"X-Forwarded-For": "6.6.6.6, 198.51.100.7, 10.0.0.5"}, "198.51.100.7"},
-		{"all hops trusted: leftmost", "10.0.0.2:5000", map[string]string{"X-Forwarded-For": "10.1.1.1, 10.0.0.5"}, "10.1.1.1"},
-		{"trusted peer, no header", "10.0.0.2:5000", nil, "10.0.0.2"},
-		{"garbage hop", "10.0.0.2:5000", map[string]string{"X-Forwarded-For": "nonsense"}, ""},
-		{"hop with port", "10.0.0.2:5000", map[string]string{"X-Forwarded-For": "198.51.100.7:1234"}, "198.51.100.7"},
-		{"Forwarded wins over X-Forwarded-For", "10.0.0.2:5000",
-			map[string]string{"Forwarded": `for=192.0.2.60;proto=http;by=10.0.0.2, for="[2001:db8:cafe::17]:4711"`, "X-Forwarded-For": "1.1.1.1"},
-			"2001:db8:cafe::17"},
-		{"Forwarded trusted hop skipped", "10.0.0.2:5000", map[string]string{"Forwarded": `for=192.0.2.60, for=10.9.9.9`}, "192.0.2.60"},
-		{"Forwarded obfuscated", "10.0.0.2:5000", map[string]string{"Forwarded": `for=unknown`}, ""},
-		{"IPv6 peer", "[2001:db8::1]:443", nil, "2001:db8::1"},
-		{"mapped IPv4 peer", "[::ffff:10.0.0.2]:80", map[string]string{"X-Forwarded-For": "198.51.100.7"}, "198.51.100.7"},
-		{"bad peer", "somewhere", nil, ""},
-		{"too many hops", "10.0.0.2:1", map[string]string{"X-Forwarded-For": strings.Repeat("10.0.0.1,", 40)}, ""},
+		{"untrusted peer ignores headers", xff, "203.0.113.9:5000", map[string]string{"X-Forwarded-For": "1.1.1.1"}, "203.0.113.9"},
+		{"no trusted proxies ignores headers", httplimit.Proxies{}, "10.0.0.2:5000", map[string]string{"X-Forwarded-For": "1.1.1.1", "Forwarded": "for=1.1.1.1"}, "10.0.0.2"},
+		{"trusted peer, one hop", xff, "10.0.0.2:5000", map[string]string{"X-Forwarded-For": "198.51.100.7"}, "198.51.100.7"},
+		{"spoofed left entries are skipped", xff, "10.0.0.2:5000", map[string]string{"X-Forwarded-For": "6.6.6.6, 198.51.100.7, 10.0.0.5"}, "198.51.100.7"},
+		{"garbage left of the client is never read", xff, "10.0.0.2:5000", map[string]string{"X-Forwarded-For": "nonsense, 198.51.100.7"}, "198.51.100.7"},
+		{"all hops trusted: leftmost", xff, "10.0.0.2:5000", map[string]string{"X-Forwarded-For": "10.1.1.1, 10.0.0.5"}, "10.1.1.1"},
+		{"trusted peer, no header", xff, "10.0.0.2:5000", nil, "10.0.0.2"},
+		{"garbage hop", xff, "10.0.0.2:5000", map[string]string{"X-Forwarded-For": "nonsense"}, ""},
+		{"hop with port", xff, "10.0.0.2:5000", map[string]string{"X-Forwarded-For": "198.51.100.7:1234"}, "198.51.100.7"},
+		// The attack: the proxy appends X-Forwarded-For only and passes the
+		// client's own Forwarded header through.
+		{"client Forwarded ignored behind an X-Forwarded-For proxy", xff, "10.0.0.2:5000",
+			map[string]string{"Forwarded": "for=192.0.2.1", "X-Forwarded-For": "203.0.113.9"}, "203.0.113.9"},
+		{"client Forwarded ignored without X-Forwarded-For", xff, "10.0.0.2:5000",
+			map[string]string{"Forwarded": "for=192.0.2.1"}, "10.0.0.2"},
+		{"client X-Forwarded-For ignored behind a Forwarded proxy", fwd, "10.0.0.2:5000",
+			map[string]string{"X-Forwarded-For": "192.0.2.1", "Forwarded": "for=203.0.113.9"}, "203.0.113.9"},
+		{"client X-Real-IP ignored", xff, "10.0.0.2:5000",
+			map[string]string{"X-Real-IP": "192.0.2.1", "X-Forwarded-For": "203.0.113.9"}, "203.0.113.9"},
+		{"Forwarded, rightmost untrusted", fwd, "10.0.0.2:5000",
+			map[string]string{"Forwarded": `for=192.0.2.60;proto=http;by=10.0.0.2, for="[2001:db8:cafe::17]:4711"`}, "2001:db8:cafe::17"},
+		{"Forwarded trusted hop skipped", fwd, "10.0.0.2:5000", map[string]string{"Forwarded": `for=192.0.2.60, for=10.9.9.9`}, "192.0.2.60"},
+		{"Forwarded quoted with escapes", fwd, "10.0.0.2:5000", map[string]string{"Forwarded": `for="198.51.100.\7"`}, "198.51.100.7"},
+		{"Forwarded obfuscated", fwd, "10.0.0.2:5000", map[string]string{"Forwarded": `for=unknown`}, ""},
+		{"other header name", httplimit.Proxies{Trusted: trusted, Header: "x-envoy-external-address"}, "10.0.0.2:5000",
+			map[string]string{"X-Envoy-External-Address": "198.51.100.7", "X-Forwarded-For": "192.0.2.1"}, "198.51.100.7"},
+		{"IPv6 peer", xff, "[2001:db8::1]:443", nil, "2001:db8::1"},
+		{"mapped IPv4 peer", xff, "[::ffff:10.0.0.2]:80", map[string]string{"X-Forwarded-For": "198.51.100.7"}, "198.51.100.7"},
+		{"bad peer", xff, "somewhere", nil, ""},
+		{"too many hops", xff, "10.0.0.2:1", map[string]string{"X-Forwarded-For": strings.Repeat("10.0.0.1,", 40)}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -234,7 +251,7 @@ func TestClientAddr(t *testing.T) {
 			for k, v := range tt.headers {
 				req.Header.Set(k, v)
 			}
-			a, err := httplimit.ClientAddr(req, trusted)
+			a, err := httplimit.ClientAddr(req, tt.proxies)
 			if tt.want == "" {
 				if err == nil || !errors.Is(err, httplimit.ErrNoSubject) {
 					t.Errorf("got %v, %v; want ErrNoSubject", a, err)
@@ -248,8 +265,38 @@ func TestClientAddr(t *testing.T) {
 	}
 }
 
-func TestSubjectFuncs(t *testing.T) {
+func TestProxiesValidate(t *testing.T) {
 	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
+	for _, tt := range []struct {
+		name string
+		p    httplimit.Proxies
+		ok   bool
+	}{
+		{"zero trusts no proxy", httplimit.Proxies{}, true},
+		{"X-Forwarded-For", httplimit.Proxies{Trusted: trusted, Header: "X-Forwarded-For"}, true},
+		{"Forwarded", httplimit.Proxies{Trusted: trusted, Header: "forwarded"}, true},
+		{"trusted proxies without a header", httplimit.Proxies{Trusted: trusted}, false},
+		{"header name with a space", httplimit.Proxies{Trusted: trusted, Header: "X Forwarded"}, false},
+		{"header name with a colon", httplimit.Proxies{Trusted: trusted, Header: "X-Forwarded-For:"}, false},
+		{"invalid prefix", httplimit.Proxies{Trusted: []netip.Prefix{{}}, Header: "X-Forwarded-For"}, false},
+	} {
+		_, err := httplimit.ClientIP(tt.p)
+		if tt.ok != (err == nil) || (err != nil && !errors.Is(err, httplimit.ErrInvalidConfig)) {
+			t.Errorf("%s: ClientIP error %v", tt.name, err)
+		}
+		req := httptest.NewRequest("GET", "/", nil)
+		req.RemoteAddr = "10.0.0.2:1"
+		if _, err := httplimit.ClientAddr(req, tt.p); tt.ok != (err == nil) {
+			t.Errorf("%s: ClientAddr error %v", tt.name, err)
+		}
+	}
+}
+
+func TestSubjectFuncs(t *testing.T) {
+	clientIP, err := httplimit.ClientIP(httplimit.Proxies{Trusted: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, Header: "X-Forwarded-For"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name    string
 		fn      httplimit.SubjectFunc
@@ -264,8 +311,8 @@ func TestSubjectFuncs(t *testing.T) {
 		{"tenant plain", httplimit.Tenant("X-Tenant"), "1.2.3.4:1", [2]string{"X-Tenant", "acme-eu_1"}, httplimit.Subject{Value: "acme-eu_1"}, false},
 		{"tenant invalid", httplimit.Tenant("X-Tenant"), "1.2.3.4:1", [2]string{"X-Tenant", "acme/eu"}, httplimit.Subject{}, true},
 		{"tenant missing", httplimit.Tenant("X-Tenant"), "1.2.3.4:1", [2]string{}, httplimit.Subject{}, true},
-		{"ip v4", httplimit.ClientIP(trusted), "10.0.0.1:1", [2]string{"X-Forwarded-For", "198.51.100.7"}, httplimit.Subject{Value: "198.51.100.7", Hash: true}, false},
-		{"ip v6 by /64", httplimit.ClientIP(trusted), "[2001:db8:1:2:3:4:5:6]:1", [2]string{}, httplimit.Subject{Value: "2001:db8:1:2::/64", Hash: true}, false},
+		{"ip v4", clientIP, "10.0.0.1:1", [2]string{"X-Forwarded-For", "198.51.100.7"}, httplimit.Subject{Value: "198.51.100.7", Hash: true}, false},
+		{"ip v6 by /64", clientIP, "[2001:db8:1:2:3:4:5:6]:1", [2]string{}, httplimit.Subject{Value: "2001:db8:1:2::/64", Hash: true}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -62,39 +62,88 @@ func Tenant(name string) SubjectFunc {
 	}
 }
 
+// Proxies describes the forwarding proxies in front of the server, so
+// that ClientAddr believes exactly what they wrote and nothing a client
+// sent. The zero value trusts no proxy: the client is the connection's
+// peer.
+type Proxies struct {
+	// Trusted are the address prefixes of the proxies (load balancers,
+	// ingress, Envoy) that connect to this server.
+	Trusted []netip.Prefix
+	// Header names the one forwarding header those proxies set: either
+	// "Forwarded" (RFC 7239, its for= parameters) or a comma-separated
+	// address list such as "X-Forwarded-For". Required when Trusted is
+	// not empty. Every other forwarding header is ignored: a client may
+	// send any header, and a proxy that appends only X-Forwarded-For
+	// passes a client's own Forwarded header through unchanged.
+	Header string
+}
+
+// forwarded is the canonical name of the RFC 7239 header.
+const forwarded = "Forwarded"
+
+// Validate reports a Proxies that ClientAddr cannot use: trusted proxies
+// without a header, or a header name that is not an HTTP token.
+func (p Proxies) Validate() error {
+	if len(p.Trusted) == 0 {
+		return nil
+	}
+	if p.Header == "" {
+		return fmt.Errorf("%w: trusted proxies without the forwarding header they set (for example X-Forwarded-For or Forwarded)", ErrInvalidConfig)
+	}
+	if !isToken(p.Header) || len(p.Header) > maxHeaderName {
+		return fmt.Errorf("%w: forwarding header %q is not a header name", ErrInvalidConfig, p.Header)
+	}
+	for _, t := range p.Trusted {
+		if !t.IsValid() {
+			return fmt.Errorf("%w: trusted proxy prefix %v is not valid", ErrInvalidConfig, t)
+		}
+	}
+	return nil
+}
+
 // ClientIP charges requests to the client address (see ClientAddr), with
 // IPv6 addresses grouped by their /64 prefix, since one host usually owns
-// a whole /64. The address is hashed by the node.
-func ClientIP(trusted []netip.Prefix) SubjectFunc {
+// a whole /64. The address is hashed by the node. It returns an error
+// wrapping ErrInvalidConfig when p is not valid.
+func ClientIP(p Proxies) (SubjectFunc, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
 	return func(r *http.Request) (Subject, error) {
-		a, err := ClientAddr(r, trusted)
+		a, err := ClientAddr(r, p)
 		if err != nil {
 			return Subject{}, err
 		}
 		if a.Is6() {
-			p, _ := a.Prefix(64)
-			return Subject{Value: p.String(), Hash: true}, nil
+			pre, _ := a.Prefix(64)
+			return Subject{Value: pre.String(), Hash: true}, nil
 		}
 		return Subject{Value: a.String(), Hash: true}, nil
-	}
+	}, nil
 }
 
 // ClientAddr returns the address of the client that sent r. It starts from
-// the connection's peer (r.RemoteAddr). Only when the peer is inside one
-// of the trusted proxy prefixes does it read the forwarding headers
-// (Forwarded if present, else X-Forwarded-For), walking the hops from the
-// right and skipping trusted proxies: the first untrusted hop is the
-// client. If every hop is trusted, the leftmost one is. A hop that is not
-// an address (or more than MaxForwardedHops) is an error.
-func ClientAddr(r *http.Request, trusted []netip.Prefix) (netip.Addr, error) {
+// the connection's peer (r.RemoteAddr). Only when the peer is one of the
+// trusted proxies does it read a forwarding header, and then only
+// p.Header, walking its hops from the right and skipping trusted proxies:
+// the rightmost untrusted hop is the client (every hop left of it may have
+// been written by the client). If every hop is trusted, the leftmost one
+// is; with no such header the peer is. A hop that is not an address, or
+// more than MaxForwardedHops, is an error wrapping ErrNoSubject; an
+// invalid p is an error wrapping ErrInvalidConfig.
+func ClientAddr(r *http.Request, p Proxies) (netip.Addr, error) {
+	if err := p.Validate(); err != nil {
+		return netip.Addr{}, err
+	}
 	peer, err := parseHost(r.RemoteAddr)
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("%w: peer address %q: %w", ErrNoSubject, r.RemoteAddr, err)
 	}
-	if !isTrusted(peer, trusted) {
+	if !isTrusted(peer, p.Trusted) {
 		return peer, nil
 	}
-	hops, err := forwardedHops(r.Header)
+	hops, err := forwardedHops(r.Header, p.Header)
 	if err != nil {
 		return netip.Addr{}, err
 	}
@@ -102,10 +151,10 @@ func ClientAddr(r *http.Request, trusted []netip.Prefix) (netip.Addr, error) {
 	for i := len(hops) - 1; i >= 0; i-- {
 		a, err := parseHost(hops[i])
 		if err != nil {
-			return netip.Addr{}, fmt.Errorf("%w: forwarded hop %q: %w", ErrNoSubject, hops[i], err)
+			return netip.Addr{}, fmt.Errorf("%w: %s hop %q: %w", ErrNoSubject, p.Header, hops[i], err)
 		}
 		client = a
-		if !isTrusted(a, trusted) {
+		if !isTrusted(a, p.Trusted) {
 			break
 		}
 	}
@@ -121,16 +170,29 @@ func isTrusted(a netip.Addr, trusted []netip.Prefix) bool {
 	return false
 }
 
-// forwardedHops lists the forwarding chain, client first.
-func forwardedHops(h http.Header) ([]string, error) {
+// forwardedHops lists the hops of header name in h, client first: the
+// for= parameters of a Forwarded header, or the entries of an address
+// list (X-Forwarded-For and the like). Its lines are read in order.
+func forwardedHops(h http.Header, name string) ([]string, error) {
 	var hops []string
-	if fw := h.Values("Forwarded"); len(fw) > 0 {
-		for _, line := range fw {
-			for _, elem := range splitQuoted(line, ',') {
-				for _, pair := range splitQuoted(elem, ';') {
-					k, v, ok := strings.Cut(strings.TrimSpace(pair), "=")
-					if ok && strings.EqualFold(strings.TrimSpace(k), "for") {
-						hops = append(hops, strings.Trim(strings.TrimSpace(v), `"`))
+	if strings.EqualFold(name, forwarded) {
+		for _, line := range h.Values(forwarded) {
+			elems, ok := splitQuoted(line, ',')
+			if !ok {
+				return nil, fmt.Errorf("%w: Forwarded has an unterminated quoted string", ErrNoSubject)
+			}
+			for _, elem := range elems {
+				pairs, _ := splitQuoted(elem, ';')
+				for _, pair := range pairs {
+					if pair = strings.TrimSpace(pair); pair == "" {
+						continue
+					}
+					k, v, ok := strings.Cut(pair, "=")
+					if !ok {
+						return nil, fmt.Errorf("%w: Forwarded parameter %q is not name=value", ErrNoSubject, pair)
+					}
+					if strings.EqualFold(strings.TrimSpace(k), "for") {
+						hops = append(hops, unquote(strings.TrimSpace(v)))
 					}
 				}
 				if len(hops) > MaxForwardedHops {
@@ -140,7 +202,7 @@ func forwardedHops(h http.Header) ([]string, error) {
 		}
 		return hops, nil
 	}
-	for _, line := range h.Values("X-Forwarded-For") {
+	for _, line := range h.Values(name) {
 		for _, hop := range strings.Split(line, ",") {
 			if hop = strings.TrimSpace(hop); hop != "" {
 				hops = append(hops, hop)
@@ -153,9 +215,43 @@ func forwardedHops(h http.Header) ([]string, error) {
 	return hops, nil
 }
 
-// splitQuoted splits s at sep outside double quotes.
-func splitQuoted(s string, sep byte) []string {
-	var out []string
+// maxHeaderName bounds Proxies.Header.
+const maxHeaderName = 128
+
+// isToken reports whether s is an RFC 9110 token, as header names are.
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// unquote reads an RFC 7230 quoted-string ("..." with \-escapes), or
+// returns a token as it is.
+func unquote(v string) string {
+	if len(v) < 2 || v[0] != '"' || v[len(v)-1] != '"' {
+		return v
+	}
+	var b strings.Builder
+	for i := 1; i < len(v)-1; i++ {
+		if v[i] == '\\' && i+1 < len(v)-1 {
+			i++
+		}
+		b.WriteByte(v[i])
+	}
+	return b.String()
+}
+
+// splitQuoted splits s at sep outside double quotes; ok is false when a
+// quoted string is not terminated (so that a client cannot swallow the
+// hops a proxy appends after its text).
+func splitQuoted(s string, sep byte) (parts []string, ok bool) {
 	quoted, start := false, 0
 	for i := 0; i < len(s); i++ {
 		switch {
@@ -164,11 +260,11 @@ func splitQuoted(s string, sep byte) []string {
 		case s[i] == '"':
 			quoted = !quoted
 		case s[i] == sep && !quoted:
-			out = append(out, s[start:i])
+			parts = append(parts, s[start:i])
 			start = i + 1
 		}
 	}
-	return append(out, s[start:])
+	return append(parts, s[start:]), !quoted
 }
 
 // parseHost reads "1.2.3.4", "1.2.3.4:80", "::1", "[::1]:80" or "[::1]".

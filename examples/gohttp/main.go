@@ -15,7 +15,8 @@
 // The caller is identified by -subject: "tenant" reads a ready-made tenant
 // id from the header named by -header (default X-Tenant), "apikey" hashes
 // that header's value on the node, "ip" uses the client address (believing
-// X-Forwarded-For only from -trusted-proxies).
+// the one header named by -forwarded-header, and only from
+// -trusted-proxies).
 package main
 
 import (
@@ -52,7 +53,7 @@ func main() {
 type options struct {
 	listen, node, policy, subject, header, unreachable string
 	window, timeout                                    time.Duration
-	trusted                                            []netip.Prefix
+	proxies                                            httplimit.Proxies
 }
 
 func parse(args []string, out io.Writer) (options, error) {
@@ -66,7 +67,8 @@ func parse(args []string, out io.Writer) (options, error) {
 	fs.DurationVar(&o.window, "window", 0, "the policy's window shown as w in RateLimit-Policy (for a token bucket: capacity / refill); 0 leaves it out")
 	fs.StringVar(&o.subject, "subject", "tenant", "who is charged: tenant (header value as is), apikey (header value hashed) or ip")
 	fs.StringVar(&o.header, "header", "X-Tenant", "header holding the tenant id or API key")
-	fs.StringVar(&trusted, "trusted-proxies", "", "comma-separated proxy prefixes whose X-Forwarded-For is believed (with -subject ip)")
+	fs.StringVar(&trusted, "trusted-proxies", "", "comma-separated proxy prefixes whose -forwarded-header is believed (with -subject ip)")
+	fs.StringVar(&o.proxies.Header, "forwarded-header", "X-Forwarded-For", "the one forwarding header the trusted proxies set: X-Forwarded-For, Forwarded or another address list; any other is ignored")
 	fs.StringVar(&o.unreachable, "unreachable", "error", "when the node cannot answer: error (503), open (admit) or closed (deny)")
 	fs.DurationVar(&o.timeout, "timeout", 250*time.Millisecond, "deadline of one check")
 	if err := fs.Parse(args); err != nil {
@@ -83,7 +85,7 @@ func parse(args []string, out io.Writer) (options, error) {
 		if err != nil {
 			return o, fmt.Errorf("-trusted-proxies: %w", err)
 		}
-		o.trusted = append(o.trusted, pfx)
+		o.proxies.Trusted = append(o.proxies.Trusted, pfx)
 	}
 	if o.window < 0 || o.timeout <= 0 {
 		return o, fmt.Errorf("-window %v must not be negative and -timeout %v must be positive", o.window, o.timeout)
@@ -94,13 +96,16 @@ func parse(args []string, out io.Writer) (options, error) {
 // handler builds the service: /exports behind the limiter, /healthz open.
 func handler(o options, c httplimit.Checker) (http.Handler, error) {
 	var subject httplimit.SubjectFunc
+	var err error
 	switch o.subject {
 	case "tenant":
 		subject = httplimit.Tenant(o.header)
 	case "apikey":
 		subject = httplimit.Header(o.header)
 	case "ip":
-		subject = httplimit.ClientIP(o.trusted)
+		if subject, err = httplimit.ClientIP(o.proxies); err != nil {
+			return nil, fmt.Errorf("-forwarded-header: %w", err)
+		}
 	default:
 		return nil, fmt.Errorf("-subject %q, want tenant, apikey or ip", o.subject)
 	}

@@ -22,6 +22,12 @@
 //
 // # Bounds
 //
+// Every counter (policy totals, a subject's pressured count, their sums in
+// a snapshot) saturates at math.MaxInt64 instead of wrapping, so no run of
+// large costs turns demand negative. Capping what one request may add
+// (at most the policy's capacity) is the caller's part: see
+// regional.Node, which records min(cost, capacity).
+//
 // Memory is bounded: at most MaxPolicies policies are tracked (records of
 // further policies are dropped and counted by Dropped), and each policy
 // holds Shards·TopK subject counters. When the table is full, a new policy

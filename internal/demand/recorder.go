@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"math"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -153,9 +154,9 @@ func (r *Recorder) Record(policy, subject string, cost int64, admitted, pressure
 			return
 		}
 	}
-	pd.offered.Add(cost)
+	addSaturating(&pd.offered, cost)
 	if admitted {
-		pd.admitted.Add(cost)
+		addSaturating(&pd.admitted, cost)
 	}
 	if !pressured || len(subject) == 0 || len(subject) > MaxSubjectLen {
 		return
@@ -213,9 +214,9 @@ func (s *shard) add(h uint64, subject string, cost int64, admitted bool) {
 	for i := range s.entries {
 		e := &s.entries[i]
 		if e.hash == h && e.subject == subject {
-			e.count += cost
+			e.count = saturatingSum(e.count, cost)
 			if admitted {
-				e.admitted += cost
+				e.admitted = saturatingSum(e.admitted, cost)
 			} else {
 				e.denied = true
 			}
@@ -239,7 +240,7 @@ func (s *shard) add(h uint64, subject string, cost int64, admitted bool) {
 		}
 	}
 	n.err = s.entries[m].count
-	n.count += n.err
+	n.count = saturatingSum(n.count, n.err)
 	s.entries[m] = n
 }
 
@@ -285,7 +286,7 @@ func (r *Recorder) snapshot(now time.Time) (map[string]etcdlayout.PolicyDemand, 
 			// Only a record split across two snapshots (offered taken by
 			// the previous one) gets here: its admitted cost waits for the
 			// next snapshot so that admitted ≤ offered in every report.
-			pd.admitted.Add(a - o)
+			addSaturating(&pd.admitted, a-o)
 			a = o
 		}
 		d := acc[pd.name]
@@ -293,8 +294,8 @@ func (r *Recorder) snapshot(now time.Time) (map[string]etcdlayout.PolicyDemand, 
 			d = &drained{}
 			acc[pd.name] = d
 		}
-		d.offered += o
-		d.admitted += a
+		d.offered = saturatingSum(d.offered, o)
+		d.admitted = saturatingSum(d.admitted, a)
 		busy := o != 0 || a != 0
 		for i := range pd.shards {
 			s := &pd.shards[i]
@@ -352,8 +353,8 @@ func (r *Recorder) top(es []entry, secs float64) []etcdlayout.SubjectDemand {
 	for i := range es {
 		e := &es[i]
 		if m := merged[e.subject]; m != nil {
-			m.count += e.count
-			m.admitted += e.admitted
+			m.count = saturatingSum(m.count, e.count)
+			m.admitted = saturatingSum(m.admitted, e.admitted)
 			m.denied = m.denied || e.denied
 			continue
 		}
@@ -379,4 +380,24 @@ func (r *Recorder) top(es []entry, secs float64) []etcdlayout.SubjectDemand {
 		}
 	}
 	return out
+}
+
+// saturatingSum is a + b for non-negative a and b, or math.MaxInt64 when
+// the sum does not fit: a demand counter pinned at its maximum is still
+// the largest demand, where a wrapped one would turn negative.
+func saturatingSum(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// addSaturating adds d ≥ 0 to v, saturating at math.MaxInt64.
+func addSaturating(v *atomic.Int64, d int64) {
+	for {
+		old := v.Load()
+		if old == math.MaxInt64 || v.CompareAndSwap(old, saturatingSum(old, d)) {
+			return
+		}
+	}
 }

@@ -3,6 +3,7 @@ package demand
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -361,5 +362,36 @@ func TestSnapshotTopKAcrossShards(t *testing.T) {
 				t.Fatalf("run %d: pressured not sorted: %+v", run, got.Pressured)
 			}
 		}
+	}
+}
+
+// TestCountersSaturate is an attack on the counters: costs that sum past
+// the int64 range (a caller sending hits_addend near 2^53 again and
+// again, or one huge cost) saturate at math.MaxInt64 instead of wrapping
+// to a negative demand, in the policy totals, in a subject's pressured
+// count and across shards.
+func TestCountersSaturate(t *testing.T) {
+	clk := clock.NewManual(t0)
+	r, err := New(Config{Clock: clk, Shards: 2, TopK: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const huge = math.MaxInt64 / 3
+	for i := 0; i < 5; i++ {
+		r.Record("p", "attacker", huge, i%2 == 0, true)
+		r.Record("p", fmt.Sprintf("s%d", i), huge, true, true) // Space-Saving takeovers inherit counts
+	}
+	got := r.Snapshot(t0.Add(time.Second))["p"]
+	max := float64(math.MaxInt64)
+	if got.Offered != max || got.Admitted != max {
+		t.Fatalf("offered %v admitted %v, want both saturated at %v", got.Offered, got.Admitted, max)
+	}
+	for _, s := range got.Pressured {
+		if s.Offered <= 0 || s.Offered > max || s.Admitted < 0 || s.Admitted > s.Offered {
+			t.Fatalf("subject %s: offered %v admitted %v, want saturated in (0, %v]", s.Subject, s.Offered, s.Admitted, max)
+		}
+	}
+	if len(got.Pressured) == 0 {
+		t.Fatal("no pressured subjects reported")
 	}
 }

@@ -640,7 +640,7 @@ func (c *checker) envoy(file string, m map[string]any) {
 		clusters[str(cm, "name")] = cm
 	}
 	var domain string
-	found := false
+	found, deny := false, false
 	var routes []map[string]any
 	var visit func(v any)
 	visit = func(v any) {
@@ -650,6 +650,7 @@ func (c *checker) envoy(file string, m map[string]any) {
 				found = true
 				tc := asMap(x["typed_config"])
 				domain = str(tc, "domain")
+				deny, _ = tc["failure_mode_deny"].(bool)
 				cl := str(asMap(dig(tc, "rate_limit_service", "grpc_service", "envoy_grpc")), "cluster_name")
 				c.rlsCluster(file, cl, clusters[cl])
 			}
@@ -668,6 +669,9 @@ func (c *checker) envoy(file string, m map[string]any) {
 	visit(m)
 	if !found {
 		return
+	}
+	if len(routes) > 0 && !deny {
+		c.add(file, "rate limit filter protects routes without failure_mode_deny: true: Envoy admits every request whose rate limit call fails (see docs/security.md)")
 	}
 	var set *policy.Set
 	for _, s := range c.policies {

@@ -86,6 +86,7 @@ func TestCheckFindsRot(t *testing.T) {
 		{"envoy cluster port", "deploy/envoy/envoy.yaml", "port_value: 8081", "port_value: 9081", "is not the regional node's gRPC port"},
 		{"envoy domain", "deploy/envoy/envoy.yaml", "domain: edge", "domain: edgy", `domain "edgy" is served by no policy file`},
 		{"envoy descriptor without rule", "deploy/envoy/envoy.yaml", "descriptor_value: exports", "descriptor_value: imports", "matches no rule"},
+		{"envoy fails open", "deploy/envoy/envoy.yaml", "failure_mode_deny: true", "failure_mode_deny: false", "without failure_mode_deny: true"},
 	}
 	files := load(t, root)
 	// TestDeployIsConsistent demands no problem at all; here a case only

@@ -19,8 +19,9 @@
 //     internal/policy;
 //   - Envoy bootstraps: the rate limit filter's domain is served by a
 //     policy file in deploy/, its rate_limit_service cluster exists and
-//     points at the regional node's gRPC port, and every route's descriptor
-//     matches a rule;
+//     points at the regional node's gRPC port, every route's descriptor
+//     matches a rule, and a filter that protects routes sets
+//     failure_mode_deny: true (else a failed call admits the request);
 //   - Prometheus rules and Grafana dashboards: every metric in an expression
 //     is registered by prometheus Opts or NewDesc in the module's code.
 //

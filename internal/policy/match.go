@@ -19,7 +19,11 @@ const (
 	MaxDescriptors = 64
 	// MaxEntries is the most entries in one descriptor.
 	MaxEntries = MaxDescriptorDepth
-	// MaxEntryBytes is the longest key or value of an entry.
+	// MaxEntryBytes is the longest key of an entry. Values are not
+	// bounded here (only by the size of the gRPC message): they come from
+	// clients (header values, addresses), and a long one is hashed like
+	// any other rather than refused, since Envoy admits a request whose
+	// rate limit call fails.
 	MaxEntryBytes = 1024
 	// MaxDomainBytes is the longest domain.
 	MaxDomainBytes = 256
@@ -129,8 +133,8 @@ func (s *Set) Match(domain string, descriptors [][]Entry, subj EnvoySubjects) ([
 			return nil, fmt.Errorf("%w: descriptor %d has %d entries, want 1 to %d", ErrBadDescriptor, i, len(d), MaxEntries)
 		}
 		for j, e := range d {
-			if e.Key == "" || len(e.Key) > MaxEntryBytes || len(e.Value) > MaxEntryBytes {
-				return nil, fmt.Errorf("%w: descriptor %d entry %d: key must be 1 to %d bytes and value at most %d", ErrBadDescriptor, i, j, MaxEntryBytes, MaxEntryBytes)
+			if e.Key == "" || len(e.Key) > MaxEntryBytes {
+				return nil, fmt.Errorf("%w: descriptor %d entry %d: key must be 1 to %d bytes", ErrBadDescriptor, i, j, MaxEntryBytes)
 			}
 		}
 	}
@@ -188,7 +192,7 @@ func (sh *sharedValues) value(i int, e Entry) (v string, shared bool) {
 }
 
 // kvStackBytes sizes the stack buffer lookup builds "key_value" in; longer
-// pairs (up to 2*MaxEntryBytes+1) grow it on the heap.
+// pairs grow it on the heap.
 const kvStackBytes = 128
 
 // lookup walks the tree for one descriptor and records in sh the entries

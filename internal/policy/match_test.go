@@ -290,7 +290,7 @@ func TestMatchDescriptorsBadInput(t *testing.T) {
 		{"empty descriptor", "edge", [][]Entry{{}}},
 		{"too deep", "edge", [][]Entry{deep}},
 		{"empty key", "edge", [][]Entry{e("", "v")}},
-		{"long value", "edge", [][]Entry{e("k", strings.Repeat("v", MaxEntryBytes+1))}},
+		{"long key", "edge", [][]Entry{e(strings.Repeat("k", MaxEntryBytes+1), "v")}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -298,6 +298,29 @@ func TestMatchDescriptorsBadInput(t *testing.T) {
 				t.Errorf("err = %v, want ErrBadDescriptor", err)
 			}
 		})
+	}
+}
+
+// TestMatchLongValuesHashed: a value longer than MaxEntryBytes (a client
+// controls header values) is matched and hashed like any other, even for a
+// plain key; two long values that differ only at their end get different
+// subjects.
+func TestMatchLongValuesHashed(t *testing.T) {
+	s, err := Load("../../examples/policies/envoy-ratelimit.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	subj := EnvoySubjects{Salt: "s", PlainKeys: []string{"remote_address"}}
+	long := strings.Repeat("v", 4*MaxEntryBytes)
+	ms, err := s.Match("edge", [][]Entry{e("remote_address", long+"1"), e("remote_address", long+"2")}, subj)
+	if err != nil {
+		t.Fatalf("long value: %v", err)
+	}
+	if ms[0].Policy == nil || ms[1].Policy != ms[0].Policy {
+		t.Fatalf("long values matched %v and %v, want the remote_address rule", ms[0].Policy, ms[1].Policy)
+	}
+	if !strings.HasPrefix(ms[0].Subject, "h-") || ms[0].Subject == ms[1].Subject || strings.Contains(ms[0].Subject, "vvvv") {
+		t.Fatalf("subjects %q and %q, want two distinct hashes", ms[0].Subject, ms[1].Subject)
 	}
 }
 

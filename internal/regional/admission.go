@@ -30,6 +30,9 @@ type check struct {
 	names       []string // requested policies in order, for the reply
 	unknownDeny string   // the unknown policy that denies the check (UnknownDeny)
 	replayKey   string
+	// fp binds replayKey to what the check asks for (policies, cost,
+	// peek), so that a key reused for another request is refused.
+	fp fingerprint
 }
 
 // Check implements quotav1.AdmissionServer.
@@ -63,11 +66,23 @@ func (a *admission) CheckBatch(ctx context.Context, req *quotav1.CheckBatchReque
 		return nil, status.Errorf(codes.InvalidArgument, "batch has %d checks, at most %d", len(req.GetChecks()), MaxBatch)
 	}
 	checks := make([]*check, len(req.GetChecks()))
+	var keys map[string]int // replay key → first check of the batch with it
 	for i, cr := range req.GetChecks() {
 		c, err := a.n.prepareCheck(set, cr, &shares)
 		if err != nil {
 			st := status.Convert(err)
 			return nil, status.Errorf(st.Code(), "check %d: %s", i, st.Message())
+		}
+		if c.replayKey != "" {
+			if keys == nil {
+				keys = make(map[string]int)
+			}
+			switch j, seen := keys[c.replayKey]; {
+			case !seen:
+				keys[c.replayKey] = i
+			case checks[j].fp != c.fp:
+				return nil, status.Errorf(codes.InvalidArgument, "check %d: idempotency_key of check %d used for a different request", i, j)
+			}
 		}
 		checks[i] = c
 	}
@@ -163,6 +178,7 @@ func (n *Node) prepareCheck(set *policy.Set, req *quotav1.CheckRequest, shares *
 	}
 	if k := req.GetIdempotencyKey(); k != "" {
 		c.replayKey = subject + "\x00" + k
+		c.fp = requestFingerprint(names, cost, req.GetPeek())
 	}
 	return c, nil
 }
@@ -207,7 +223,10 @@ func (n *Node) runCheck(ctx context.Context, c *check) (*quotav1.CheckResponse, 
 	}
 	var entry *replayEntry
 	if c.replayKey != "" {
-		prev, e, err := n.replay.begin(ctx, c.replayKey, now)
+		prev, e, err := n.replay.begin(ctx, c.replayKey, c.fp, now)
+		if errors.Is(err, errKeyReused) {
+			return nil, status.Error(codes.InvalidArgument, "idempotency_key was already used for a different request (other policies, cost or peek); use a new key")
+		}
 		if err != nil {
 			return nil, status.FromContextError(err).Err()
 		}

@@ -211,3 +211,69 @@ func TestPolicyHashesRawSubjects(t *testing.T) {
 		t.Fatal("no store call: the key check proves nothing")
 	}
 }
+
+// TestIdempotencyKeyBoundToRequest is an attack: a peek with key K, then a
+// real check with key K, must not replay the peek (allowed, never
+// charged). A key reused for a different request (policies, cost, peek) is
+// InvalidArgument and charges nothing; the same request is still replayed.
+func TestIdempotencyKeyBoundToRequest(t *testing.T) {
+	clk := clock.NewManual(t0)
+	h := startNode(t, Config{Clock: clk, Store: memoryStore(t, clk)}, map[string]string{"own.yaml": ownConfig})
+	check := func(req *quotav1.CheckRequest) (*quotav1.CheckResponse, error) {
+		req.Subject = "idem-attack"
+		return h.adm.Check(ctxT(t), req)
+	}
+	// Drain "small" (capacity 3) so that a charged check would be denied.
+	for i := 0; i < 3; i++ {
+		if r, err := check(&quotav1.CheckRequest{Policies: []string{"small"}}); err != nil || !r.Allowed {
+			t.Fatalf("drain %d: %v %v", i, r, err)
+		}
+	}
+	for _, tc := range []struct {
+		name        string
+		first, then *quotav1.CheckRequest
+	}{
+		{"peek then charge", &quotav1.CheckRequest{Policies: []string{"big"}, Peek: true, IdempotencyKey: "k1"},
+			&quotav1.CheckRequest{Policies: []string{"big", "small"}, IdempotencyKey: "k1"}},
+		{"peek then same policy charged", &quotav1.CheckRequest{Policies: []string{"small"}, Peek: true, IdempotencyKey: "k2"},
+			&quotav1.CheckRequest{Policies: []string{"small"}, IdempotencyKey: "k2"}},
+		{"other policies", &quotav1.CheckRequest{Policies: []string{"big"}, IdempotencyKey: "k3"},
+			&quotav1.CheckRequest{Policies: []string{"small"}, IdempotencyKey: "k3"}},
+		{"higher cost", &quotav1.CheckRequest{Policies: []string{"big"}, IdempotencyKey: "k4"},
+			&quotav1.CheckRequest{Policies: []string{"big"}, Cost: 90, IdempotencyKey: "k4"}},
+		{"policies reordered", &quotav1.CheckRequest{Policies: []string{"big", "keyed"}, IdempotencyKey: "k5"},
+			&quotav1.CheckRequest{Policies: []string{"keyed", "big"}, IdempotencyKey: "k5"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			first, err := check(tc.first)
+			if err != nil || first.Replayed {
+				t.Fatalf("first: %v %v", first, err)
+			}
+			calls := h.store.calls.Load()
+			r, err := check(tc.then)
+			if status.Code(err) != codes.InvalidArgument {
+				t.Fatalf("key reused for another request = %v, %v; want InvalidArgument", r, err)
+			}
+			if n := h.store.calls.Load() - calls; n != 0 {
+				t.Fatalf("rejected reuse reached the store %d times", n)
+			}
+			again, err := check(tc.first)
+			if err != nil || !again.Replayed {
+				t.Fatalf("identical retry = %v, %v; want replayed", again, err)
+			}
+		})
+	}
+	// Within one batch: the peek and the charge under one key are refused
+	// before either is decided.
+	calls := h.store.calls.Load()
+	_, err := h.adm.CheckBatch(ctxT(t), &quotav1.CheckBatchRequest{Checks: []*quotav1.CheckRequest{
+		{Subject: "idem-attack", Policies: []string{"small"}, Peek: true, IdempotencyKey: "k6"},
+		{Subject: "idem-attack", Policies: []string{"small"}, IdempotencyKey: "k6"},
+	}})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("batch reusing a key = %v, want InvalidArgument", err)
+	}
+	if n := h.store.calls.Load() - calls; n != 0 {
+		t.Fatalf("refused batch reached the store %d times", n)
+	}
+}

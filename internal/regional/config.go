@@ -55,7 +55,7 @@ const (
 	MaxDomainLen         = 256
 	MaxDescriptors       = 64   // descriptors in one Envoy request
 	MaxEntries           = 16   // entries in one descriptor
-	MaxEntryLen          = 1024 // bytes of one entry key or value
+	MaxEntryLen          = 1024 // bytes of one entry key (values of any length are hashed)
 	// MaxCost keeps costs exact in float64 arithmetic (2^53).
 	MaxCost = 1 << 53
 )

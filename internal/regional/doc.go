@@ -7,13 +7,16 @@
 //
 // A check is validated (subjects [A-Za-z0-9_-]{1,96} or hashed, at most
 // MaxPolicies policies, costs in [0, 2^53] and not above a policy's
-// capacity, bounded Envoy domains and descriptors), looked up in the
+// capacity, bounded Envoy domains, descriptors and keys), looked up in the
 // current policy snapshot (an atomic pointer swapped on reload), given the
 // region's share from the ShareSource, and decided by one Store.TakeAll
 // over every enforced policy: all or nothing, so a denial by one policy
 // charges none. Shadow policies are charged on their own afterwards and
 // never deny. Every decided policy is counted in Prometheus and reported to
-// the DemandSink.
+// the DemandSink, with at most the policy's capacity of demand per request
+// and bucket: a cost above the capacity can never be admitted anywhere,
+// and counted whole (an Envoy hits_addend of 2^53) it would drag the
+// region's share towards one caller.
 //
 // A check reads all its shares from one view: when the ShareSource is a
 // PinnedShareSource (internal/regionsync), each check, each batch and each
@@ -60,6 +63,18 @@
 // the descriptor with the least remaining. A degraded decision adds the
 // header x-quota-degraded.
 //
+// Envoy admits a request whose rate limit call fails unless its filter
+// sets failure_mode_deny, so bad input never gets an error here: a
+// descriptor value of any length is hashed like any other, a hits_addend
+// beyond 2^53 is denied as any cost above the capacity, and a request the
+// node still cannot decide (too many descriptors or entries, an empty or
+// oversize key or domain, an invalid limit override) is answered
+// OVER_LIMIT for every descriptor with the reason in the header
+// x-quota-rejected (RejectedHeader), charging nothing and counted in
+// quota_regional_rejected_requests_total. Only "policies not loaded yet"
+// (Unavailable) and a caller that went away remain errors; the shipped
+// Envoy configurations set failure_mode_deny for them (docs/security.md).
+//
 // # Failure behaviour
 //
 // A store call has a time budget (Config.StoreTimeout, default 5 ms, up
@@ -91,7 +106,10 @@
 // store would by then admit: a refund, or a share that grew, adds tokens
 // before t. It errs toward denial only, and only until t. An idempotency cache (LRU with TTL, per subject and
 // key) replays the first decision of a retried check without charging
-// again. Both are bounded.
+// again. Each key is bound to a fingerprint of its request (policies in
+// order, cost, peek): the key presented with a different request is
+// InvalidArgument, so a peek cannot be replayed as an uncharged admission.
+// Both caches are bounded.
 //
 // # TLS
 //

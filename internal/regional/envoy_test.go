@@ -2,17 +2,18 @@ package regional
 
 import (
 	"math"
+	"strings"
 	"testing"
 	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/quotacoord/quota/bucket"
 	"github.com/quotacoord/quota/internal/clock"
+	"github.com/quotacoord/quota/internal/policy"
 )
 
 const semanticsConfig = `
@@ -169,42 +170,107 @@ func TestEnvoyHeaders(t *testing.T) {
 	}
 }
 
-func TestEnvoyBadInput(t *testing.T) {
+// TestEnvoyBadInputIsOverLimit is an attack: Envoy admits a request whose
+// rate limit call fails (failure_mode_deny: false is its default), so
+// input that makes the node answer an error lifts the limit. A request
+// the node cannot decide is answered OVER_LIMIT with the reason in
+// x-quota-rejected, never with an error, and charges nothing; a
+// hits_addend beyond MaxCost is decided as any cost above the capacity
+// (OVER_LIMIT, no store call).
+func TestEnvoyBadInputIsOverLimit(t *testing.T) {
 	h := startNode(t, Config{}, map[string]string{"sem.yaml": semanticsConfig})
-	long := make([]byte, MaxEntryLen+1)
-	for i := range long {
-		long[i] = 'a'
-	}
 	many := make([]*rlcommon.RateLimitDescriptor, MaxDescriptors+1)
 	for i := range many {
 		many[i] = desc("k", "a")
 	}
+	deep := make([]string, 0, 2*(policy.MaxEntries+1))
+	for i := 0; i <= policy.MaxEntries; i++ {
+		deep = append(deep, "k", "a")
+	}
 	tests := []struct {
-		name string
-		req  *rlsv3.RateLimitRequest
+		name    string
+		req     *rlsv3.RateLimitRequest
+		decided bool // denied as a decision, not rejected as bad input
 	}{
-		{"empty domain", &rlsv3.RateLimitRequest{Descriptors: []*rlcommon.RateLimitDescriptor{desc("k", "a")}}},
-		{"no descriptors", &rlsv3.RateLimitRequest{Domain: "sem"}},
-		{"too many descriptors", &rlsv3.RateLimitRequest{Domain: "sem", Descriptors: many}},
-		{"empty descriptor", &rlsv3.RateLimitRequest{Domain: "sem", Descriptors: []*rlcommon.RateLimitDescriptor{{}}}},
-		{"empty key", &rlsv3.RateLimitRequest{Domain: "sem", Descriptors: []*rlcommon.RateLimitDescriptor{desc("", "a")}}},
-		{"oversize value", &rlsv3.RateLimitRequest{Domain: "sem", Descriptors: []*rlcommon.RateLimitDescriptor{desc("k", string(long))}}},
+		{"empty domain", &rlsv3.RateLimitRequest{Descriptors: []*rlcommon.RateLimitDescriptor{desc("k", "a")}}, false},
+		{"oversize domain", &rlsv3.RateLimitRequest{Domain: strings.Repeat("d", policy.MaxDomainBytes+1), Descriptors: []*rlcommon.RateLimitDescriptor{desc("k", "a")}}, false},
+		{"no descriptors", &rlsv3.RateLimitRequest{Domain: "sem"}, false},
+		{"too many descriptors", &rlsv3.RateLimitRequest{Domain: "sem", Descriptors: many}, false},
+		{"empty descriptor", &rlsv3.RateLimitRequest{Domain: "sem", Descriptors: []*rlcommon.RateLimitDescriptor{{}}}, false},
+		{"too many entries", &rlsv3.RateLimitRequest{Domain: "sem", Descriptors: []*rlcommon.RateLimitDescriptor{desc(deep...)}}, false},
+		{"empty key", &rlsv3.RateLimitRequest{Domain: "sem", Descriptors: []*rlcommon.RateLimitDescriptor{desc("", "a")}}, false},
+		{"oversize key", &rlsv3.RateLimitRequest{Domain: "sem", Descriptors: []*rlcommon.RateLimitDescriptor{desc(strings.Repeat("k", policy.MaxEntryBytes+1), "a")}}, false},
 		{"oversize hits", &rlsv3.RateLimitRequest{Domain: "sem", Descriptors: []*rlcommon.RateLimitDescriptor{
-			{Entries: desc("k", "a").Entries, HitsAddend: wrapperspb.UInt64(1 << 60)}}}},
+			{Entries: desc("k", "a").Entries, HitsAddend: wrapperspb.UInt64(1 << 60)}}}, true},
+		{"largest hits", &rlsv3.RateLimitRequest{Domain: "sem", Descriptors: []*rlcommon.RateLimitDescriptor{
+			{Entries: desc("k", "a").Entries, HitsAddend: wrapperspb.UInt64(math.MaxUint64)}}}, true},
 		{"zero override", &rlsv3.RateLimitRequest{Domain: "sem", Descriptors: []*rlcommon.RateLimitDescriptor{
-			{Entries: desc("k", "a").Entries, Limit: &rlcommon.RateLimitDescriptor_RateLimitOverride{Unit: typev3.RateLimitUnit_SECOND}}}}},
+			{Entries: desc("k", "a").Entries, Limit: &rlcommon.RateLimitDescriptor_RateLimitOverride{Unit: typev3.RateLimitUnit_SECOND}}}}, false},
 		{"unknown override unit", &rlsv3.RateLimitRequest{Domain: "sem", Descriptors: []*rlcommon.RateLimitDescriptor{
-			{Entries: desc("k", "a").Entries, Limit: &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1}}}}},
+			{Entries: desc("k", "a").Entries, Limit: &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1}}}}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := h.rls.ShouldRateLimit(ctxT(t), tt.req)
-			if status.Code(err) != codes.InvalidArgument {
-				t.Fatalf("err = %v, want InvalidArgument", err)
+			resp, err := h.rls.ShouldRateLimit(ctxT(t), tt.req)
+			if err != nil {
+				t.Fatalf("err = %v: Envoy with failure_mode_deny false admits this request", err)
+			}
+			if resp.OverallCode != over {
+				t.Fatalf("overall %v, want OVER_LIMIT", resp.OverallCode)
+			}
+			reason := ""
+			for _, hv := range resp.ResponseHeadersToAdd {
+				if hv.Key == RejectedHeader {
+					reason = hv.Value
+				}
+			}
+			if (reason == "") != tt.decided {
+				t.Fatalf("%s reason %q; want one only for input that cannot be decided", RejectedHeader, reason)
+			}
+			for i, st := range resp.Statuses {
+				if st.Code != over {
+					t.Fatalf("status %d is %v, want OVER_LIMIT", i, st.Code)
+				}
 			}
 		})
 	}
 	if n := h.store.calls.Load(); n != 0 {
 		t.Fatalf("bad input reached the store %d times", n)
+	}
+	if n := counterValue(t, h.reg, "quota_regional_rejected_requests_total"); n != float64(len(tests)-2) {
+		t.Fatalf("rejected requests counted %v, want %d", n, len(tests)-2)
+	}
+}
+
+// TestEnvoyOversizeValuesHashed is an attack: a descriptor value longer
+// than MaxEntryBytes (a 1 KiB x-tenant-id) used to be InvalidArgument,
+// which Envoy turns into admission. It is hashed like any other value:
+// each long value is its own bucket and is limited, and no raw byte of it
+// reaches a bucket key.
+func TestEnvoyOversizeValuesHashed(t *testing.T) {
+	clk := clock.NewManual(t0)
+	h := startNode(t, Config{Clock: clk, Store: memoryStore(t, clk), EnvoyPlainKeys: []string{"k"}}, map[string]string{"sem.yaml": semanticsConfig})
+	for _, n := range []int{policy.MaxEntryBytes + 1, 64 << 10} {
+		long := strings.Repeat("A", n)
+		for i, want := range []rlsv3.RateLimitResponse_Code{ok, ok, ok, over} {
+			resp, err := h.rls.ShouldRateLimit(ctxT(t), &rlsv3.RateLimitRequest{Domain: "sem", Descriptors: []*rlcommon.RateLimitDescriptor{desc("k", long)}})
+			if err != nil || resp.OverallCode != want {
+				t.Fatalf("%d-byte value, request %d: %v, %v; want %v", n, i, resp.GetOverallCode(), err, want)
+			}
+		}
+	}
+	keys := h.store.seen()
+	if len(keys) == 0 {
+		t.Fatal("long values never reached the store")
+	}
+	distinct := map[bucket.Key]bool{}
+	for _, k := range keys {
+		distinct[k] = true
+		if strings.Contains(k.Subject(), "AAAA") {
+			t.Fatalf("raw value in bucket key %s", k)
+		}
+	}
+	if len(distinct) != 2 {
+		t.Fatalf("%d buckets for two distinct long values", len(distinct))
 	}
 }

@@ -1,6 +1,7 @@
 package regional
 
 import (
+	"context"
 	"testing"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -53,10 +54,14 @@ func FuzzCheckRequest(f *testing.F) {
 	})
 }
 
-// FuzzEnvoyRequest: any Envoy request is either rejected with a status or
-// maps every descriptor to one status slot with valid bucket requests.
+// FuzzEnvoyRequest: any Envoy request is either refused by prepareEnvoy
+// with a status or maps every descriptor to one status slot with valid
+// bucket requests; and ShouldRateLimit answers every request without an
+// error (Envoy would admit on one), OVER_LIMIT with a reason for those
+// prepareEnvoy refuses.
 func FuzzEnvoyRequest(f *testing.F) {
 	n, set := fuzzNode(f, map[string]string{"sem.yaml": semanticsConfig})
+	api := &rls{n: n}
 	f.Add("sem", "k", "a", "u", "x", uint32(0), uint64(0), uint32(0), int32(0), false)
 	f.Add("sem", "tier", "gold", "cid", "y", uint32(3), uint64(2), uint32(5), int32(2), false)
 	f.Add("", "", "", "", "", uint32(0), uint64(1<<60), uint32(0), int32(9), true)
@@ -72,11 +77,18 @@ func FuzzEnvoyRequest(f *testing.F) {
 		}
 		req := &rlsv3.RateLimitRequest{Domain: domain, HitsAddend: hits, Descriptors: []*rlcommon.RateLimitDescriptor{d1, d2}}
 		shares := n.beginShares()
-		defer shares.end()
 		ec, err := n.prepareEnvoy(set, req, &shares)
+		shares.end()
+		resp, rerr := api.ShouldRateLimit(context.Background(), req)
+		if rerr != nil {
+			t.Fatalf("ShouldRateLimit error %v: Envoy admits on an error", rerr)
+		}
 		if err != nil {
 			if _, ok := status.FromError(err); !ok {
 				t.Fatalf("error without a status: %v", err)
+			}
+			if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || len(resp.ResponseHeadersToAdd) == 0 || resp.ResponseHeadersToAdd[0].Key != RejectedHeader {
+				t.Fatalf("refused request answered %v %v, want OVER_LIMIT with %s", resp.OverallCode, resp.ResponseHeadersToAdd, RejectedHeader)
 			}
 			return
 		}

@@ -22,6 +22,7 @@ type metrics struct {
 	breakerOpen  prometheus.Gauge
 	reloads      *prometheus.CounterVec // result
 	memoryFull   *prometheus.CounterVec // store: primary or local
+	rejected     *prometheus.CounterVec // api
 	policies     prometheus.Gauge
 }
 
@@ -86,13 +87,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "quota", Subsystem: "regional", Name: "memory_full_total",
 			Help: "Checks denied because the in-process store (primary or local) was at its bucket cap and the check needed a new bucket.",
 		}, []string{"store"}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "quota", Subsystem: "regional", Name: "rejected_requests_total",
+			Help: "Requests the node could not decide (bad input) and answered as denied rather than with an error, by API.",
+		}, []string{"api"}),
 		policies: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "quota", Subsystem: "regional", Name: "policies",
 			Help: "Policies in the loaded set.",
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.decisions, m.storeLatency, m.storeErrors, m.degraded,
-		m.retryAfter, m.shares, m.negHits, m.replays, m.breakerOpens, m.breakerOpen, m.reloads, m.memoryFull, m.policies} {
+		m.retryAfter, m.shares, m.negHits, m.replays, m.breakerOpens, m.breakerOpen, m.reloads, m.memoryFull, m.rejected, m.policies} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("regional: register metrics: %w", err)
 		}

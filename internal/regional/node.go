@@ -577,10 +577,32 @@ func (n *Node) account(items []item, out outcome) {
 		if n.cfg.Demand == nil || it.pol == nil || it.unlimited || it.req.Cost == 0 {
 			continue
 		}
+		cost := demandCost(items, i)
+		if cost == 0 {
+			continue
+		}
 		admitted := d.Allowed && (it.shadow || out.allowed)
 		pressured := out.known[i] && (!d.Allowed || d.Remaining < d.Limit/2)
-		n.cfg.Demand.Record(it.pol.Name, it.subject, it.req.Cost, admitted, pressured)
+		n.cfg.Demand.Record(it.pol.Name, it.subject, cost, admitted, pressured)
 	}
+}
+
+// demandCost is the demand items[i] reports: its cost, but no more than
+// what its policy's capacity leaves after the items before it in the same
+// check that charge the same bucket. A cost above the capacity can never
+// be admitted in any region, so counting it whole would let one request
+// (an Envoy hits_addend of 2^53, or one descriptor repeated) drag the
+// region's share of the policy towards its caller; capped, one request
+// weighs at most one full bucket per policy and subject.
+func demandCost(items []item, i int) int64 {
+	it := &items[i]
+	room := it.pol.Limits.Capacity
+	for j := 0; j < i && room > 0; j++ {
+		if prev := &items[j]; prev.pol == it.pol && prev.req.Key == it.req.Key {
+			room -= min(prev.req.Cost, room)
+		}
+	}
+	return max(min(it.req.Cost, room), 0)
 }
 
 // decisionResults are the results whose counters decisionCounter caches.

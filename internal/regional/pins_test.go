@@ -351,11 +351,11 @@ func TestPinReleasedOnEveryPath(t *testing.T) {
 				Descriptors: []*rlcommon.RateLimitDescriptor{desc("tenant", "a")}})
 			return err
 		}},
-		{"envoy no descriptors", false, codes.InvalidArgument, func(ctx context.Context) error {
+		{"envoy no descriptors (rejected as over limit)", false, codes.OK, func(ctx context.Context) error {
 			_, err := e.h.rls.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "pins"})
 			return err
 		}},
-		{"envoy hits over max", false, codes.InvalidArgument, func(ctx context.Context) error {
+		{"envoy hits over max (denied)", false, codes.OK, func(ctx context.Context) error {
 			d := desc("tenant", "a")
 			d.HitsAddend = wrapperspb.UInt64(1 << 60)
 			_, err := e.h.rls.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "pins",

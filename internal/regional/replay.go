@@ -3,6 +3,9 @@ package regional
 import (
 	"container/list"
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
 	"sync"
 	"time"
 
@@ -13,6 +16,11 @@ import (
 // key, per subject and key, for ttl, so that a retry returns the first
 // decision without charging again. A retry that arrives while the first
 // check is still in flight waits for it.
+//
+// Each entry is bound to the fingerprint of the request that created it
+// (see requestFingerprint): a key presented with another request (other
+// policies, cost or peek flag) is errKeyReused, never the first decision,
+// so a peek cannot be replayed as an admitted, uncharged check.
 //
 // It is an LRU bounded to max entries (the least recently used entry is
 // dropped first, in flight or not). Safe for concurrent use.
@@ -26,6 +34,7 @@ type replayCache struct {
 
 type replayEntry struct {
 	key  string
+	fp   fingerprint
 	at   time.Time
 	done chan struct{}
 	resp *quotav1.CheckResponse // nil until done; nil after done means the owner failed
@@ -35,15 +44,24 @@ func newReplayCache(max int, ttl time.Duration) *replayCache {
 	return &replayCache{max: max, ttl: ttl, ll: list.New(), m: make(map[string]*list.Element)}
 }
 
-// begin looks key up at now. It returns either a finished response to
-// replay, or an entry the caller now owns and must finish (or abandon with
-// a nil response).
-func (c *replayCache) begin(ctx context.Context, key string, now time.Time) (*quotav1.CheckResponse, *replayEntry, error) {
+// errKeyReused reports an idempotency key presented with a request other
+// than the one it was first used for.
+var errKeyReused = errors.New("regional: idempotency key reused for a different request")
+
+// begin looks key up at now for a request with fingerprint fp. It returns
+// either a finished response to replay, or an entry the caller now owns
+// and must finish (or abandon with a nil response). A live entry of key
+// with another fingerprint is errKeyReused.
+func (c *replayCache) begin(ctx context.Context, key string, fp fingerprint, now time.Time) (*quotav1.CheckResponse, *replayEntry, error) {
 	for attempt := 0; attempt < 3; attempt++ {
 		c.mu.Lock()
 		if el, ok := c.m[key]; ok {
 			e := el.Value.(*replayEntry)
 			if now.Sub(e.at) < c.ttl {
+				if e.fp != fp {
+					c.mu.Unlock()
+					return nil, nil, errKeyReused
+				}
 				c.ll.MoveToFront(el)
 				c.mu.Unlock()
 				select {
@@ -59,7 +77,7 @@ func (c *replayCache) begin(ctx context.Context, key string, now time.Time) (*qu
 			c.ll.Remove(el)
 			delete(c.m, key)
 		}
-		e := &replayEntry{key: key, at: now, done: make(chan struct{})}
+		e := &replayEntry{key: key, fp: fp, at: now, done: make(chan struct{})}
 		c.m[key] = c.ll.PushFront(e)
 		for c.ll.Len() > c.max {
 			old := c.ll.Back()
@@ -94,4 +112,31 @@ func (c *replayCache) len() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.ll.Len()
+}
+
+// fingerprint identifies what a check asks for, apart from its subject
+// and idempotency key (which name the replay entry).
+type fingerprint [16]byte
+
+// requestFingerprint is the fingerprint of a check of the policies names,
+// in order, at cost (0 for a peek) with the peek flag: the first 16 bytes
+// of a SHA-256 over their length-prefixed encoding.
+func requestFingerprint(names []string, cost int64, peek bool) fingerprint {
+	h := sha256.New()
+	var buf [8]byte
+	for _, name := range names {
+		binary.BigEndian.PutUint64(buf[:], uint64(len(name)))
+		h.Write(buf[:])
+		h.Write([]byte(name))
+	}
+	binary.BigEndian.PutUint64(buf[:], uint64(cost))
+	h.Write(buf[:])
+	if peek {
+		h.Write([]byte{1})
+	} else {
+		h.Write([]byte{0})
+	}
+	var fp fingerprint
+	copy(fp[:], h.Sum(nil))
+	return fp
 }

@@ -2,10 +2,12 @@ package regional
 
 import (
 	"context"
+	"errors"
 	"math"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -18,6 +20,10 @@ import (
 	"github.com/quotacoord/quota/bucket"
 	"github.com/quotacoord/quota/internal/policy"
 )
+
+// RejectedHeader is the response header that carries the reason when the
+// Envoy API answers OVER_LIMIT for a request it cannot decide.
+const RejectedHeader = "x-quota-rejected"
 
 // rls serves envoy.service.ratelimit.v3.RateLimitService.
 type rls struct {
@@ -52,6 +58,15 @@ type envoyCheck struct {
 // semantics; see the package documentation. The request pins the shares at
 // its start and releases them on return (after its refunds), whatever path
 // it takes.
+//
+// Input never makes it fail: Envoy admits a request whose rate limit call
+// fails (unless failure_mode_deny is set), so a request the node cannot
+// decide (too many descriptors or entries, an empty or oversize key or
+// domain, an invalid limit override) is answered OVER_LIMIT with the
+// reason in RejectedHeader, and charges nothing. Values of any length are
+// hashed, and a hits_addend above MaxCost is denied like any cost above
+// the capacity. Errors are left for policies not yet loaded (Unavailable)
+// and for a caller that went away.
 func (r *rls) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	shares := r.n.beginShares()
 	defer shares.end()
@@ -61,14 +76,22 @@ func (r *rls) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) 
 	}
 	ec, err := r.n.prepareEnvoy(set, req, &shares)
 	if err != nil {
-		return nil, err
+		return r.n.rejectEnvoy(req, err), nil
 	}
 	now := r.n.cfg.Clock.Now()
 	ctx, span := r.n.startSpan(ctx, "regional.ShouldRateLimit")
 	defer span.End()
 	out, err := r.n.decide(ctx, now, ec.items)
 	if err != nil {
-		return nil, statusOf(err)
+		switch {
+		case ctx.Err() != nil:
+			return nil, statusOf(err)
+		case isInputError(err):
+			return r.n.rejectEnvoy(req, err), nil
+		}
+		// The reason reaches the client: no internal error text in it.
+		r.n.logDegraded(now, policy.FailClosed, err)
+		return r.n.rejectEnvoy(req, errUndecided), nil
 	}
 	r.n.account(ec.items, out)
 	r.n.logDecision("envoy", req.GetDomain(), ec.items, out)
@@ -181,9 +204,9 @@ func (n *Node) prepareEnvoy(set *policy.Set, req *rlsv3.RateLimitRequest, shares
 		if h := d.GetHitsAddend(); h != nil {
 			cost = h.GetValue()
 		}
-		if cost > MaxCost {
-			return nil, status.Errorf(codes.InvalidArgument, "descriptor %d: hits_addend %d exceeds %d", i, cost, int64(MaxCost))
-		}
+		// MaxCost exceeds every capacity: a larger hits_addend is denied
+		// like any cost above the capacity, never refused.
+		cost = min(cost, MaxCost)
 		m := matches[i]
 		var it item
 		switch {
@@ -207,6 +230,8 @@ func (n *Node) prepareEnvoy(set *policy.Set, req *rlsv3.RateLimitRequest, shares
 			ec.limits[i] = envoyLimitInto(&lims[i], it)
 		}
 		if d.GetIsNegativeHits() && !it.unlimited {
+			// A refund never fills a bucket above its capacity.
+			it.req.Cost = min(it.req.Cost, it.req.Limits.Capacity)
 			ec.slot[i] = -2
 			ec.refunds = append(ec.refunds, it)
 			continue
@@ -215,6 +240,42 @@ func (n *Node) prepareEnvoy(set *policy.Set, req *rlsv3.RateLimitRequest, shares
 		ec.items = append(ec.items, it)
 	}
 	return ec, nil
+}
+
+// errUndecided is the reason given for a request that failed for a cause
+// other than its input (logged, not told to the client).
+var errUndecided = errors.New("the node could not decide this request")
+
+// maxRejectReason bounds the reason RejectedHeader carries.
+const maxRejectReason = 256
+
+// rejectEnvoy answers a request the node cannot decide (err says why):
+// OVER_LIMIT overall and for every descriptor, the reason in
+// RejectedHeader (printable ASCII), counted by API. Envoy then denies
+// the request whatever its failure_mode_deny.
+func (n *Node) rejectEnvoy(req *rlsv3.RateLimitRequest, err error) *rlsv3.RateLimitResponse {
+	reason := status.Convert(err).Message()
+	if len(reason) > maxRejectReason {
+		reason = reason[:maxRejectReason]
+	}
+	reason = strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f || r >= utf8.RuneSelf {
+			return '?'
+		}
+		return r
+	}, reason)
+	n.m.rejected.WithLabelValues("envoy").Inc()
+	resp := &rlsv3.RateLimitResponse{
+		OverallCode:          rlsv3.RateLimitResponse_OVER_LIMIT,
+		ResponseHeadersToAdd: []*corev3.HeaderValue{{Key: RejectedHeader, Value: reason}},
+	}
+	if k := len(req.GetDescriptors()); k <= MaxDescriptors {
+		resp.Statuses = make([]*rlsv3.RateLimitResponse_DescriptorStatus, k)
+		for i := range resp.Statuses {
+			resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OVER_LIMIT}
+		}
+	}
+	return resp
 }
 
 // flatEntries converts the entries of descs, every descriptor's in one

@@ -105,36 +105,40 @@ func TestNegativeCache(t *testing.T) {
 func TestReplayCache(t *testing.T) {
 	ctx := context.Background()
 	c := newReplayCache(2, time.Minute)
-	r, e, err := c.begin(ctx, "a", t0)
+	r, e, err := c.begin(ctx, "a", fingerprint{}, t0)
 	if r != nil || e == nil || err != nil {
 		t.Fatalf("first begin = %v, %v, %v", r, e, err)
 	}
 	done := make(chan *quotav1.CheckResponse)
 	go func() { // a retry while the first is in flight waits for it
-		r, _, _ := c.begin(ctx, "a", t0.Add(time.Second))
+		r, _, _ := c.begin(ctx, "a", fingerprint{}, t0.Add(time.Second))
 		done <- r
 	}()
 	c.finish(e, &quotav1.CheckResponse{Allowed: true, Remaining: 7})
 	if r := <-done; r == nil || r.Remaining != 7 {
 		t.Fatalf("waiting retry got %v", r)
 	}
-	if r, _, _ := c.begin(ctx, "a", t0.Add(2*time.Minute)); r != nil {
+	other := requestFingerprint([]string{"p"}, 0, true)
+	if _, _, err := c.begin(ctx, "a", other, t0.Add(time.Second)); !errors.Is(err, errKeyReused) {
+		t.Fatalf("key with another fingerprint: %v, want errKeyReused", err)
+	}
+	if r, _, _ := c.begin(ctx, "a", fingerprint{}, t0.Add(2*time.Minute)); r != nil {
 		t.Fatal("replayed after the TTL")
 	}
 	// A failed owner is forgotten.
-	_, e, _ = c.begin(ctx, "b", t0)
+	_, e, _ = c.begin(ctx, "b", fingerprint{}, t0)
 	c.finish(e, nil)
-	if r, e2, _ := c.begin(ctx, "b", t0); r != nil || e2 == nil {
+	if r, e2, _ := c.begin(ctx, "b", fingerprint{}, t0); r != nil || e2 == nil {
 		t.Fatal("failed check replayed")
 	}
-	c.begin(ctx, "c", t0)
-	c.begin(ctx, "d", t0)
+	c.begin(ctx, "c", fingerprint{}, t0)
+	c.begin(ctx, "d", fingerprint{}, t0)
 	if n := c.len(); n != 2 {
 		t.Fatalf("len %d, bound 2", n)
 	}
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, _, err := c.begin(cctx, "d", t0); !errors.Is(err, context.Canceled) {
+	if _, _, err := c.begin(cctx, "d", fingerprint{}, t0); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled wait: %v", err)
 	}
 }

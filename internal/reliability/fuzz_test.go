@@ -1,6 +1,7 @@
 package reliability
 
 import (
+	"errors"
 	"net/http"
 	"net/netip"
 	"strings"
@@ -11,15 +12,27 @@ import (
 )
 
 // FuzzSubjectNormalization: any header value and remote address becomes
-// either a clear error or a subject that, hashed when it must be, makes a
-// valid bucket key that contains no byte of a raw value that needed
-// hashing.
+// either an error wrapping httplimit.ErrNoSubject or a subject that,
+// hashed when it must be, makes a valid bucket key that contains no byte
+// of a raw value that needed hashing. The forwarded text is tried as
+// X-Forwarded-For and as Forwarded, each read only by the ClientIP whose
+// proxies set that header: the other header never changes its answer.
 func FuzzSubjectNormalization(f *testing.F) {
 	f.Add("sk_live_abc", "tenant-1", "203.0.113.7:443", "198.51.100.1, 10.0.0.1")
 	f.Add("", "bad tenant", "[::1]:80", "")
 	f.Add(strings.Repeat("k", 2000), strings.Repeat("t", 97), "not-an-addr", "1.2.3.4,,,")
 	f.Add("a\x00b", "ok_-", "10.0.0.1:1", "::ffff:1.2.3.4")
+	f.Add("k", "t", "10.0.0.1:1", `for=192.0.2.1;proto=https, for="[2001:db8::1]:80"`)
+	f.Add("k", "t", "10.0.0.1:1", `for="192.0.2.1`)
 	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("::1/128")}
+	xffIP, err := httplimit.ClientIP(httplimit.Proxies{Trusted: trusted, Header: "X-Forwarded-For"})
+	if err != nil {
+		f.Fatal(err)
+	}
+	fwdIP, err := httplimit.ClientIP(httplimit.Proxies{Trusted: trusted, Header: "Forwarded"})
+	if err != nil {
+		f.Fatal(err)
+	}
 	f.Fuzz(func(t *testing.T, apiKey, tenant, remote, forwarded string) {
 		r, err := http.NewRequest("GET", "http://x/", nil)
 		if err != nil {
@@ -29,13 +42,28 @@ func FuzzSubjectNormalization(f *testing.F) {
 		r.Header.Set("X-Api-Key", apiKey)
 		r.Header.Set("X-Tenant", tenant)
 		r.Header.Set("X-Forwarded-For", forwarded)
+		r.Header.Set("Forwarded", forwarded)
+		for _, only := range []struct {
+			fn     httplimit.SubjectFunc
+			other  string
+			header string
+		}{{xffIP, "Forwarded", "X-Forwarded-For"}, {fwdIP, "X-Forwarded-For", "Forwarded"}} {
+			with, errWith := only.fn(r)
+			alone := r.Clone(r.Context())
+			alone.Header.Del(only.other)
+			without, errWithout := only.fn(alone)
+			if with != without || (errWith == nil) != (errWithout == nil) {
+				t.Fatalf("ClientIP reading %s: %v, %v with %s; %v, %v without it", only.header, with, errWith, only.other, without, errWithout)
+			}
+		}
 		for name, fn := range map[string]httplimit.SubjectFunc{
-			"header": httplimit.Header("X-Api-Key"), "tenant": httplimit.Tenant("X-Tenant"), "ip": httplimit.ClientIP(trusted),
+			"header": httplimit.Header("X-Api-Key"), "tenant": httplimit.Tenant("X-Tenant"),
+			"ip (X-Forwarded-For)": xffIP, "ip (Forwarded)": fwdIP,
 		} {
 			s, err := fn(r)
 			if err != nil {
-				if err.Error() == "" {
-					t.Fatalf("%s: empty error", name)
+				if !errors.Is(err, httplimit.ErrNoSubject) {
+					t.Fatalf("%s: error %v does not wrap ErrNoSubject", name, err)
 				}
 				continue
 			}

@@ -5,6 +5,9 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -20,7 +23,10 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/quotacoord/quota/client"
+	"github.com/quotacoord/quota/httplimit"
 	"github.com/quotacoord/quota/internal/coordinator"
 	"github.com/quotacoord/quota/internal/etcdtest"
 	"github.com/quotacoord/quota/internal/logbuf"
@@ -442,4 +448,141 @@ func scanRedis(t *testing.T, ctx context.Context, rc *redis.Client) redisContent
 	out.keys = len(keys)
 	out.text = b.String() // key names first, then what they hold
 	return out
+}
+
+// TestAdmissionAttacks tries, against a node run through regional.Main on
+// Redis, the attacks of a client that can only send requests through the
+// edge: each must lift no limit (admissions beyond the capacity) and cause
+// no fail-open answer (an error, which Envoy with failure_mode_deny: false
+// and a failing-open caller turn into admission). Each attack is a row of
+// the security table.
+func TestAdmissionAttacks(t *testing.T) {
+	srv := redistest.Start(t)
+	const capacity = 5
+	pol := writePolicies(t, `policies:
+  - {name: capped, capacity: 5, rate: 5/hour, failure_mode: closed}
+  - {name: per-ip, subject: ip, capacity: 5, rate: 5/hour, failure_mode: closed}
+`)
+	writeFile(t, filepath.Join(filepath.Dir(pol), "envoy.yaml"),
+		[]byte("domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 5}\n"))
+	n := startNode(t, []string{"-redis", srv.Addr, "-policies", filepath.Dir(pol), "-subject-salt", "attack-salt"}, nil)
+	rls := rlsv3.NewRateLimitServiceClient(n.conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	type outcome struct{ sent, admitted, failOpen int }
+	report := func(name string, o outcome, limit int) {
+		t.Helper()
+		lifted := max(o.admitted-limit, 0)
+		record(t, Entry{Kind: KindSecurity, Name: "attack: " + name, Injected: o.sent > 0,
+			Survived: o.sent > 0 && lifted == 0 && o.failOpen == 0,
+			Note:     fmt.Sprintf("requests=%d limits_lifted=%d fail_open=%d", o.sent, lifted, o.failOpen)})
+		if lifted > 0 || o.failOpen > 0 {
+			t.Errorf("%s: %d requests, %d admitted beyond the limit of %d, %d answered with an error", name, o.sent, lifted, limit, o.failOpen)
+		}
+	}
+	envoy := func(o *outcome, req *rlsv3.RateLimitRequest) {
+		o.sent++
+		resp, err := rls.ShouldRateLimit(ctx, req)
+		switch {
+		case err != nil:
+			o.failOpen++
+		case resp.OverallCode == rlsv3.RateLimitResponse_OK:
+			o.admitted++
+		}
+	}
+	entry := func(k, v string) []*rlcommon.RateLimitDescriptor_Entry {
+		return []*rlcommon.RateLimitDescriptor_Entry{{Key: k, Value: v}}
+	}
+
+	// 1. A descriptor value over the length limit (a 1 KiB x-tenant-id).
+	var long outcome
+	value := strings.Repeat("t", 1025)
+	for range 2 * capacity {
+		envoy(&long, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: entry("tenant", value)}}})
+	}
+	report("Envoy descriptor value over the length limit", long, capacity)
+
+	// 1. Input the node cannot decide, and a huge hits_addend: none may
+	// be admitted at all.
+	deep := &rlcommon.RateLimitDescriptor{}
+	for range 17 {
+		deep.Entries = append(deep.Entries, entry("tenant", "a")...)
+	}
+	many := make([]*rlcommon.RateLimitDescriptor, 65)
+	for i := range many {
+		many[i] = &rlcommon.RateLimitDescriptor{Entries: entry("tenant", "b")}
+	}
+	var bad outcome
+	for range capacity {
+		for _, req := range []*rlsv3.RateLimitRequest{
+			{Domain: "edge", Descriptors: []*rlcommon.RateLimitDescriptor{deep}},
+			{Domain: "edge", Descriptors: many},
+			{Domain: "edge", Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: entry("", "c")}}},
+			{Domain: "edge", Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: entry("tenant", "d"), HitsAddend: wrapperspb.UInt64(1 << 60)}}},
+			{Domain: "edge", Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: entry("tenant", "e"),
+				Limit: &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 0}}}},
+		} {
+			envoy(&bad, req)
+		}
+	}
+	report("Envoy input that cannot be decided (entries, descriptors, key, hits_addend, override)", bad, 0)
+
+	// 3. A client-supplied Forwarded header behind a proxy that appends
+	// X-Forwarded-For only.
+	cl, err := client.New(n.grpcAddr, client.WithDialOptions(grpc.WithTransportCredentials(insecure.NewCredentials())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	subject, err := httplimit.ClientIP(httplimit.Proxies{Trusted: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, Header: "X-Forwarded-For"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := httplimit.New(httplimit.Config{Checker: cl, Policies: []httplimit.Policy{{Name: "per-ip"}}, Subject: subject})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := lim.Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
+	var spoof outcome
+	for i := range 2 * capacity {
+		req := httptest.NewRequest("GET", "/", nil).WithContext(ctx)
+		req.RemoteAddr = "10.0.0.2:40000"
+		req.Header.Set("Forwarded", fmt.Sprintf("for=192.0.2.%d", i+1))
+		req.Header.Set("X-Forwarded-For", "203.0.113.50")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		spoof.sent++
+		switch {
+		case rec.Code == http.StatusNoContent:
+			spoof.admitted++
+		case rec.Code != http.StatusTooManyRequests:
+			spoof.failOpen++
+		}
+	}
+	report("spoofed Forwarded header behind an X-Forwarded-For proxy", spoof, capacity)
+
+	// 7. A peek with idempotency key K, then a charge with key K.
+	var idem outcome
+	for i := range 2 * capacity {
+		key := fmt.Sprintf("k-%d", i)
+		idem.sent += 2
+		if _, err := n.adm.Check(ctx, &quotav1.CheckRequest{Subject: "attacker", Policies: []string{"capped"}, Peek: true, IdempotencyKey: key}); err != nil {
+			idem.failOpen++
+		}
+		r, err := n.adm.Check(ctx, &quotav1.CheckRequest{Subject: "attacker", Policies: []string{"capped"}, IdempotencyKey: key})
+		switch {
+		case err == nil && r.Allowed:
+			idem.admitted++
+		case err != nil && status.Code(err) != codes.InvalidArgument:
+			idem.failOpen++
+		}
+	}
+	for range capacity { // honest charges still get the whole budget, and no more
+		idem.sent++
+		if r, err := n.adm.Check(ctx, &quotav1.CheckRequest{Subject: "attacker", Policies: []string{"capped"}}); err == nil && r.Allowed {
+			idem.admitted++
+		}
+	}
+	report("idempotency key of a peek replayed for a charge", idem, capacity)
 }

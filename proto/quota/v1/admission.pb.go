@@ -42,7 +42,9 @@ type CheckRequest struct {
 	Cost int64 `protobuf:"varint,4,opt,name=cost,proto3" json:"cost,omitempty"`
 	// idempotency_key, when set, makes a retry within the node's idempotency
 	// window return the first decision without charging again. At most 128
-	// bytes.
+	// bytes. The key is bound to the request (subject, policies in order,
+	// cost, peek): reusing it within the window for a different request is
+	// INVALID_ARGUMENT and charges nothing.
 	IdempotencyKey string `protobuf:"bytes,5,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
 	// peek reports the buckets without charging them.
 	Peek          bool `protobuf:"varint,6,opt,name=peek,proto3" json:"peek,omitempty"`
