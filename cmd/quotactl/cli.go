@@ -16,7 +16,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/quotacoord/quota/internal/coordinator"
+	"github.com/quotacoord/quota/internal/operatortoken"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
@@ -303,7 +303,7 @@ func (o *options) dial() (*grpc.ClientConn, error) {
 		if err != nil {
 			return nil, err
 		}
-		tok, err := coordinator.ClientToken(data)
+		tok, err := operatortoken.ForClient(data)
 		if err != nil {
 			return nil, err
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/quotacoord/quota/internal/clock"
+	"github.com/quotacoord/quota/internal/operatortoken"
 	"github.com/quotacoord/quota/internal/tlsconfig"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
 	"github.com/quotacoord/quota/rebalance"
@@ -166,7 +167,7 @@ func Start(ctx context.Context, cfg Config) (*Coordinator, error) {
 			tokenFile = cfg.DataDir + "/operator-tokens"
 		}
 	}
-	tokens, err := LoadTokenFile(tokenFile)
+	tokens, err := operatortoken.LoadFile(tokenFile)
 	if err != nil {
 		return fail(err)
 	}
@@ -441,25 +442,10 @@ func serverTLS(cfg Config) (*tls.Config, error) {
 // a loopback address only, unless InsecureOperatorPlaintext says the
 // operator knows (a mesh that encrypts, a test network).
 func checkOperatorTransport(cfg Config) error {
-	if cfg.TLSCert != "" || cfg.InsecureOperatorPlaintext || isLoopbackAddr(cfg.GRPCAddr) {
+	if cfg.TLSCert != "" || cfg.InsecureOperatorPlaintext || operatortoken.LoopbackAddr(cfg.GRPCAddr) {
 		return nil
 	}
 	return fmt.Errorf("%w: the operator API on %q would carry bearer tokens in plaintext on a non-loopback address: "+
 		"give TLSCert and TLSKey (-tls-cert, -tls-key), listen on loopback, or set InsecureOperatorPlaintext (-insecure-operator-plaintext)",
 		ErrConfig, cfg.GRPCAddr)
-}
-
-// isLoopbackAddr reports whether host:port listens on loopback only: a
-// loopback IP or "localhost". An empty or unspecified host listens on
-// every interface.
-func isLoopbackAddr(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
