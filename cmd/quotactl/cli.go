@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"os"
 	"slices"
 	"strconv"
@@ -29,9 +30,13 @@ import (
 type options struct {
 	addr, tokenFile, output string
 	tlsCA, tlsCert, tlsKey  string
-	tls                     bool
+	tls, insecurePlaintext  bool
 	timeout                 time.Duration
 	stdout                  io.Writer
+	// dialer, when set, opens the connections to the coordinator in
+	// place of the default TCP dialer (tests route a remote address to a
+	// loopback listener with it).
+	dialer func(ctx context.Context, addr string) (net.Conn, error)
 }
 
 // run executes quotactl with args; tests call it directly.
@@ -59,6 +64,7 @@ func newRootCmd(o *options) *cobra.Command {
 	f.StringVar(&o.tlsCA, "tls-ca", "", "CA certificate that signed the coordinator's certificate")
 	f.StringVar(&o.tlsCert, "tls-cert", "", "client certificate for mTLS")
 	f.StringVar(&o.tlsKey, "tls-key", "", "client key for mTLS")
+	f.BoolVar(&o.insecurePlaintext, "insecure-plaintext", false, "send the bearer token without TLS to a non-loopback --coordinator (anyone on the path can read it)")
 	f.DurationVar(&o.timeout, "timeout", 10*time.Second, "deadline of each call")
 	root.AddCommand(newPolicyCmd(o), newAllocCmd(o), newRebalanceCmd(o), newDryRunCmd(o),
 		newFreezeCmd(o), newUnfreezeCmd(o), newPinCmd(o), newUnpinCmd(o), newWeightCmd(o), newMinimumCmd(o),
@@ -143,7 +149,15 @@ func (o *options) dial() (*grpc.ClientConn, error) {
 		}
 		creds = credentials.NewTLS(tc)
 	}
+	secure := creds.Info().SecurityProtocol == "tls"
+	if o.tokenFile != "" && !secure && !o.insecurePlaintext && !plaintextSafe(o.addr) {
+		return nil, fmt.Errorf("refusing to send the bearer token of --token-file in plaintext to %q, which is not a loopback address: "+
+			"use --tls (with --tls-ca for a private CA), or --insecure-plaintext if the path is encrypted otherwise", o.addr)
+	}
 	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	if o.dialer != nil {
+		opts = append(opts, grpc.WithContextDialer(o.dialer))
+	}
 	if o.tokenFile != "" {
 		data, err := os.ReadFile(o.tokenFile)
 		if err != nil {
@@ -153,22 +167,39 @@ func (o *options) dial() (*grpc.ClientConn, error) {
 		if err != nil {
 			return nil, err
 		}
-		opts = append(opts, grpc.WithPerRPCCredentials(bearer{token: tok, secure: creds.Info().SecurityProtocol == "tls"}))
+		opts = append(opts, grpc.WithPerRPCCredentials(bearer{token: tok}))
 	}
 	return grpc.NewClient(o.addr, opts...)
 }
 
-type bearer struct {
-	token  string
-	secure bool
+// plaintextSafe reports whether a gRPC target keeps what is sent to it on
+// this machine: a Unix socket, or a host:port (bare or after dns:/// or
+// passthrough:///) that operatortoken.LoopbackAddr accepts. Any other
+// name or resolver may lead off the machine.
+func plaintextSafe(target string) bool {
+	scheme, rest, ok := strings.Cut(target, ":")
+	switch {
+	case ok && (scheme == "unix" || scheme == "unix-abstract"):
+		return true
+	case ok && (scheme == "dns" || scheme == "passthrough") && strings.HasPrefix(rest, "//"):
+		// scheme://[authority]/endpoint: the authority names a DNS
+		// server, the endpoint is where the call goes.
+		_, endpoint, found := strings.Cut(strings.TrimPrefix(rest, "//"), "/")
+		return found && operatortoken.LoopbackAddr(endpoint)
+	}
+	return operatortoken.LoopbackAddr(target)
 }
+
+// bearer sends the operator token with every call.
+type bearer struct{ token string }
 
 func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
 	return map[string]string{"authorization": "Bearer " + b.token}, nil
 }
 
 // RequireTransportSecurity is false so that tokens work on loopback
-// without TLS; use --tls across machines.
+// without TLS; dial refuses plaintext elsewhere unless
+// --insecure-plaintext.
 func (b bearer) RequireTransportSecurity() bool { return false }
 
 func (o *options) print(m proto.Message, table func(*tabwriter.Writer)) error {
