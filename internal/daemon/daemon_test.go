@@ -131,8 +131,11 @@ func TestExec(t *testing.T) {
 		if err := Parse(newFlags(&s, stderr), args, env); err != nil {
 			return err
 		}
-		if s.count == 0 {
+		switch s.count {
+		case 0:
 			return errors.New("nothing to count")
+		case 1:
+			return errors.New("d: one is not enough")
 		}
 		return nil
 	}
@@ -144,11 +147,13 @@ func TestExec(t *testing.T) {
 		{nil, ExitOK, ""},
 		{[]string{"-h"}, ExitOK, "Usage of d"},
 		{[]string{"-nope"}, ExitUsage, "d: flag provided but not defined: -nope"},
-		{[]string{"-count", "0"}, ExitError, "d: nothing to count"},
+		{[]string{"-count", "0"}, ExitError, "d: nothing to count\n"},
+		{[]string{"-count", "1"}, ExitError, "\nd: one is not enough\n"},
 	}
 	for _, c := range cases {
 		var out bytes.Buffer
-		if code := Exec(context.Background(), "d", run, c.args, nil, &out); code != c.code || !strings.Contains(out.String(), c.out) {
+		code := Exec(context.Background(), "d", run, c.args, nil, &out)
+		if code != c.code || !strings.Contains("\n"+out.String(), c.out) {
 			t.Errorf("%v: exit %d, output %q; want %d and %q", c.args, code, out.String(), c.code, c.out)
 		}
 	}

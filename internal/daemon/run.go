@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/hashicorp/go-hclog"
@@ -37,19 +38,21 @@ const (
 // Exec runs run and returns the process's exit status: ExitOK when it
 // returned nil or after -h printed the usage, ExitUsage for a *UsageError,
 // ExitError for any other error. Errors are written to stderr as
-// "name: error".
+// "name: error" (once, when the error already starts with the name).
 func Exec(ctx context.Context, name string, run RunFunc, args, env []string, stderr io.Writer) int {
 	err := run(ctx, args, env, stderr)
-	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp):
+	if err == nil || errors.Is(err, flag.ErrHelp) {
 		return ExitOK
-	case errors.As(err, new(*UsageError)):
-		fmt.Fprintf(stderr, "%s: %v\n", name, err)
-		return ExitUsage
-	default:
-		fmt.Fprintf(stderr, "%s: %v\n", name, err)
-		return ExitError
 	}
+	msg := err.Error()
+	if !strings.HasPrefix(msg, name+": ") {
+		msg = name + ": " + msg
+	}
+	fmt.Fprintln(stderr, msg)
+	if errors.As(err, new(*UsageError)) {
+		return ExitUsage
+	}
+	return ExitError
 }
 
 // Main is a daemon's main function: Exec with the process's arguments,

@@ -34,6 +34,7 @@ import (
 
 	"github.com/quotacoord/quota/bucket"
 	"github.com/quotacoord/quota/internal/clock"
+	"github.com/quotacoord/quota/internal/daemon"
 	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/internal/regionsync"
 	"github.com/quotacoord/quota/internal/tlsconfig"
@@ -54,8 +55,7 @@ type options struct {
 	redis, etcd, policies           string
 	storeTimeout, breakerCooldown   time.Duration
 	breakerThreshold                int
-	jsonLogs                        bool
-	logLevel                        string
+	logs                            daemon.LogFlags
 	otlpEndpoint                    string
 	tlsCert, tlsKey, tlsClientCA    string
 	redisTLSCA, redisTLSCert        string
@@ -72,6 +72,8 @@ type options struct {
 	redisMerge                      int
 }
 
+// parseFlags reads the node's flags from args, their defaults from the
+// QUOTA_* variables of env (daemon.Parse), and checks them.
 func parseFlags(args []string, env []string, stderr io.Writer) (*options, error) {
 	o := &options{}
 	fs := flag.NewFlagSet("regional", flag.ContinueOnError)
@@ -87,8 +89,6 @@ func parseFlags(args []string, env []string, stderr io.Writer) (*options, error)
 	fs.IntVar(&o.redisMerge, "redis-merge", 0, fmt.Sprintf("most concurrent single-bucket checks merged into one Redis script call (within one hash slot on a cluster); 0 = %d, 1 = no merging, at most %d", bucket.DefaultMerge, maxRedisMerge))
 	fs.IntVar(&o.breakerThreshold, "breaker-threshold", 5, "consecutive Redis failures that open the circuit breaker")
 	fs.DurationVar(&o.breakerCooldown, "breaker-cooldown", time.Second, "how long the open breaker keeps Redis out before a probe")
-	fs.BoolVar(&o.jsonLogs, "json-logs", false, "log JSON lines")
-	fs.StringVar(&o.logLevel, "log-level", "info", "trace, debug, info, warn or error")
 	fs.StringVar(&o.otlpEndpoint, "otlp-endpoint", "", "OTLP gRPC endpoint (host:port) for traces; empty = tracing off")
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate for the gRPC server (with -tls-key)")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "PEM private key for the gRPC server")
@@ -108,33 +108,11 @@ func parseFlags(args []string, env []string, stderr io.Writer) (*options, error)
 	fs.IntVar(&o.decisionLogEvery, "decision-log-every", 0, "log one decision in N (subject hashed); 0 = off")
 	fs.IntVar(&o.localMaxBuckets, "local-max-buckets", 100000, "bound on buckets of the in-process store")
 	fs.DurationVar(&o.reportInterval, "report-interval", 5*time.Second, "demand report interval (with -etcd)")
-	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long a graceful shutdown may take")
+	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", daemon.DefaultShutdownTimeout, "how long a graceful shutdown may take")
 	fs.DurationVar(&o.reloadSettle, "reload-settle", 200*time.Millisecond, "quiet time after a policy file change before reloading")
-	// Environment variables QUOTA_<FLAG> (dashes as underscores) set
-	// defaults; flags on the command line win.
-	envs := map[string]string{}
-	for _, kv := range env {
-		if k, v, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(k, "QUOTA_") {
-			envs[k] = v
-		}
-	}
-	var envErr error
-	fs.VisitAll(func(f *flag.Flag) {
-		k := "QUOTA_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		if v, ok := envs[k]; ok && envErr == nil {
-			if err := f.Value.Set(v); err != nil {
-				envErr = fmt.Errorf("regional: %s=%q: %w", k, v, err)
-			}
-		}
-	})
-	if envErr != nil {
-		return nil, envErr
-	}
-	if err := fs.Parse(args); err != nil {
-		return nil, fmt.Errorf("regional: %w", err)
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("regional: unexpected arguments %q", fs.Args())
+	o.logs.Register(fs)
+	if err := daemon.Parse(fs, args, env); err != nil {
+		return nil, err
 	}
 	if o.policies == "" && o.etcd == "" {
 		return nil, errors.New("regional: give -policies FILE (standalone) or -etcd ENDPOINTS")
@@ -173,23 +151,26 @@ func parseFlags(args []string, env []string, stderr io.Writer) (*options, error)
 }
 
 // Main runs one regional node until ctx is done, then shuts down
-// gracefully: it stops accepting, lets in-flight checks finish, flushes
-// the last demand report and closes its stores. args are the command-line
-// arguments without the program name; env is os.Environ()-style; the
-// listening addresses and logs go to stdout. It starts goroutines for the
+// gracefully: health turns NOT_SERVING, in-flight checks finish (within
+// -shutdown-timeout), the last demand report is flushed and the stores
+// close. args are the command-line arguments without the program name,
+// env is os.Environ()-style (QUOTA_* variables set flag defaults, see
+// internal/daemon); the usage, the logs and the "grpc listening on" and
+// "http listening on" lines go to stderr. It starts goroutines for the
 // servers and the policy watcher and waits for all of them before
 // returning.
-func Main(ctx context.Context, args, env []string, stdout io.Writer) error {
-	o, err := parseFlags(args, env, stdout)
+func Main(ctx context.Context, args, env []string, stderr io.Writer) error {
+	o, err := parseFlags(args, env, stderr)
 	if err != nil {
 		return err
 	}
-	level := hclog.LevelFromString(o.logLevel)
-	if level == hclog.NoLevel {
-		return fmt.Errorf("regional: -log-level %q, want trace, debug, info, warn or error", o.logLevel)
+	log, err := o.logs.Logger("regional", stderr)
+	if err != nil {
+		return err
 	}
-	log := hclog.New(&hclog.LoggerOptions{Name: "regional", Output: stdout, JSONFormat: o.jsonLogs, Level: level})
 	log = log.With("region", o.region, "node", o.nodeID)
+	var cleanup daemon.Cleanup
+	defer cleanup.Run()
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -202,11 +183,11 @@ func Main(ctx context.Context, args, env []string, stdout io.Writer) error {
 		}
 		res, _ := sdkresource.Merge(sdkresource.Default(), sdkresource.NewSchemaless())
 		sdk := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
-		defer func() {
+		cleanup.Push(func() {
 			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			_ = sdk.Shutdown(sctx)
-		}()
+		})
 		tp = sdk
 	}
 
@@ -224,7 +205,7 @@ func Main(ctx context.Context, args, env []string, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
-		defer rc.Close()
+		cleanup.Push(func() { _ = rc.Close() })
 		// One pipeline in flight per P, at most the store's default: a
 		// node on one core then sends every waiting call in one pipeline
 		// rather than splitting them over two (pipelines twice as large,
@@ -234,7 +215,7 @@ func Main(ctx context.Context, args, env []string, stdout io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("regional: redis store: %w", err)
 		}
-		defer rs.Close()
+		cleanup.Push(func() { _ = rs.Close() })
 		store = rs
 		log.Info("using redis", "redis", redactURL(o.redis))
 	} else {
@@ -245,21 +226,20 @@ func Main(ctx context.Context, args, env []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	cleanup.Push(ss.stop)
 	cfg := Config{
 		Region: o.region, Store: store, Local: local, Shares: ss.shares, Demand: ss.demand,
 		Logger: log, Registerer: reg, TracerProvider: tp, StoreTimeout: o.storeTimeout,
 		BreakerThreshold: o.breakerThreshold, BreakerCooldown: o.breakerCooldown,
-		UnknownPolicy: UnknownPolicy(o.unknownPolicy), SubjectSalt: o.subjectSalt, EnvoyPlainKeys: splitList(o.envoyPlainKeys),
+		UnknownPolicy: UnknownPolicy(o.unknownPolicy), SubjectSalt: o.subjectSalt, EnvoyPlainKeys: daemon.SplitList(o.envoyPlainKeys),
 		DecisionLogEvery: o.decisionLogEvery, Headers: HeaderMode(o.headers),
 	}
 	n, err := New(cfg)
 	if err != nil {
-		ss.stop()
 		return err
 	}
 	if o.policies != "" {
 		if err := n.LoadPolicies(o.policies); err != nil {
-			ss.stop()
 			return err
 		}
 		log.Info("policies loaded", "path", o.policies, "policies", n.set.Load().Len())
@@ -283,7 +263,6 @@ func Main(ctx context.Context, args, env []string, stdout io.Writer) error {
 	if o.tlsCert != "" {
 		tc, err := serverTLS(o, log)
 		if err != nil {
-			ss.stop()
 			return err
 		}
 		serverOpts = append(serverOpts, grpc.Creds(credentials.NewTLS(tc)))
@@ -294,52 +273,33 @@ func Main(ctx context.Context, args, env []string, stdout io.Writer) error {
 	healthpb.RegisterHealthServer(gs, hs)
 	reflection.Register(gs)
 
-	gl, err := net.Listen("tcp", o.grpcAddr)
+	gl, hl, err := daemon.Listen(o.grpcAddr, o.httpAddr)
 	if err != nil {
-		ss.stop()
-		return fmt.Errorf("regional: listen gRPC: %w", err)
+		return fmt.Errorf("regional: %w", err)
 	}
-	hl, err := net.Listen("tcp", o.httpAddr)
-	if err != nil {
-		gl.Close()
-		ss.stop()
-		return fmt.Errorf("regional: listen HTTP: %w", err)
-	}
-	httpSrv := &http.Server{Handler: n.Handler(reg), ReadHeaderTimeout: 5 * time.Second}
-	fmt.Fprintf(stdout, "grpc listening on %s\nhttp listening on %s\n", gl.Addr(), hl.Addr())
+	servers := daemon.Servers{GRPC: gs, GRPCListener: gl, HTTPListener: hl, Health: hs,
+		HTTP:            &http.Server{Handler: n.Handler(reg), ReadHeaderTimeout: 5 * time.Second},
+		ShutdownTimeout: o.shutdownTimeout, Announce: stderr, Logger: log}
 
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	// The node's own goroutines run until the servers stopped.
+	nctx, stopNode := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	errc := make(chan error, 3)
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		if err := gs.Serve(gl); err != nil {
-			errc <- fmt.Errorf("regional: gRPC server: %w", err)
-		}
-	}()
-	go func() {
-		defer wg.Done()
-		if err := httpSrv.Serve(hl); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			errc <- fmt.Errorf("regional: HTTP server: %w", err)
-		}
-	}()
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		_ = local.Run(ctx) // sweeps expired in-process buckets until ctx ends
+		_ = local.Run(nctx) // sweeps expired in-process buckets until nctx ends
 	}()
 	if o.policies != "" {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := n.WatchPolicies(ctx, o.policies, o.reloadSettle); err != nil {
+			if err := n.WatchPolicies(nctx, o.policies, o.reloadSettle); err != nil {
 				log.Error("policy watcher stopped; no more reloads", "error", err)
 			}
 		}()
 	}
-	// Serving status follows readiness.
+	// Serving status follows readiness (until Serve's shutdown turns it
+	// NOT_SERVING for good).
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -355,40 +315,24 @@ func Main(ctx context.Context, args, env []string, stdout io.Writer) error {
 			hs.SetServingStatus("envoy.service.ratelimit.v3.RateLimitService", st)
 			n.RefreshShareGauges()
 			select {
-			case <-ctx.Done():
+			case <-nctx.Done():
 				return
 			case <-t.C:
 			}
 		}
 	}()
 
-	var runErr error
-	select {
-	case <-ctx.Done():
-	case runErr = <-errc:
+	runErr := daemon.Serve(ctx, servers)
+	if runErr != nil {
+		runErr = fmt.Errorf("regional: %w", runErr)
 	}
-	log.Info("shutting down")
-	cancel()
-	hs.Shutdown()
-	done := make(chan struct{})
-	go func() { gs.GracefulStop(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(o.shutdownTimeout):
-		log.Warn("graceful stop timed out; closing connections")
-		gs.Stop()
-		<-done
-	}
-	sctx, scancel := context.WithTimeout(context.Background(), o.shutdownTimeout)
-	defer scancel()
-	if err := httpSrv.Shutdown(sctx); err != nil {
-		_ = httpSrv.Close()
-	}
+	stopNode()
 	wg.Wait()
-	if err := ss.flush(sctx); err != nil {
+	fctx, cancel := context.WithTimeout(context.Background(), o.shutdownTimeout)
+	defer cancel()
+	if err := ss.flush(fctx); err != nil {
 		log.Warn("last demand report failed", "error", err)
 	}
-	ss.stop()
 	log.Info("stopped")
 	return runErr
 }
@@ -481,17 +425,6 @@ func redisHost(spec string) string {
 		return strings.TrimSpace(spec)
 	}
 	return host
-}
-
-// splitList splits a comma-separated flag value, dropping blanks.
-func splitList(s string) []string {
-	var out []string
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			out = append(out, f)
-		}
-	}
-	return out
 }
 
 func isDir(path string) bool {

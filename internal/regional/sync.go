@@ -4,12 +4,12 @@ import (
 	"context"
 	"fmt"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/quotacoord/quota/internal/daemon"
 	"github.com/quotacoord/quota/internal/demand"
 	"github.com/quotacoord/quota/internal/policy"
 	"github.com/quotacoord/quota/internal/regionsync"
@@ -36,13 +36,7 @@ func startSync(ctx context.Context, o *options, log hclog.Logger) (*syncer, erro
 	if o.etcd == "" {
 		return &syncer{shares: Standalone{}, attach: func(*Node) {}, flush: func(context.Context) error { return nil }, stop: func() {}}, nil
 	}
-	var endpoints []string
-	for _, e := range strings.Split(o.etcd, ",") {
-		if e = strings.TrimSpace(e); e != "" {
-			endpoints = append(endpoints, e)
-		}
-	}
-	client, err := regionsync.DialTLS(endpoints, tlsconfig.Etcd{CAFile: o.etcdTLSCA, CertFile: o.etcdTLSCert,
+	client, err := regionsync.DialTLS(daemon.SplitList(o.etcd), tlsconfig.Etcd{CAFile: o.etcdTLSCA, CertFile: o.etcdTLSCert,
 		KeyFile: o.etcdTLSKey, ServerName: o.etcdTLSServerName, Logger: log.Named("etcd-tls")})
 	if err != nil {
 		return nil, fmt.Errorf("regional: -etcd: %w", err)
