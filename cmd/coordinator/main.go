@@ -6,54 +6,49 @@
 // DATA_DIR/etcd.log). The -etcd-tls-* flags configure the coordinator's
 // own etcd client. It serves the operator API on -grpc-addr and /metrics
 // and /healthz on -http-addr.
+//
+// Settings, logging and shutdown follow internal/daemon, as for
+// cmd/regional: QUOTA_<FLAG> environment variables set flag defaults (a
+// flag wins), logs go to stderr (-log-level, -json-logs), SIGINT or SIGTERM
+// stop it gracefully within -shutdown-timeout.
 package main
 
 import (
 	"context"
-	"errors"
 	"flag"
-	"fmt"
 	"io"
-	"os"
-	"os/signal"
-	"strings"
-	"syscall"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/quotacoord/quota/allocator"
 	"github.com/quotacoord/quota/internal/coordinator"
+	"github.com/quotacoord/quota/internal/daemon"
 	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/rebalance"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Stderr)
-	stop()
-	if err != nil && !errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintln(os.Stderr, "coordinator:", err)
-		os.Exit(1)
-	}
-}
+func main() { daemon.Main("coordinator", run) }
 
-// run parses args into a coordinator.Config and runs it until ctx ends.
-func run(ctx context.Context, args []string, stderr io.Writer) error {
-	cfg, err := parse(args, stderr)
+// run parses args and env into a coordinator.Config and runs it until ctx
+// ends, logging to stderr.
+func run(ctx context.Context, args, env []string, stderr io.Writer) error {
+	cfg, err := parse(args, env, stderr)
 	if err != nil {
 		return err
 	}
 	return coordinator.Run(ctx, cfg)
 }
 
-func parse(args []string, stderr io.Writer) (coordinator.Config, error) {
+// parse reads the coordinator's flags from args, their defaults from the
+// QUOTA_* variables of env (daemon.Parse).
+func parse(args, env []string, stderr io.Writer) (coordinator.Config, error) {
 	fs := flag.NewFlagSet("coordinator", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
 		cfg                      coordinator.Config
 		etcd, writeNames, prefix string
 		algorithm, protocol      string
-		logLevel, name           string
+		name                     string
+		logs                     daemon.LogFlags
 		interval, report, skew   time.Duration
 		leaseTTL, sessionTTL     time.Duration
 		maxStep, deadBand, alpha float64
@@ -90,28 +85,18 @@ func parse(args []string, stderr io.Writer) (coordinator.Config, error) {
 	fs.Float64Var(&alpha, "smoothing", 0.5, "demand smoothing factor in (0, 1]")
 	fs.IntVar(&maxOverrides, "max-overrides", 64, "subject overrides per policy")
 	fs.StringVar(&protocol, "protocol", string(rebalance.ProtocolTwoStep), "two-step or naive (unsafe, for comparison)")
-	fs.StringVar(&logLevel, "log-level", "info", "trace, debug, info, warn or error")
-	if err := fs.Parse(args); err != nil {
+	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", daemon.DefaultShutdownTimeout, "how long a graceful shutdown may take")
+	logs.Register(fs)
+	if err := daemon.Parse(fs, args, env); err != nil {
 		return cfg, err
 	}
-	if fs.NArg() > 0 {
-		return cfg, fmt.Errorf("unexpected arguments %v", fs.Args())
+	cfg.EtcdEndpoints = daemon.SplitList(etcd)
+	cfg.WriteNames = daemon.SplitList(writeNames)
+	var err error
+	if cfg.Logger, err = logs.Logger("coordinator", stderr); err != nil {
+		return cfg, err
 	}
-	if etcd != "" {
-		for _, e := range strings.Split(etcd, ",") {
-			if e = strings.TrimSpace(e); e != "" {
-				cfg.EtcdEndpoints = append(cfg.EtcdEndpoints, e)
-			}
-		}
-	}
-	if writeNames != "" {
-		cfg.WriteNames = strings.Split(writeNames, ",")
-	}
-	lvl := hclog.LevelFromString(logLevel)
-	if lvl == hclog.NoLevel {
-		return cfg, fmt.Errorf("-log-level %q: want trace, debug, info, warn or error", logLevel)
-	}
-	cfg.Logger = hclog.New(&hclog.LoggerOptions{Name: "coordinator", Level: lvl, Output: stderr})
+	cfg.Announce = stderr
 	cfg.EtcdTLS.Logger = cfg.Logger.Named("etcd-tls")
 	cfg.Rebalance = rebalance.Config{
 		Prefix: prefix, Name: name,

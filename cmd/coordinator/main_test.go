@@ -1,16 +1,18 @@
 package main
 
 import (
+	"bytes"
 	"io"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/quotacoord/quota/internal/daemon"
 	"github.com/quotacoord/quota/rebalance"
 )
 
 func TestParse(t *testing.T) {
-	cfg, err := parse(nil, io.Discard)
+	cfg, err := parse(nil, nil, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -20,12 +22,12 @@ func TestParse(t *testing.T) {
 	if cfg.Rebalance.Interval != 5*time.Second || cfg.Rebalance.Protocol != rebalance.ProtocolTwoStep {
 		t.Fatalf("rebalance defaults: %+v", cfg.Rebalance)
 	}
-	cfg, err = parse([]string{"-etcd", "http://a:2379, http://b:2379", "-protocol", "naive", "-rebalance-interval", "1s"}, io.Discard)
+	cfg, err = parse([]string{"-etcd", "http://a:2379, http://b:2379", "-protocol", "naive", "-rebalance-interval", "1s"}, nil, io.Discard)
 	if err != nil || len(cfg.EtcdEndpoints) != 2 || cfg.Rebalance.Protocol != rebalance.ProtocolNaive {
 		t.Fatalf("flags: %+v %v", cfg, err)
 	}
 	for _, bad := range [][]string{{"-log-level", "loud"}, {"extra"}, {"-max-step", "x"}} {
-		if _, err := parse(bad, io.Discard); err == nil {
+		if _, err := parse(bad, nil, io.Discard); err == nil {
 			t.Errorf("%v accepted", bad)
 		}
 	}
@@ -33,8 +35,40 @@ func TestParse(t *testing.T) {
 
 func TestRunRejectsBadProtocol(t *testing.T) {
 	err := run(t.Context(), []string{"-etcd", "http://127.0.0.1:1", "-protocol", "yolo", "-data-dir", t.TempDir(),
-		"-operator-token-file", t.TempDir() + "/tok", "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0"}, io.Discard)
+		"-operator-token-file", t.TempDir() + "/tok", "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0"}, nil, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "protocol") {
 		t.Fatalf("err %v, want a protocol error", err)
+	}
+}
+
+// TestEnvironment: QUOTA_* variables set defaults, flags win.
+func TestEnvironment(t *testing.T) {
+	env := []string{"QUOTA_GRPC_ADDR=127.0.0.1:9191", "QUOTA_ETCD=http://a:2379,http://b:2379", "QUOTA_REBALANCE_INTERVAL=2s"}
+	cfg, err := parse([]string{"-rebalance-interval", "3s"}, env, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.GRPCAddr != "127.0.0.1:9191" || len(cfg.EtcdEndpoints) != 2 || cfg.Rebalance.Interval != 3*time.Second {
+		t.Fatalf("grpc %q etcd %q interval %v", cfg.GRPCAddr, cfg.EtcdEndpoints, cfg.Rebalance.Interval)
+	}
+	if _, err := parse(nil, []string{"QUOTA_MAX_STEP=lots"}, io.Discard); err == nil || !strings.Contains(err.Error(), "QUOTA_MAX_STEP") {
+		t.Fatalf("bad variable: %v", err)
+	}
+}
+
+// TestUsage runs the command as main does: -h prints the usage and exits
+// 0, a bad flag exits 2 with a message naming it.
+func TestUsage(t *testing.T) {
+	var out bytes.Buffer
+	if code := daemon.Exec(t.Context(), "coordinator", run, []string{"-h"}, nil, &out); code != 0 ||
+		!strings.Contains(out.String(), "Usage of coordinator") || !strings.Contains(out.String(), "-log-level") {
+		t.Fatalf("-h: exit %d, output:\n%s", code, out.String())
+	}
+	for _, bad := range [][]string{{"-no-such-flag"}, {"-rebalance-interval", "often"}, {"-log-level", "loud"}} {
+		out.Reset()
+		code := daemon.Exec(t.Context(), "coordinator", run, bad, nil, &out)
+		if code != daemon.ExitUsage || !strings.Contains(out.String(), "coordinator: ") || !strings.Contains(out.String(), bad[0]) {
+			t.Errorf("%v: exit %d, output:\n%s", bad, code, out.String())
+		}
 	}
 }

@@ -27,14 +27,14 @@ func freeAddr(t *testing.T) string {
 // TestParseEtcdTLS: the etcd TLS flags reach the configuration.
 func TestParseEtcdTLS(t *testing.T) {
 	cfg, err := parse([]string{"-etcd", "https://a:2379", "-etcd-tls-ca", "ca.pem", "-etcd-tls-cert", "c.crt",
-		"-etcd-tls-key", "c.key", "-etcd-tls-server-name", "etcd.internal"}, io.Discard)
+		"-etcd-tls-key", "c.key", "-etcd-tls-server-name", "etcd.internal"}, nil, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if e := cfg.EtcdTLS; e.CAFile != "ca.pem" || e.CertFile != "c.crt" || e.KeyFile != "c.key" || e.ServerName != "etcd.internal" || e.Logger == nil {
 		t.Errorf("EtcdTLS = %+v", e)
 	}
-	cfg, err = parse([]string{"-embedded-etcd-tls-cert", "s.crt", "-embedded-etcd-tls-key", "s.key", "-embedded-etcd-client-ca", "ca.pem"}, io.Discard)
+	cfg, err = parse([]string{"-embedded-etcd-tls-cert", "s.crt", "-embedded-etcd-tls-key", "s.key", "-embedded-etcd-client-ca", "ca.pem"}, nil, io.Discard)
 	if err != nil || cfg.EmbeddedTLSCert != "s.crt" || cfg.EmbeddedTLSKey != "s.key" || cfg.EmbeddedClientCA != "ca.pem" {
 		t.Errorf("embedded TLS: %+v %v", cfg, err)
 	}
@@ -54,7 +54,7 @@ func TestRunEmbeddedEtcdMutualTLS(t *testing.T) {
 		"-embedded-etcd-tls-cert", srvCert, "-embedded-etcd-tls-key", srvKey, "-embedded-etcd-client-ca", ca.File,
 		"-election-ttl", "1s", "-log-level", "error"}
 
-	err := run(t.Context(), base, io.Discard)
+	err := run(t.Context(), base, nil, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "-etcd-tls-cert") {
 		t.Fatalf("without a client certificate: %v, want an error naming -etcd-tls-cert", err)
 	}
@@ -71,7 +71,7 @@ func TestRunEmbeddedEtcdMutualTLS(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() {
-		errc <- run(ctx, append(base, "-etcd-tls-cert", coCert, "-etcd-tls-key", coKey), stderrFile)
+		errc <- run(ctx, append(base, "-etcd-tls-cert", coCert, "-etcd-tls-key", coKey), nil, stderrFile)
 	}()
 	deadline := time.Now().Add(15 * time.Second)
 	for {

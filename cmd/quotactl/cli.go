@@ -5,10 +5,10 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"os"
 	"slices"
 	"strconv"
@@ -16,7 +16,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/quotacoord/quota/internal/coordinator"
+	"github.com/quotacoord/quota/internal/operatortoken"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
@@ -30,23 +30,33 @@ import (
 type options struct {
 	addr, tokenFile, output string
 	tlsCA, tlsCert, tlsKey  string
-	tls                     bool
+	tls, insecurePlaintext  bool
 	timeout                 time.Duration
 	stdout                  io.Writer
+	// dialer, when set, opens the connections to the coordinator in
+	// place of the default TCP dialer (tests route a remote address to a
+	// loopback listener with it).
+	dialer func(ctx context.Context, addr string) (net.Conn, error)
 }
 
 // run executes quotactl with args; tests call it directly.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	o := &options{stdout: stdout}
+	root := newRootCmd(&options{stdout: stdout})
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	return root.ExecuteContext(ctx)
+}
+
+// newRootCmd is quotactl with its connection flags and every subcommand,
+// which o configures and which write to o.stdout.
+func newRootCmd(o *options) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "quotactl",
 		Short:         "Operate the quota coordinator",
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.SetArgs(args)
-	root.SetOut(stdout)
-	root.SetErr(stderr)
 	f := root.PersistentFlags()
 	f.StringVar(&o.addr, "coordinator", "127.0.0.1:8091", "coordinator operator API address")
 	f.StringVar(&o.tokenFile, "token-file", "", "file holding the bearer token (write:TOKEN, read:TOKEN or a bare token)")
@@ -54,223 +64,65 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	f.StringVar(&o.tlsCA, "tls-ca", "", "CA certificate that signed the coordinator's certificate")
 	f.StringVar(&o.tlsCert, "tls-cert", "", "client certificate for mTLS")
 	f.StringVar(&o.tlsKey, "tls-key", "", "client key for mTLS")
+	f.BoolVar(&o.insecurePlaintext, "insecure-plaintext", false, "send the bearer token without TLS to a non-loopback --coordinator (anyone on the path can read it)")
 	f.DurationVar(&o.timeout, "timeout", 10*time.Second, "deadline of each call")
+	root.AddCommand(newPolicyCmd(o), newAllocCmd(o), newRebalanceCmd(o), newDryRunCmd(o),
+		newFreezeCmd(o), newUnfreezeCmd(o), newPinCmd(o), newUnpinCmd(o), newWeightCmd(o), newMinimumCmd(o),
+		newAuditCmd(o))
+	return root
+}
 
-	withClient := func(fn func(ctx context.Context, c quotav1.OperatorClient, args []string) error) func(*cobra.Command, []string) error {
-		return func(cmd *cobra.Command, args []string) error {
-			conn, err := o.dial()
-			if err != nil {
-				return err
-			}
-			defer conn.Close()
-			cctx, cancel := context.WithTimeout(ctx, o.timeout)
-			defer cancel()
-			if err := fn(cctx, quotav1.NewOperatorClient(conn), args); err != nil {
-				if s, ok := status.FromError(err); ok {
-					return fmt.Errorf("%s: %s", s.Code(), s.Message())
-				}
-				return err
-			}
-			return nil
-		}
-	}
-	read := func(c *cobra.Command) *cobra.Command {
-		c.Flags().StringVarP(&o.output, "output", "o", "table", "output format: table or json")
-		return c
-	}
+// operatorCall is one subcommand's work: calls on the operator API with
+// the subcommand's arguments, under the --timeout deadline.
+type operatorCall func(ctx context.Context, c quotav1.OperatorClient, args []string) error
 
-	pol := &cobra.Command{Use: "policy", Short: "Apply, list and show policies"}
-	var file string
-	apply := &cobra.Command{
-		Use: "apply -f FILE", Short: "Validate and store a policy document (own YAML or Envoy config)", Args: cobra.NoArgs,
-		RunE: withClient(func(ctx context.Context, c quotav1.OperatorClient, _ []string) error {
-			if file == "" {
-				return errors.New("policy apply: -f FILE is required")
-			}
-			data, err := os.ReadFile(file)
-			if err != nil {
-				return err
-			}
-			r, err := c.ApplyPolicy(ctx, &quotav1.ApplyPolicyRequest{Filename: file, Document: data})
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(o.stdout, "stored document %s: %s\n", r.Doc, strings.Join(r.Policies, ", "))
-			return nil
-		}),
-	}
-	apply.Flags().StringVarP(&file, "file", "f", "", "policy file")
-	pol.AddCommand(apply,
-		read(&cobra.Command{
-			Use: "list", Short: "List policies", Args: cobra.NoArgs,
-			RunE: withClient(func(ctx context.Context, c quotav1.OperatorClient, _ []string) error {
-				r, err := c.ListPolicies(ctx, &quotav1.ListPoliciesRequest{})
-				if err != nil {
-					return err
-				}
-				return o.print(r, func(w *tabwriter.Writer) {
-					fmt.Fprintln(w, "NAME\tDOC\tSUBJECT\tCAPACITY\tRATE/S\tOVERCOMMIT\tFAILURE\tFROZEN")
-					for _, p := range r.Policies {
-						fmt.Fprintf(w, "%s\t%s\t%s\t%g\t%g\t%g\t%s\t%v\n", p.Name, p.Doc, p.Subject, p.Capacity, p.RefillPerSecond, p.Overcommit, p.FailureMode, p.Frozen)
-					}
-				})
-			}),
-		}),
-		read(&cobra.Command{
-			Use: "show NAME", Short: "Show one policy, its document and controls", Args: cobra.ExactArgs(1),
-			RunE: withClient(func(ctx context.Context, c quotav1.OperatorClient, args []string) error {
-				r, err := c.ShowPolicy(ctx, &quotav1.ShowPolicyRequest{Name: args[0]})
-				if err != nil {
-					return err
-				}
-				return o.print(r, func(w *tabwriter.Writer) {
-					p := r.Policy
-					fmt.Fprintf(w, "name:\t%s\ndoc:\t%s\nsubject:\t%s\ncapacity:\t%g\nrate/s:\t%g\novercommit:\t%g\nfrozen:\t%v\n", p.Name, p.Doc, p.Subject, p.Capacity, p.RefillPerSecond, p.Overcommit, r.Control.GetFrozen())
-					fmt.Fprintf(w, "pins:\t%s\nweights:\t%s\nminimums:\t%s\n", kv(r.Control.GetPins()), kv(r.Control.GetWeights()), kv(r.Control.GetMinimums()))
-					fmt.Fprintf(w, "--- document\n%s", r.Document)
-				})
-			}),
-		}),
-	)
-
-	alloc := &cobra.Command{Use: "alloc", Short: "Show allocations"}
-	alloc.AddCommand(read(&cobra.Command{
-		Use: "show [POLICY]", Short: "Shares, demand and acknowledged epochs per region", Args: cobra.MaximumNArgs(1),
-		RunE: withClient(func(ctx context.Context, c quotav1.OperatorClient, args []string) error {
-			req := &quotav1.ShowAllocationRequest{}
-			if len(args) == 1 {
-				req.Policy = args[0]
-			}
-			r, err := c.ShowAllocation(ctx, req)
-			if err != nil {
-				return err
-			}
-			return o.print(r, func(w *tabwriter.Writer) {
-				fmt.Fprintf(w, "leader: %s\n", r.Leader)
-				fmt.Fprintln(w, "POLICY\tEPOCH\tPHASE\tREGION\tSHARE\tTARGET\tSAFE\tLIVE\tACKED\tOFFERED/S\tADMITTED/S\tPINNED\tNODES (ACKED)")
-				for _, a := range r.Allocations {
-					for _, s := range a.Regions {
-						fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%.4f\t%.4f\t%.4f\t%v\t%d\t%.2f\t%.2f\t%v\t%s\n", a.Policy, a.Epoch, a.Phase, s.Region, s.Share, s.Target, s.Safe, s.Live, s.AckedEpoch, s.Offered, s.Admitted, s.Pinned, nodeList(s.Nodes))
-					}
-				}
-			})
-		}),
-	}))
-
-	reb := &cobra.Command{Use: "rebalance", Short: "Rebalance control"}
-	reb.AddCommand(&cobra.Command{
-		Use: "now", Short: "Run a rebalance round on the leader now", Args: cobra.NoArgs,
-		RunE: withClient(func(ctx context.Context, c quotav1.OperatorClient, _ []string) error {
-			r, err := c.RebalanceNow(ctx, &quotav1.RebalanceNowRequest{})
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(o.stdout, "published: %s\n", orNone(r.Published))
-			fmt.Fprintf(o.stdout, "waiting: %s\n", orNone(r.Waiting))
-			return nil
-		}),
-	})
-
-	dry := read(&cobra.Command{
-		Use: "dry-run POLICY", Short: "Show the shares the next round would propose, without publishing", Args: cobra.ExactArgs(1),
-		RunE: withClient(func(ctx context.Context, c quotav1.OperatorClient, args []string) error {
-			r, err := c.DryRun(ctx, &quotav1.DryRunRequest{Policy: args[0]})
-			if err != nil {
-				return err
-			}
-			return o.print(r, func(w *tabwriter.Writer) {
-				fmt.Fprintf(w, "policy %s at epoch %d; %d subject overrides proposed\n", r.Policy, r.Epoch, r.Overrides)
-				if r.Note != "" {
-					fmt.Fprintf(w, "note: %s\n", r.Note)
-				}
-				fmt.Fprintln(w, "REGION\tCURRENT\tPROPOSED\tCHANGE\tDEMAND")
-				for _, s := range r.Regions {
-					fmt.Fprintf(w, "%s\t%.4f\t%.4f\t%+.4f\t%.3f\n", s.Region, s.Current, s.Proposed, s.Proposed-s.Current, s.Demand)
-				}
-				if p := r.Prediction; p != nil {
-					fmt.Fprintf(w, "predicted by the simulator (%.0fs of the hottest reported subject): overshoot 1s=%.4f 10s=%.4f 60s=%.4f, under-admission %.4f, max Σ shares %.4f\n",
-						p.SimulatedS, p.Overshoot_1S, p.Overshoot_10S, p.Overshoot_60S, p.UnderAdmission, p.MaxShareSum)
-				}
-			})
-		}),
-	})
-
-	simple := func(use, short string, n int, call func(ctx context.Context, c quotav1.OperatorClient, args []string) error) *cobra.Command {
-		return &cobra.Command{Use: use, Short: short, Args: cobra.ExactArgs(n),
-			RunE: withClient(func(ctx context.Context, c quotav1.OperatorClient, args []string) error {
-				if err := call(ctx, c, args); err != nil {
-					return err
-				}
-				fmt.Fprintln(o.stdout, "ok")
-				return nil
-			})}
-	}
-	number := func(s, what string) (float64, error) {
-		v, err := strconv.ParseFloat(s, 64)
-		if err != nil {
-			return 0, fmt.Errorf("%s %q is not a number", what, s)
-		}
-		return v, nil
-	}
-	freeze := simple("freeze POLICY", "Stop moving a policy's shares", 1, func(ctx context.Context, c quotav1.OperatorClient, a []string) error {
-		_, err := c.Freeze(ctx, &quotav1.FreezeRequest{Policy: a[0]})
-		return err
-	})
-	unfreeze := simple("unfreeze POLICY", "Let the coordinator move a policy's shares again", 1, func(ctx context.Context, c quotav1.OperatorClient, a []string) error {
-		_, err := c.Unfreeze(ctx, &quotav1.UnfreezeRequest{Policy: a[0]})
-		return err
-	})
-	pin := simple("pin POLICY REGION SHARE", "Fix a region's default share", 3, func(ctx context.Context, c quotav1.OperatorClient, a []string) error {
-		v, err := number(a[2], "share")
+// call turns fn into a RunE that dials the coordinator, runs fn and
+// reports a gRPC status as "Code: message".
+func (o *options) call(fn operatorCall) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		conn, err := o.dial()
 		if err != nil {
 			return err
 		}
-		_, err = c.Pin(ctx, &quotav1.PinRequest{Policy: a[0], Region: a[1], Share: v})
-		return err
-	})
-	unpin := simple("unpin POLICY REGION", "Return a pinned region to the allocator", 2, func(ctx context.Context, c quotav1.OperatorClient, a []string) error {
-		_, err := c.Unpin(ctx, &quotav1.UnpinRequest{Policy: a[0], Region: a[1]})
-		return err
-	})
-	weight := simple("weight POLICY REGION W", "Set a region's weight", 3, func(ctx context.Context, c quotav1.OperatorClient, a []string) error {
-		v, err := number(a[2], "weight")
-		if err != nil {
+		defer conn.Close()
+		ctx, cancel := context.WithTimeout(cmd.Context(), o.timeout)
+		defer cancel()
+		if err := fn(ctx, quotav1.NewOperatorClient(conn), args); err != nil {
+			if s, ok := status.FromError(err); ok {
+				return fmt.Errorf("%s: %s", s.Code(), s.Message())
+			}
 			return err
 		}
-		_, err = c.SetWeight(ctx, &quotav1.SetWeightRequest{Policy: a[0], Region: a[1], Weight: v})
-		return err
-	})
-	minimum := simple("minimum POLICY REGION M", "Set a region's minimum (safe) share", 3, func(ctx context.Context, c quotav1.OperatorClient, a []string) error {
-		v, err := number(a[2], "minimum")
-		if err != nil {
-			return err
-		}
-		_, err = c.SetMinimum(ctx, &quotav1.SetMinimumRequest{Policy: a[0], Region: a[1], Minimum: v})
-		return err
-	})
+		return nil
+	}
+}
 
-	audit := &cobra.Command{Use: "audit", Short: "The operator audit log"}
-	var limit uint32
-	auditList := read(&cobra.Command{
-		Use: "list", Short: "List recent operator actions, newest first", Args: cobra.NoArgs,
-		RunE: withClient(func(ctx context.Context, c quotav1.OperatorClient, _ []string) error {
-			r, err := c.ListAudit(ctx, &quotav1.ListAuditRequest{Limit: limit})
-			if err != nil {
+// withOutput adds -o (table or json) to a command that prints a reply.
+func (o *options) withOutput(c *cobra.Command) *cobra.Command {
+	c.Flags().StringVarP(&o.output, "output", "o", "table", "output format: table or json")
+	return c
+}
+
+// acknowledged is a command of exactly n arguments whose call returns
+// nothing to show; it prints "ok" when the call succeeds.
+func (o *options) acknowledged(use, short string, n int, fn operatorCall) *cobra.Command {
+	return &cobra.Command{Use: use, Short: short, Args: cobra.ExactArgs(n),
+		RunE: o.call(func(ctx context.Context, c quotav1.OperatorClient, args []string) error {
+			if err := fn(ctx, c, args); err != nil {
 				return err
 			}
-			return o.print(r, func(w *tabwriter.Writer) {
-				fmt.Fprintln(w, "AT\tACTOR\tACTION\tPOLICY\tDETAIL")
-				for _, e := range r.Entries {
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", e.At.AsTime().Format(time.RFC3339), e.Actor, e.Action, e.Policy, e.Detail)
-				}
-			})
-		}),
-	})
-	auditList.Flags().Uint32Var(&limit, "limit", 50, "entries to show (at most 1000)")
-	audit.AddCommand(auditList)
+			fmt.Fprintln(o.stdout, "ok")
+			return nil
+		})}
+}
 
-	root.AddCommand(pol, alloc, reb, dry, freeze, unfreeze, pin, unpin, weight, minimum, audit)
-	return root.ExecuteContext(ctx)
+// number parses a numeric argument, naming it in the error.
+func number(s, what string) (float64, error) {
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s %q is not a number", what, s)
+	}
+	return v, nil
 }
 
 func (o *options) dial() (*grpc.ClientConn, error) {
@@ -297,32 +149,57 @@ func (o *options) dial() (*grpc.ClientConn, error) {
 		}
 		creds = credentials.NewTLS(tc)
 	}
+	secure := creds.Info().SecurityProtocol == "tls"
+	if o.tokenFile != "" && !secure && !o.insecurePlaintext && !plaintextSafe(o.addr) {
+		return nil, fmt.Errorf("refusing to send the bearer token of --token-file in plaintext to %q, which is not a loopback address: "+
+			"use --tls (with --tls-ca for a private CA), or --insecure-plaintext if the path is encrypted otherwise", o.addr)
+	}
 	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	if o.dialer != nil {
+		opts = append(opts, grpc.WithContextDialer(o.dialer))
+	}
 	if o.tokenFile != "" {
 		data, err := os.ReadFile(o.tokenFile)
 		if err != nil {
 			return nil, err
 		}
-		tok, err := coordinator.ClientToken(data)
+		tok, err := operatortoken.ForClient(data)
 		if err != nil {
 			return nil, err
 		}
-		opts = append(opts, grpc.WithPerRPCCredentials(bearer{token: tok, secure: creds.Info().SecurityProtocol == "tls"}))
+		opts = append(opts, grpc.WithPerRPCCredentials(bearer{token: tok}))
 	}
 	return grpc.NewClient(o.addr, opts...)
 }
 
-type bearer struct {
-	token  string
-	secure bool
+// plaintextSafe reports whether a gRPC target keeps what is sent to it on
+// this machine: a Unix socket, or a host:port (bare or after dns:/// or
+// passthrough:///) that operatortoken.LoopbackAddr accepts. Any other
+// name or resolver may lead off the machine.
+func plaintextSafe(target string) bool {
+	scheme, rest, ok := strings.Cut(target, ":")
+	switch {
+	case ok && (scheme == "unix" || scheme == "unix-abstract"):
+		return true
+	case ok && (scheme == "dns" || scheme == "passthrough") && strings.HasPrefix(rest, "//"):
+		// scheme://[authority]/endpoint: the authority names a DNS
+		// server, the endpoint is where the call goes.
+		_, endpoint, found := strings.Cut(strings.TrimPrefix(rest, "//"), "/")
+		return found && operatortoken.LoopbackAddr(endpoint)
+	}
+	return operatortoken.LoopbackAddr(target)
 }
+
+// bearer sends the operator token with every call.
+type bearer struct{ token string }
 
 func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
 	return map[string]string{"authorization": "Bearer " + b.token}, nil
 }
 
 // RequireTransportSecurity is false so that tokens work on loopback
-// without TLS; use --tls across machines.
+// without TLS; dial refuses plaintext elsewhere unless
+// --insecure-plaintext.
 func (b bearer) RequireTransportSecurity() bool { return false }
 
 func (o *options) print(m proto.Message, table func(*tabwriter.Writer)) error {

@@ -1,15 +1,16 @@
 // Command regional runs one regional admission node; see
-// internal/regional for the flags (also QUOTA_* environment variables).
+// internal/regional for what it serves and `regional -h` for its flags.
+// Settings, logging and shutdown follow internal/daemon, as for
+// cmd/coordinator: QUOTA_<FLAG> environment variables set flag defaults (a
+// flag wins), logs go to stderr (-log-level, -json-logs), SIGINT or SIGTERM
+// stop it gracefully within -shutdown-timeout.
 package main
 
 import (
-	"context"
-	"fmt"
 	"os"
-	"os/signal"
 	"runtime/debug"
-	"syscall"
 
+	"github.com/quotacoord/quota/internal/daemon"
 	"github.com/quotacoord/quota/internal/regional"
 )
 
@@ -24,10 +25,5 @@ func main() {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(gcPercent)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := regional.Main(ctx, os.Args[1:], os.Environ(), os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
+	daemon.Main("regional", regional.Main)
 }

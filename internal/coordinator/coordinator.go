@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -18,7 +19,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/quotacoord/quota/internal/clock"
+	"github.com/quotacoord/quota/internal/daemon"
 	"github.com/quotacoord/quota/internal/etcdlayout"
+	"github.com/quotacoord/quota/internal/operatortoken"
 	"github.com/quotacoord/quota/internal/tlsconfig"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
 	"github.com/quotacoord/quota/rebalance"
@@ -81,6 +84,12 @@ type Config struct {
 	// Rebalance configures the loop; its Client, Name, Logger and
 	// Registerer are filled in.
 	Rebalance rebalance.Config
+	// ShutdownTimeout bounds the graceful stop of each server once the
+	// context ends. Default daemon.DefaultShutdownTimeout.
+	ShutdownTimeout time.Duration
+	// Announce, when set, receives "grpc listening on ADDR" and
+	// "http listening on ADDR" lines once the servers listen.
+	Announce io.Writer
 	// AuditMax bounds the audit log. Default 1000.
 	AuditMax int
 	// Clock defaults to the real clock.
@@ -128,11 +137,9 @@ func Start(ctx context.Context, cfg Config) (*Coordinator, error) {
 	if err := checkOperatorTransport(cfg); err != nil {
 		return nil, err
 	}
-	var cleanup []func()
+	var cleanup daemon.Cleanup
 	fail := func(err error) (*Coordinator, error) {
-		for i := len(cleanup) - 1; i >= 0; i-- {
-			cleanup[i]()
-		}
+		cleanup.Run()
 		return nil, err
 	}
 	log := cfg.Logger
@@ -146,7 +153,7 @@ func Start(ctx context.Context, cfg Config) (*Coordinator, error) {
 		if err != nil {
 			return fail(err)
 		}
-		cleanup = append(cleanup, stopEtcd)
+		cleanup.Push(stopEtcd)
 		log.Info("embedded etcd serving", "client_url", endpoints[0], "data_dir", cfg.DataDir,
 			"client_cert_auth", cfg.EmbeddedClientCA != "", "log", embeddedLogFile(cfg))
 	}
@@ -159,7 +166,7 @@ func Start(ctx context.Context, cfg Config) (*Coordinator, error) {
 	if err != nil {
 		return fail(fmt.Errorf("coordinator: etcd client: %w", err))
 	}
-	cleanup = append(cleanup, func() { _ = cli.Close() })
+	cleanup.Push(func() { _ = cli.Close() })
 	tokenFile := cfg.TokenFile
 	if tokenFile == "" {
 		tokenFile = "operator-tokens"
@@ -167,23 +174,18 @@ func Start(ctx context.Context, cfg Config) (*Coordinator, error) {
 			tokenFile = cfg.DataDir + "/operator-tokens"
 		}
 	}
-	tokens, err := LoadTokenFile(tokenFile)
+	tokens, err := operatortoken.LoadFile(tokenFile)
 	if err != nil {
 		return fail(err)
 	}
 	c.TokenFile = tokenFile
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	grpcLis, err := net.Listen("tcp", cfg.GRPCAddr)
+	grpcLis, httpLis, err := daemon.Listen(cfg.GRPCAddr, cfg.HTTPAddr)
 	if err != nil {
-		return fail(fmt.Errorf("coordinator: listen for gRPC: %w", err))
+		return fail(fmt.Errorf("coordinator: %w", err))
 	}
-	cleanup = append(cleanup, func() { _ = grpcLis.Close() })
-	httpLis, err := net.Listen("tcp", cfg.HTTPAddr)
-	if err != nil {
-		return fail(fmt.Errorf("coordinator: listen for HTTP: %w", err))
-	}
-	cleanup = append(cleanup, func() { _ = httpLis.Close() })
+	cleanup.Push(func() { _ = grpcLis.Close(); _ = httpLis.Close() })
 	c.GRPCAddr, c.HTTPAddr = grpcLis.Addr().String(), httpLis.Addr().String()
 	rc := cfg.Rebalance
 	rc.Client = cli
@@ -235,7 +237,9 @@ func Start(ctx context.Context, cfg Config) (*Coordinator, error) {
 		}
 		fmt.Fprintf(w, "ok %s\n", role)
 	})
-	hsrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	servers := daemon.Servers{GRPC: gs, GRPCListener: grpcLis, HTTPListener: httpLis, Health: hs,
+		HTTP: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, ShutdownTimeout: cfg.ShutdownTimeout,
+		Announce: cfg.Announce, Logger: log}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	record := func(err error) {
@@ -246,7 +250,7 @@ func Start(ctx context.Context, cfg Config) (*Coordinator, error) {
 		}
 	}
 	rctx, stopLoop := context.WithCancel(ctx)
-	wg.Add(3)
+	wg.Add(2)
 	go func() {
 		defer wg.Done()
 		if err := loop.Run(rctx); err != nil {
@@ -255,30 +259,15 @@ func Start(ctx context.Context, cfg Config) (*Coordinator, error) {
 	}()
 	go func() {
 		defer wg.Done()
-		if err := gs.Serve(grpcLis); err != nil {
-			record(fmt.Errorf("coordinator: gRPC: %w", err))
-			stopLoop()
+		if err := daemon.Serve(rctx, servers); err != nil {
+			record(fmt.Errorf("coordinator: %w", err))
 		}
-	}()
-	go func() {
-		defer wg.Done()
-		if err := hsrv.Serve(httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			record(fmt.Errorf("coordinator: HTTP: %w", err))
-			stopLoop()
-		}
+		stopLoop() // a failed server stops the loop too
 	}()
 	log.Info("coordinator started", "grpc", c.GRPCAddr, "http", c.HTTPAddr, "etcd", endpoints, "token_file", tokenFile)
 	go func() {
-		<-rctx.Done()
-		hs.Shutdown()
-		gs.GracefulStop()
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_ = hsrv.Shutdown(sctx)
-		cancel()
 		wg.Wait()
-		for i := len(cleanup) - 1; i >= 0; i-- {
-			cleanup[i]()
-		}
+		cleanup.Run()
 		close(c.done)
 	}()
 	return c, nil
@@ -442,25 +431,10 @@ func serverTLS(cfg Config) (*tls.Config, error) {
 // a loopback address only, unless InsecureOperatorPlaintext says the
 // operator knows (a mesh that encrypts, a test network).
 func checkOperatorTransport(cfg Config) error {
-	if cfg.TLSCert != "" || cfg.InsecureOperatorPlaintext || isLoopbackAddr(cfg.GRPCAddr) {
+	if cfg.TLSCert != "" || cfg.InsecureOperatorPlaintext || operatortoken.LoopbackAddr(cfg.GRPCAddr) {
 		return nil
 	}
 	return fmt.Errorf("%w: the operator API on %q would carry bearer tokens in plaintext on a non-loopback address: "+
 		"give TLSCert and TLSKey (-tls-cert, -tls-key), listen on loopback, or set InsecureOperatorPlaintext (-insecure-operator-plaintext)",
 		ErrConfig, cfg.GRPCAddr)
-}
-
-// isLoopbackAddr reports whether host:port listens on loopback only: a
-// loopback IP or "localhost". An empty or unspecified host listens on
-// every interface.
-func isLoopbackAddr(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }

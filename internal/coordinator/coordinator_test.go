@@ -21,47 +21,6 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func TestLoadTokenFile(t *testing.T) {
-	dir := t.TempDir()
-	created := filepath.Join(dir, "new")
-	toks, err := LoadTokenFile(created)
-	if err != nil || len(toks) != 1 {
-		t.Fatalf("create: %v %v", toks, err)
-	}
-	info, _ := os.Stat(created)
-	if info.Mode().Perm() != 0o600 {
-		t.Fatalf("mode %v, want 0600", info.Mode().Perm())
-	}
-	data, _ := os.ReadFile(created)
-	if tok, err := ClientToken(data); err != nil || toks[tok] != RoleWrite {
-		t.Fatalf("client token %q: %v", tok, err)
-	}
-	again, err := LoadTokenFile(created)
-	if err != nil || len(again) != 1 {
-		t.Fatalf("reload: %v %v", again, err)
-	}
-	cases := []struct {
-		name, content, wantErr string
-	}{
-		{"roles", "write:aaaaaaaaaaaaaaaaaaaa\nread:bbbbbbbbbbbbbbbbbbbb\n# c\n", ""},
-		{"bad role", "admin:aaaaaaaaaaaaaaaaaaaa\n", "not read or write"},
-		{"short", "write:abc\n", "at least 16"},
-		{"empty", "# nothing\n", "no token"},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			p := filepath.Join(dir, strings.ReplaceAll(c.name, " ", "-"))
-			if err := os.WriteFile(p, []byte(c.content), 0o600); err != nil {
-				t.Fatal(err)
-			}
-			_, err := LoadTokenFile(p)
-			if c.wantErr == "" && err != nil || c.wantErr != "" && (err == nil || !strings.Contains(err.Error(), c.wantErr)) {
-				t.Fatalf("err %v, want %q", err, c.wantErr)
-			}
-		})
-	}
-}
-
 // TestEmbeddedEtcdHealthAndMetrics starts a coordinator the way
 // `go run ./cmd/coordinator` does on a fresh machine: embedded etcd, token
 // file created, health and metrics served.

@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -96,7 +97,7 @@ type Deployment struct {
 // Deploy starts, on loopback: a redis-server per region (when one is
 // installed or installable and cfg.Embedded is false), the coordinator
 // (embedded etcd and the rebalance loop), cfg.Policies in etcd, and a
-// regional node per region (regional.Main in this process), and waits
+// regional node per region (regional.Run in this process), and waits
 // until every node is ready. On error everything started is stopped. It
 // starts goroutines and processes that Close stops.
 func Deploy(ctx context.Context, cfg DeployConfig) (d *Deployment, err error) {
@@ -370,7 +371,7 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	return l.w.Write(p)
 }
 
-// nodes are the regional nodes, run in this process by regional.Main.
+// nodes are the regional nodes, run in this process by regional.Run.
 type nodes struct {
 	mu      sync.Mutex
 	names   []string
@@ -394,14 +395,15 @@ func startNodes(ctx context.Context, d *Deployment, cfg DeployConfig) (*nodes, e
 			return nil, err
 		}
 		g, h := "127.0.0.1:"+strconv.Itoa(gp), "127.0.0.1:"+strconv.Itoa(hp)
-		args := []string{"-region", region, "-grpc-addr", g, "-http-addr", h, "-etcd", "http://" + d.proxies[i].Addr(),
-			"-report-interval", cfg.ReportInterval.String(), "-store-timeout", cfg.StoreTimeout.String()}
+		node := regional.DaemonConfig{Region: region, GRPCAddr: g, HTTPAddr: h,
+			EtcdEndpoints: []string{"http://" + d.proxies[i].Addr()}, ReportInterval: cfg.ReportInterval, StoreTimeout: cfg.StoreTimeout,
+			Logger: hclog.New(&hclog.LoggerOptions{Name: "regional", Output: d.log}), Announce: d.log}
 		if len(d.redises) > i {
-			args = append(args, "-redis", d.redises[i].Addr)
+			node.Redis = d.redises[i].Addr
 		}
 		nctx, cancel := context.WithCancel(ctx)
 		done := make(chan error, 1)
-		go func() { done <- regional.Main(nctx, args, nil, d.log) }()
+		go func() { done <- regional.Run(nctx, node) }()
 		n.grpc, n.http = append(n.grpc, g), append(n.http, h)
 		n.cancels, n.done = append(n.cancels, cancel), append(n.done, done)
 	}

@@ -1,7 +1,7 @@
 // Package demo runs the quota system end to end on loopback and plays a
 // story against it: the real coordinator (package internal/coordinator:
 // embedded etcd, the rebalance loop, the operator API quotactl talks to),
-// one regional node per region (regional.Main in this process, each on its
+// one regional node per region (regional.Run in this process, each on its
 // own redis-server child process when one is installed, else the embedded
 // store, each reaching etcd through a fault proxy so that a region can
 // fail), and an open-loop load driver over the nodes' real gRPC API.

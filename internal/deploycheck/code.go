@@ -114,6 +114,10 @@ func Scan(root string) (Code, error) {
 	if err != nil {
 		return Code{}, fmt.Errorf("deploycheck: scan %s: %w", root, err)
 	}
+	module, err := modulePath(root)
+	if err != nil {
+		return Code{}, err
+	}
 	dirs := make([]string, 0, len(files))
 	for d := range files {
 		dirs = append(dirs, d)
@@ -130,7 +134,8 @@ func Scan(root string) (Code, error) {
 			continue
 		}
 		cmd := Command{Flags: map[string]string{}, Paths: map[string]bool{}}
-		for _, d := range []string{dir, "internal/" + name} {
+		own := []string{dir, "internal/" + name}
+		for _, d := range append(own, moduleImports(module, files, own)...) {
 			dc := stringConsts(files[d])
 			for _, f := range files[d] {
 				flagsOf(f, dc, cmd.Flags)
@@ -140,6 +145,49 @@ func Scan(root string) (Code, error) {
 		code.Commands[name] = cmd
 	}
 	return code, nil
+}
+
+// modulePath is the module path declared in root/go.mod.
+func modulePath(root string) (string, error) {
+	data, err := os.ReadFile(filepath.Join(root, "go.mod"))
+	if err != nil {
+		return "", fmt.Errorf("deploycheck: %w", err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "module "); ok {
+			return strings.Trim(strings.TrimSpace(rest), `"`), nil
+		}
+	}
+	return "", fmt.Errorf("deploycheck: %s/go.mod declares no module", root)
+}
+
+// moduleImports lists the directories (relative to the module root, in
+// order, without dirs themselves) of the module's packages that the files
+// in dirs import: a command's flags may be registered by a shared package.
+func moduleImports(module string, files map[string][]*ast.File, dirs []string) []string {
+	seen := map[string]bool{}
+	for _, d := range dirs {
+		seen[d] = true
+	}
+	var out []string
+	for _, d := range dirs {
+		for _, f := range files[d] {
+			for _, imp := range f.Imports {
+				path, err := strconv.Unquote(imp.Path.Value)
+				if err != nil {
+					continue
+				}
+				rel, ok := strings.CutPrefix(path, module+"/")
+				if !ok || seen[rel] {
+					continue
+				}
+				seen[rel] = true
+				out = append(out, rel)
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // stringConsts maps the package-level string constants of pkg to values.

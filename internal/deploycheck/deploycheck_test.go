@@ -193,10 +193,11 @@ func TestScan(t *testing.T) {
 	}
 	write("go.mod", "module example.com/m\n")
 	write("cmd/node/main.go", `package main
-import "flag"
+import ("flag"; "example.com/m/internal/shared")
 const addrFlag = "grpc-addr"
 func main() {
 	var s string
+	shared.Register(flag.CommandLine)
 	flag.StringVar(&s, "region", "", "region")
 	fs := flag.NewFlagSet("node", flag.ContinueOnError)
 	fs.String(addrFlag, ":8081", "gRPC")
@@ -215,6 +216,12 @@ var b = prometheus.BuildFQName(ns, "x", "y_total")
 import "flag"
 var _ = flag.String("test-only", "", "")`)
 	write("cmd/lib/lib.go", "package lib\n")
+	write("internal/shared/flags.go", `package shared
+import "flag"
+func Register(fs *flag.FlagSet) { fs.String("log-level", "info", "level") }`)
+	write("internal/unused/flags.go", `package unused
+import "flag"
+var _ = flag.String("not-imported", "", "")`)
 	code, err := Scan(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -223,7 +230,7 @@ var _ = flag.String("test-only", "", "")`)
 		t.Error("a non-main package under cmd/ counted as a command")
 	}
 	node := code.Commands["node"]
-	wantFlags := map[string]string{"region": "", "grpc-addr": ":8081", "store-timeout": "0", "tag": ""}
+	wantFlags := map[string]string{"region": "", "grpc-addr": ":8081", "store-timeout": "0", "tag": "", "log-level": "info"}
 	if !reflect.DeepEqual(node.Flags, wantFlags) {
 		t.Errorf("flags = %v, want %v", node.Flags, wantFlags)
 	}

@@ -9,7 +9,8 @@
 //     cmd/<cmd> and a tag other than latest; any other image must be in
 //     ThirdPartyImages with a pinned tag;
 //   - container args of our images: every -flag is defined by a flag set in
-//     cmd/<cmd> or internal/<cmd> (found by parsing the Go source), and an
+//     cmd/<cmd>, internal/<cmd> or a module package either imports (such as
+//     internal/daemon's logging flags; found by parsing the Go source), and an
 //     -*-addr flag's port is a declared containerPort;
 //   - probes name a declared port and a path the command's code serves;
 //     Services target a port some selected container declares;

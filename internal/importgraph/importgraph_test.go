@@ -11,6 +11,7 @@ const module = "github.com/quotacoord/quota"
 
 var (
 	etcd       = "go.etcd.io/etcd"
+	etcdServer = "go.etcd.io/etcd/server"
 	grpc       = "google.golang.org/grpc"
 	prometheus = "github.com/prometheus/"
 	hclog      = "github.com/hashicorp/go-hclog"
@@ -40,6 +41,10 @@ func TestForbiddenImports(t *testing.T) {
 		// sim itself never imports it (TestOnlyBucketSpeaksRedis).
 		{module + "/sim/...", []string{etcd, grpc, prometheus, hclog}},
 		{module + "/allocator", []string{etcd, grpc, prometheus, hclog, redis}},
+		// The operator CLI talks gRPC to the coordinator; it reads the
+		// token file through internal/operatortoken, never linking the
+		// coordinator's embedded etcd.
+		{module + "/cmd/quotactl", []string{etcdServer}},
 	}
 	for _, c := range cases {
 		t.Run(c.pkg, func(t *testing.T) {

@@ -111,9 +111,16 @@
 // InvalidArgument, so a peek cannot be replayed as an uncharged admission.
 // Both caches are bounded.
 //
+// # The process
+//
+// Run serves a Node from a DaemonConfig (validated by Run, zero fields
+// defaulted): the stores, the etcd side (internal/regionsync), the gRPC and
+// HTTP servers with internal/daemon's lifecycle. Main is Run from the
+// command line (cmd/regional): flags, QUOTA_* variables, logs on stderr.
+//
 // # TLS
 //
-// Main serves gRPC over TLS with -tls-cert and -tls-key, and requires
+// Run serves gRPC over TLS with -tls-cert and -tls-key, and requires
 // client certificates from -tls-client-ca (mutual TLS). It reaches Redis
 // over TLS with -redis-tls-ca (verifying Redis's certificate against that
 // CA and -redis-tls-server-name, default the host of -redis) and presents
@@ -132,7 +139,7 @@
 //
 // # Concurrency and zero values
 //
-// A Node is safe for concurrent use; New starts no goroutines. Main and
-// WatchPolicies start goroutines and say so. The zero Node and the zero
+// A Node is safe for concurrent use; New starts no goroutines. Run, Main
+// and WatchPolicies start goroutines and say so. The zero Node and the zero
 // Config are not usable: build a Node with New, which fills defaults.
 package regional

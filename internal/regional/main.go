@@ -1,41 +1,18 @@
 package regional
 
 import (
-	"context"
 	"crypto/tls"
-	"errors"
-	"flag"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"os"
-	"runtime"
 	"strings"
-	"sync"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/hashicorp/go-hclog"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
-	"go.opentelemetry.io/otel/propagation"
-	sdkresource "go.opentelemetry.io/otel/sdk/resource"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/health"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/reflection"
 
 	"github.com/quotacoord/quota/bucket"
-	"github.com/quotacoord/quota/internal/clock"
-	"github.com/quotacoord/quota/internal/etcdlayout"
-	"github.com/quotacoord/quota/internal/regionsync"
 	"github.com/quotacoord/quota/internal/tlsconfig"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
 )
@@ -46,356 +23,6 @@ func (n *Node) Register(s grpc.ServiceRegistrar) {
 	quotav1.RegisterAdmissionServer(s, &admission{n: n})
 	rlsv3.RegisterRateLimitServiceServer(s, &rls{n: n})
 }
-
-// options are the command-line settings of one regional node.
-type options struct {
-	region, grpcAddr, httpAddr      string
-	nodeID                          string
-	redis, etcd, policies           string
-	storeTimeout, breakerCooldown   time.Duration
-	breakerThreshold                int
-	jsonLogs                        bool
-	logLevel                        string
-	otlpEndpoint                    string
-	tlsCert, tlsKey, tlsClientCA    string
-	redisTLSCA, redisTLSCert        string
-	redisTLSKey, redisTLSServerName string
-	etcdTLSCA, etcdTLSCert          string
-	etcdTLSKey, etcdTLSServerName   string
-	unknownPolicy, headers          string
-	subjectSalt                     string
-	envoyPlainKeys                  string
-	decisionLogEvery                int
-	localMaxBuckets                 int
-	reportInterval, shutdownTimeout time.Duration
-	reloadSettle                    time.Duration
-	redisMerge                      int
-}
-
-func parseFlags(args []string, env []string, stderr io.Writer) (*options, error) {
-	o := &options{}
-	fs := flag.NewFlagSet("regional", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.StringVar(&o.region, "region", "local", "this node's region, [A-Za-z0-9_-]")
-	fs.StringVar(&o.nodeID, "node-id", "", "this node's id within its region, [A-Za-z0-9_.-]{1,64}: each node of a region registers, reports demand and acknowledges under its own etcd keys; default the hostname plus a random suffix")
-	fs.StringVar(&o.grpcAddr, "grpc-addr", ":8081", "gRPC listen address (own Admission API, Envoy RLS, health, reflection)")
-	fs.StringVar(&o.httpAddr, "http-addr", ":8080", "HTTP listen address (/metrics, /healthz, /readyz)")
-	fs.StringVar(&o.redis, "redis", "", "Redis: host:port, a redis:// or rediss:// URL, or comma-separated cluster addresses; empty = in-process store")
-	fs.StringVar(&o.etcd, "etcd", "", "comma-separated etcd endpoints; empty = standalone (share 1, policies from -policies)")
-	fs.StringVar(&o.policies, "policies", "", "policy file or directory (own YAML or Envoy rate limit service config), reloaded on change")
-	fs.DurationVar(&o.storeTimeout, "store-timeout", 5*time.Millisecond, "time budget of one Redis call before the policy's failure mode decides")
-	fs.IntVar(&o.redisMerge, "redis-merge", 0, fmt.Sprintf("most concurrent single-bucket checks merged into one Redis script call (within one hash slot on a cluster); 0 = %d, 1 = no merging, at most %d", bucket.DefaultMerge, maxRedisMerge))
-	fs.IntVar(&o.breakerThreshold, "breaker-threshold", 5, "consecutive Redis failures that open the circuit breaker")
-	fs.DurationVar(&o.breakerCooldown, "breaker-cooldown", time.Second, "how long the open breaker keeps Redis out before a probe")
-	fs.BoolVar(&o.jsonLogs, "json-logs", false, "log JSON lines")
-	fs.StringVar(&o.logLevel, "log-level", "info", "trace, debug, info, warn or error")
-	fs.StringVar(&o.otlpEndpoint, "otlp-endpoint", "", "OTLP gRPC endpoint (host:port) for traces; empty = tracing off")
-	fs.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate for the gRPC server (with -tls-key)")
-	fs.StringVar(&o.tlsKey, "tls-key", "", "PEM private key for the gRPC server")
-	fs.StringVar(&o.tlsClientCA, "tls-client-ca", "", "PEM CA bundle: require and verify client certificates")
-	fs.StringVar(&o.redisTLSCA, "redis-tls-ca", "", "PEM CA bundle: connect to Redis over TLS and verify its certificate (reloaded on change)")
-	fs.StringVar(&o.redisTLSCert, "redis-tls-cert", "", "PEM client certificate for Redis (with -redis-tls-key; mutual TLS)")
-	fs.StringVar(&o.redisTLSKey, "redis-tls-key", "", "PEM private key of -redis-tls-cert")
-	fs.StringVar(&o.redisTLSServerName, "redis-tls-server-name", "", "name Redis's certificate must carry; default the host of -redis (needed for cluster seeds given as IP addresses)")
-	fs.StringVar(&o.etcdTLSCA, "etcd-tls-ca", "", "PEM CA bundle: connect to etcd over TLS (https) and verify its certificates (reloaded on change)")
-	fs.StringVar(&o.etcdTLSCert, "etcd-tls-cert", "", "PEM client certificate for etcd (with -etcd-tls-key; mutual TLS, reloaded on change)")
-	fs.StringVar(&o.etcdTLSKey, "etcd-tls-key", "", "PEM private key of -etcd-tls-cert")
-	fs.StringVar(&o.etcdTLSServerName, "etcd-tls-server-name", "", "name every etcd certificate must carry; default each endpoint's host")
-	fs.StringVar(&o.unknownPolicy, "unknown-policy", "error", "checks naming an unknown policy: error (NotFound), deny or allow")
-	fs.StringVar(&o.headers, "rls-headers", "off", "Envoy API response headers: off or draft (RateLimit-Limit/-Remaining/-Reset)")
-	fs.StringVar(&o.subjectSalt, "subject-salt", "", "salt for hashed subjects; the same in every region")
-	fs.StringVar(&o.envoyPlainKeys, "envoy-plain-keys", "", "comma-separated Envoy descriptor keys whose values are not secret and stay readable in Redis keys (e.g. tenant,path); every other value is hashed")
-	fs.IntVar(&o.decisionLogEvery, "decision-log-every", 0, "log one decision in N (subject hashed); 0 = off")
-	fs.IntVar(&o.localMaxBuckets, "local-max-buckets", 100000, "bound on buckets of the in-process store")
-	fs.DurationVar(&o.reportInterval, "report-interval", 5*time.Second, "demand report interval (with -etcd)")
-	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long a graceful shutdown may take")
-	fs.DurationVar(&o.reloadSettle, "reload-settle", 200*time.Millisecond, "quiet time after a policy file change before reloading")
-	// Environment variables QUOTA_<FLAG> (dashes as underscores) set
-	// defaults; flags on the command line win.
-	envs := map[string]string{}
-	for _, kv := range env {
-		if k, v, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(k, "QUOTA_") {
-			envs[k] = v
-		}
-	}
-	var envErr error
-	fs.VisitAll(func(f *flag.Flag) {
-		k := "QUOTA_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		if v, ok := envs[k]; ok && envErr == nil {
-			if err := f.Value.Set(v); err != nil {
-				envErr = fmt.Errorf("regional: %s=%q: %w", k, v, err)
-			}
-		}
-	})
-	if envErr != nil {
-		return nil, envErr
-	}
-	if err := fs.Parse(args); err != nil {
-		return nil, fmt.Errorf("regional: %w", err)
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("regional: unexpected arguments %q", fs.Args())
-	}
-	if o.policies == "" && o.etcd == "" {
-		return nil, errors.New("regional: give -policies FILE (standalone) or -etcd ENDPOINTS")
-	}
-	if (o.tlsCert == "") != (o.tlsKey == "") {
-		return nil, errors.New("regional: -tls-cert and -tls-key go together")
-	}
-	if o.tlsClientCA != "" && o.tlsCert == "" {
-		return nil, errors.New("regional: -tls-client-ca needs -tls-cert and -tls-key")
-	}
-	if (o.redisTLSCert == "") != (o.redisTLSKey == "") {
-		return nil, errors.New("regional: -redis-tls-cert and -redis-tls-key go together")
-	}
-	if (o.redisTLSCA != "" || o.redisTLSCert != "" || o.redisTLSServerName != "") && o.redis == "" {
-		return nil, errors.New("regional: -redis-tls-* flags need -redis")
-	}
-	if o.redisMerge < 0 || o.redisMerge > maxRedisMerge {
-		return nil, fmt.Errorf("regional: -redis-merge %d, want 0 to %d", o.redisMerge, maxRedisMerge)
-	}
-	if (o.etcdTLSCert == "") != (o.etcdTLSKey == "") {
-		return nil, errors.New("regional: -etcd-tls-cert and -etcd-tls-key go together")
-	}
-	if (o.etcdTLSCA != "" || o.etcdTLSCert != "" || o.etcdTLSServerName != "") && o.etcd == "" {
-		return nil, errors.New("regional: -etcd-tls-* flags need -etcd")
-	}
-	if o.nodeID == "" {
-		o.nodeID = regionsync.DefaultNodeID()
-	}
-	if !etcdlayout.ValidName(o.nodeID) {
-		return nil, fmt.Errorf("regional: -node-id %q, want [A-Za-z0-9_.-]{1,%d}", o.nodeID, etcdlayout.MaxNameLen)
-	}
-	if o.localMaxBuckets < 1 {
-		return nil, fmt.Errorf("regional: -local-max-buckets %d, want at least 1", o.localMaxBuckets)
-	}
-	return o, nil
-}
-
-// Main runs one regional node until ctx is done, then shuts down
-// gracefully: it stops accepting, lets in-flight checks finish, flushes
-// the last demand report and closes its stores. args are the command-line
-// arguments without the program name; env is os.Environ()-style; the
-// listening addresses and logs go to stdout. It starts goroutines for the
-// servers and the policy watcher and waits for all of them before
-// returning.
-func Main(ctx context.Context, args, env []string, stdout io.Writer) error {
-	o, err := parseFlags(args, env, stdout)
-	if err != nil {
-		return err
-	}
-	level := hclog.LevelFromString(o.logLevel)
-	if level == hclog.NoLevel {
-		return fmt.Errorf("regional: -log-level %q, want trace, debug, info, warn or error", o.logLevel)
-	}
-	log := hclog.New(&hclog.LoggerOptions{Name: "regional", Output: stdout, JSONFormat: o.jsonLogs, Level: level})
-	log = log.With("region", o.region, "node", o.nodeID)
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-
-	var tp trace.TracerProvider = noop.NewTracerProvider()
-	if o.otlpEndpoint != "" {
-		exp, err := otlptracegrpc.New(ctx, otlptracegrpc.WithEndpoint(o.otlpEndpoint), otlptracegrpc.WithInsecure())
-		if err != nil {
-			return fmt.Errorf("regional: OTLP exporter: %w", err)
-		}
-		res, _ := sdkresource.Merge(sdkresource.Default(), sdkresource.NewSchemaless())
-		sdk := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_ = sdk.Shutdown(sctx)
-		}()
-		tp = sdk
-	}
-
-	local, err := bucket.NewMemory(bucket.MemoryConfig{Clock: clock.Real{}, MaxBuckets: o.localMaxBuckets})
-	if err != nil {
-		return fmt.Errorf("regional: local store: %w", err)
-	}
-	var store bucket.Store = local
-	if o.redis != "" {
-		rtls, err := redisTLS(o, log)
-		if err != nil {
-			return err
-		}
-		rc, err := redisClient(o.redis, o.storeTimeout, rtls)
-		if err != nil {
-			return err
-		}
-		defer rc.Close()
-		// One pipeline in flight per P, at most the store's default: a
-		// node on one core then sends every waiting call in one pipeline
-		// rather than splitting them over two (pipelines twice as large,
-		// 10-13% less CPU per check for the node and for a Redis on the
-		// same core, bench-regional.sh).
-		rs, err := bucket.NewRedis(bucket.RedisConfig{Client: rc, Flushers: min(bucket.DefaultFlushers, runtime.GOMAXPROCS(0)), Merge: o.redisMerge})
-		if err != nil {
-			return fmt.Errorf("regional: redis store: %w", err)
-		}
-		defer rs.Close()
-		store = rs
-		log.Info("using redis", "redis", redactURL(o.redis))
-	} else {
-		log.Info("no -redis: using the in-process store (one node only)")
-	}
-
-	ss, err := startSync(ctx, o, log)
-	if err != nil {
-		return err
-	}
-	cfg := Config{
-		Region: o.region, Store: store, Local: local, Shares: ss.shares, Demand: ss.demand,
-		Logger: log, Registerer: reg, TracerProvider: tp, StoreTimeout: o.storeTimeout,
-		BreakerThreshold: o.breakerThreshold, BreakerCooldown: o.breakerCooldown,
-		UnknownPolicy: UnknownPolicy(o.unknownPolicy), SubjectSalt: o.subjectSalt, EnvoyPlainKeys: splitList(o.envoyPlainKeys),
-		DecisionLogEvery: o.decisionLogEvery, Headers: HeaderMode(o.headers),
-	}
-	n, err := New(cfg)
-	if err != nil {
-		ss.stop()
-		return err
-	}
-	if o.policies != "" {
-		if err := n.LoadPolicies(o.policies); err != nil {
-			ss.stop()
-			return err
-		}
-		log.Info("policies loaded", "path", o.policies, "policies", n.set.Load().Len())
-	}
-	ss.attach(n)
-
-	// The gRPC tracing handler only when tracing is on: even with a no-op
-	// provider it costs allocations and CPU on every call.
-	// Stream workers serve calls on reused goroutines (no new goroutine and
-	// stack per call); gRPC shares write buffers by default.
-	// Fixed flow-control windows turn off gRPC's bandwidth-delay probing:
-	// its PING went out in a write of its own while a check waited for
-	// Redis (about half a write syscall more per check at c=1, each one
-	// waking the client).
-	serverOpts := []grpc.ServerOption{grpc.NumStreamWorkers(uint32(4 * runtime.GOMAXPROCS(0))),
-		grpc.InitialWindowSize(GRPCWindow), grpc.InitialConnWindowSize(GRPCWindow)}
-	if o.otlpEndpoint != "" {
-		serverOpts = append(serverOpts, grpc.StatsHandler(otelgrpc.NewServerHandler(
-			otelgrpc.WithTracerProvider(tp), otelgrpc.WithPropagators(propagation.TraceContext{}))))
-	}
-	if o.tlsCert != "" {
-		tc, err := serverTLS(o, log)
-		if err != nil {
-			ss.stop()
-			return err
-		}
-		serverOpts = append(serverOpts, grpc.Creds(credentials.NewTLS(tc)))
-	}
-	gs := grpc.NewServer(serverOpts...)
-	n.Register(gs)
-	hs := health.NewServer()
-	healthpb.RegisterHealthServer(gs, hs)
-	reflection.Register(gs)
-
-	gl, err := net.Listen("tcp", o.grpcAddr)
-	if err != nil {
-		ss.stop()
-		return fmt.Errorf("regional: listen gRPC: %w", err)
-	}
-	hl, err := net.Listen("tcp", o.httpAddr)
-	if err != nil {
-		gl.Close()
-		ss.stop()
-		return fmt.Errorf("regional: listen HTTP: %w", err)
-	}
-	httpSrv := &http.Server{Handler: n.Handler(reg), ReadHeaderTimeout: 5 * time.Second}
-	fmt.Fprintf(stdout, "grpc listening on %s\nhttp listening on %s\n", gl.Addr(), hl.Addr())
-
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	errc := make(chan error, 3)
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		if err := gs.Serve(gl); err != nil {
-			errc <- fmt.Errorf("regional: gRPC server: %w", err)
-		}
-	}()
-	go func() {
-		defer wg.Done()
-		if err := httpSrv.Serve(hl); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			errc <- fmt.Errorf("regional: HTTP server: %w", err)
-		}
-	}()
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		_ = local.Run(ctx) // sweeps expired in-process buckets until ctx ends
-	}()
-	if o.policies != "" {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := n.WatchPolicies(ctx, o.policies, o.reloadSettle); err != nil {
-				log.Error("policy watcher stopped; no more reloads", "error", err)
-			}
-		}()
-	}
-	// Serving status follows readiness.
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t := time.NewTicker(250 * time.Millisecond)
-		defer t.Stop()
-		for {
-			st := healthpb.HealthCheckResponse_NOT_SERVING
-			if n.Ready() {
-				st = healthpb.HealthCheckResponse_SERVING
-			}
-			hs.SetServingStatus("", st)
-			hs.SetServingStatus("quota.v1.Admission", st)
-			hs.SetServingStatus("envoy.service.ratelimit.v3.RateLimitService", st)
-			n.RefreshShareGauges()
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-		}
-	}()
-
-	var runErr error
-	select {
-	case <-ctx.Done():
-	case runErr = <-errc:
-	}
-	log.Info("shutting down")
-	cancel()
-	hs.Shutdown()
-	done := make(chan struct{})
-	go func() { gs.GracefulStop(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(o.shutdownTimeout):
-		log.Warn("graceful stop timed out; closing connections")
-		gs.Stop()
-		<-done
-	}
-	sctx, scancel := context.WithTimeout(context.Background(), o.shutdownTimeout)
-	defer scancel()
-	if err := httpSrv.Shutdown(sctx); err != nil {
-		_ = httpSrv.Close()
-	}
-	wg.Wait()
-	if err := ss.flush(sctx); err != nil {
-		log.Warn("last demand report failed", "error", err)
-	}
-	ss.stop()
-	log.Info("stopped")
-	return runErr
-}
-
-// maxRedisMerge bounds -redis-merge: a merged script call holds Redis for
-// about 11 µs per bucket (bucket.DefaultMerge).
-const maxRedisMerge = 256
 
 // redisClient dials the store's Redis. The client honours context
 // deadlines (the store time budget) and never retries: the failure mode is
@@ -418,18 +45,18 @@ func redactURL(s string) string {
 	return s
 }
 
-// serverTLS is the gRPC listener's TLS configuration: -tls-cert and
-// -tls-key, and with -tls-client-ca mutual TLS. The files are reloaded when
+// serverTLS is the gRPC listener's TLS configuration: TLSCert and TLSKey,
+// and with TLSClientCA mutual TLS. The files are reloaded when
 // they change (internal/tlsconfig), so a rotated certificate or CA is used
 // by the next connection without a restart.
-func serverTLS(o *options, log hclog.Logger) (*tls.Config, error) {
-	r, err := tlsconfig.New(tlsconfig.Config{CertFile: o.tlsCert, KeyFile: o.tlsKey, CAFile: o.tlsClientCA,
+func serverTLS(c DaemonConfig, log hclog.Logger) (*tls.Config, error) {
+	r, err := tlsconfig.New(tlsconfig.Config{CertFile: c.TLSCert, KeyFile: c.TLSKey, CAFile: c.TLSClientCA,
 		Logger: log.Named("grpc-tls")})
 	if err != nil {
 		return nil, fmt.Errorf("regional: gRPC TLS: %w", err)
 	}
 	base := &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"h2"}}
-	if o.tlsClientCA != "" {
+	if c.TLSClientCA != "" {
 		base.ClientAuth = tls.RequireAndVerifyClientCert
 	}
 	tc, err := r.ServerConfig(base)
@@ -439,25 +66,26 @@ func serverTLS(o *options, log hclog.Logger) (*tls.Config, error) {
 	return tc, nil
 }
 
-// redisTLS is the Redis client's TLS configuration from the -redis-tls-*
-// flags (nil without them: a rediss:// URL then uses the system roots).
-// The CA and the client certificate are reloaded when their files change.
-// The server name defaults to the host of -redis (the first cluster seed).
-func redisTLS(o *options, log hclog.Logger) (*tls.Config, error) {
-	if o.redisTLSCA == "" && o.redisTLSCert == "" {
-		if o.redisTLSServerName != "" {
-			return &tls.Config{MinVersion: tls.VersionTLS12, ServerName: o.redisTLSServerName}, nil
+// redisTLS is the Redis client's TLS configuration from c.RedisTLS (nil
+// without it: a rediss:// URL then uses the system roots). The CA and the
+// client certificate are reloaded when their files change. The server
+// name defaults to the host of c.Redis (the first cluster seed).
+func redisTLS(c DaemonConfig, log hclog.Logger) (*tls.Config, error) {
+	t := c.RedisTLS
+	if t.CAFile == "" && t.CertFile == "" {
+		if t.ServerName != "" {
+			return &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName}, nil
 		}
 		return nil, nil
 	}
-	r, err := tlsconfig.New(tlsconfig.Config{CertFile: o.redisTLSCert, KeyFile: o.redisTLSKey, CAFile: o.redisTLSCA,
+	r, err := tlsconfig.New(tlsconfig.Config{CertFile: t.CertFile, KeyFile: t.KeyFile, CAFile: t.CAFile,
 		Logger: log.Named("redis-tls")})
 	if err != nil {
 		return nil, fmt.Errorf("regional: Redis TLS: %w", err)
 	}
-	name := o.redisTLSServerName
+	name := t.ServerName
 	if name == "" {
-		name = redisHost(o.redis)
+		name = redisHost(c.Redis)
 	}
 	return r.ClientConfig(&tls.Config{MinVersion: tls.VersionTLS12, ServerName: name}), nil
 }
@@ -481,17 +109,6 @@ func redisHost(spec string) string {
 		return strings.TrimSpace(spec)
 	}
 	return host
-}
-
-// splitList splits a comma-separated flag value, dropping blanks.
-func splitList(s string) []string {
-	var out []string
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			out = append(out, f)
-		}
-	}
-	return out
 }
 
 func isDir(path string) bool {

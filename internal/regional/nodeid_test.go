@@ -24,6 +24,9 @@ func TestNodeIDFlag(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			o, err := parseFlags(c.args, c.env, io.Discard)
+			if err == nil {
+				o, err = o.withDefaults()
+			}
 			if c.err != "" {
 				if err == nil || !strings.Contains(err.Error(), c.err) {
 					t.Fatalf("err = %v, want one about %q", err, c.err)
@@ -33,11 +36,11 @@ func TestNodeIDFlag(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if c.want != "" && o.nodeID != c.want {
-				t.Fatalf("node id %q, want %q", o.nodeID, c.want)
+			if c.want != "" && o.NodeID != c.want {
+				t.Fatalf("node id %q, want %q", o.NodeID, c.want)
 			}
-			if !etcdlayout.ValidName(o.nodeID) {
-				t.Fatalf("node id %q is not valid", o.nodeID)
+			if !etcdlayout.ValidName(o.NodeID) {
+				t.Fatalf("node id %q is not valid", o.NodeID)
 			}
 		})
 	}

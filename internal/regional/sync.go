@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -13,7 +12,6 @@ import (
 	"github.com/quotacoord/quota/internal/demand"
 	"github.com/quotacoord/quota/internal/policy"
 	"github.com/quotacoord/quota/internal/regionsync"
-	"github.com/quotacoord/quota/internal/tlsconfig"
 )
 
 // syncer is what Main needs from the etcd side: shares, a demand sink, a
@@ -26,24 +24,20 @@ type syncer struct {
 	stop   func()
 }
 
-// startSync wires the region to etcd when -etcd is given (over TLS with
-// the -etcd-tls-* flags, files reloaded on change): shares and
-// acknowledgements through internal/regionsync, demand through an
-// internal/demand recorder reported every -report-interval, and, unless
-// -policies is given, the policies stored in etcd. Standalone it returns
-// share 1 and no demand reporting.
-func startSync(ctx context.Context, o *options, log hclog.Logger) (*syncer, error) {
-	if o.etcd == "" {
+// startSync wires the region to etcd when c has EtcdEndpoints (over TLS
+// with c.EtcdTLS, files reloaded on change): shares and acknowledgements
+// through internal/regionsync, demand through an internal/demand recorder
+// reported every ReportInterval, and, without Policies, the policies
+// stored in etcd. Standalone it returns share 1 and no demand reporting.
+func startSync(ctx context.Context, c DaemonConfig, log hclog.Logger) (*syncer, error) {
+	if len(c.EtcdEndpoints) == 0 {
 		return &syncer{shares: Standalone{}, attach: func(*Node) {}, flush: func(context.Context) error { return nil }, stop: func() {}}, nil
 	}
-	var endpoints []string
-	for _, e := range strings.Split(o.etcd, ",") {
-		if e = strings.TrimSpace(e); e != "" {
-			endpoints = append(endpoints, e)
-		}
+	etls := c.EtcdTLS
+	if etls.Logger == nil {
+		etls.Logger = log.Named("etcd-tls")
 	}
-	client, err := regionsync.DialTLS(endpoints, tlsconfig.Etcd{CAFile: o.etcdTLSCA, CertFile: o.etcdTLSCert,
-		KeyFile: o.etcdTLSKey, ServerName: o.etcdTLSServerName, Logger: log.Named("etcd-tls")})
+	client, err := regionsync.DialTLS(c.EtcdEndpoints, etls)
 	if err != nil {
 		return nil, fmt.Errorf("regional: -etcd: %w", err)
 	}
@@ -54,7 +48,7 @@ func startSync(ctx context.Context, o *options, log hclog.Logger) (*syncer, erro
 	}
 	var node atomic.Pointer[Node]
 	cfg := regionsync.Config{
-		Region: o.region, Node: o.nodeID, Addr: o.grpcAddr, Client: client, ReportInterval: o.reportInterval,
+		Region: c.Region, Node: c.NodeID, Addr: c.GRPCAddr, Client: client, ReportInterval: c.ReportInterval,
 		Recorder: rec, Logger: log,
 		// Outside an allocation the region may enforce only a minimum the
 		// policy names for it explicitly: those are validated to sum to at
@@ -70,11 +64,11 @@ func startSync(ctx context.Context, o *options, log hclog.Logger) (*syncer, erro
 			if !ok {
 				return 0, false
 			}
-			m, listed := p.MinShare[o.region]
+			m, listed := p.MinShare[c.Region]
 			return m, listed
 		},
 	}
-	if o.policies == "" {
+	if c.Policies == "" {
 		cfg.OnPolicies = func(docs map[string][]byte) {
 			n := node.Load()
 			if n == nil {

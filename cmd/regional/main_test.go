@@ -1,0 +1,75 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/quotacoord/quota/internal/daemon"
+	"github.com/quotacoord/quota/internal/logbuf"
+	"github.com/quotacoord/quota/internal/regional"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestUsage runs the node as main does: -h prints the usage and exits 0,
+// a bad flag or QUOTA_* variable exits 2 with a message naming it.
+func TestUsage(t *testing.T) {
+	var out bytes.Buffer
+	if code := daemon.Exec(t.Context(), "regional", regional.Main, []string{"-h"}, nil, &out); code != daemon.ExitOK ||
+		!strings.Contains(out.String(), "Usage of regional") || !strings.Contains(out.String(), "-log-level") {
+		t.Fatalf("-h: exit %d, output:\n%s", code, out.String())
+	}
+	for _, c := range []struct {
+		args, env []string
+		names     string
+	}{
+		{[]string{"-no-such-flag"}, nil, "-no-such-flag"},
+		{[]string{"-store-timeout", "soon"}, nil, "-store-timeout"},
+		{[]string{"-policies", "x", "-log-level", "loud"}, nil, "-log-level"},
+		{[]string{"-policies", "x"}, []string{"QUOTA_BREAKER_THRESHOLD=many"}, "QUOTA_BREAKER_THRESHOLD"},
+	} {
+		out.Reset()
+		code := daemon.Exec(t.Context(), "regional", regional.Main, c.args, c.env, &out)
+		if code != daemon.ExitUsage || !strings.Contains(out.String(), "regional: ") || !strings.Contains(out.String(), c.names) {
+			t.Errorf("%v %v: exit %d, output:\n%s", c.args, c.env, code, out.String())
+		}
+	}
+}
+
+// TestServeAndStop starts a standalone node as main does, with its
+// listening addresses from QUOTA_* variables, reads the listening lines
+// and logs on the one stream, and stops it by cancelling (SIGTERM): exit 0.
+func TestServeAndStop(t *testing.T) {
+	var out logbuf.Buffer
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	go func() {
+		done <- daemon.Exec(ctx, "regional", regional.Main, []string{"-policies", "../../examples/policies", "-region", "eu-west"},
+			[]string{"QUOTA_GRPC_ADDR=127.0.0.1:0", "QUOTA_HTTP_ADDR=127.0.0.1:0", "QUOTA_JSON_LOGS=true"}, &out)
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(out.String(), "http listening on 127.0.0.1:") {
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("never listened:\n%s", out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	select {
+	case code := <-done:
+		if code != daemon.ExitOK {
+			t.Fatalf("exit %d:\n%s", code, out.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("node did not stop after cancel")
+	}
+	if logs := out.String(); !strings.Contains(logs, `"@message":"policies loaded"`) || !strings.Contains(logs, `"@message":"stopped"`) {
+		t.Fatalf("JSON logs missing from the stream:\n%s", logs)
+	}
+}

@@ -1,0 +1,24 @@
+// Package daemon is the process shape the project's two daemons share,
+// the regional node (cmd/regional) and the coordinator (cmd/coordinator),
+// so that both read their settings, log and stop the same way:
+//
+//   - Settings: command-line flags; QUOTA_<FLAG> environment variables
+//     (upper case, dashes as underscores) set a flag's default, and a flag
+//     given on the command line wins (Parse). -h prints the usage and
+//     exits 0, a bad flag or variable exits 2 naming it, any other error
+//     exits 1 (Exec, Main).
+//   - Logging: one hclog logger on stderr, its level from -log-level
+//     (ParseLevel, the one parser of level names) and JSON lines with
+//     -json-logs (LogFlags).
+//   - Lists: comma-separated flag values such as etcd endpoints
+//     (SplitList).
+//   - Serving: a gRPC server with gRPC health checking and an HTTP server,
+//     each on its own listener, stopped gracefully when the context ends:
+//     health reports NOT_SERVING, gRPC lets calls in flight finish and
+//     HTTP lets requests finish, each within a shutdown timeout after
+//     which connections are closed (Serve). Cleanup undoes what a start
+//     built, newest first.
+//
+// Nothing here holds global state; every function is safe to call from
+// several goroutines and several daemons in one process (tests do).
+package daemon

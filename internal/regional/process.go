@@ -1,0 +1,375 @@
+package regional
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/propagation"
+	sdkresource "go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/quotacoord/quota/bucket"
+	"github.com/quotacoord/quota/internal/clock"
+	"github.com/quotacoord/quota/internal/daemon"
+	"github.com/quotacoord/quota/internal/etcdlayout"
+	"github.com/quotacoord/quota/internal/regionsync"
+	"github.com/quotacoord/quota/internal/tlsconfig"
+)
+
+// DaemonConfig configures a regional node process (Run): its listeners,
+// its stores, its etcd, TLS, and the settings it passes to the Node
+// (Config). Zero fields take the defaults listed; the flag of each field
+// (cmd/regional) is named in its errors.
+type DaemonConfig struct {
+	// Region is this node's region; default "local".
+	Region string
+	// NodeID is this node's id within its region,
+	// [A-Za-z0-9_.-]{1,etcdlayout.MaxNameLen}: each node of a region
+	// registers, reports demand and acknowledges under its own etcd keys.
+	// Default regionsync.DefaultNodeID() (the host name plus a random
+	// suffix).
+	NodeID string
+	// GRPCAddr serves the Admission API, Envoy's RLS, health and
+	// reflection; default ":8081".
+	GRPCAddr string
+	// HTTPAddr serves /metrics, /healthz and /readyz; default ":8080".
+	HTTPAddr string
+	// Redis is the primary store: host:port, a redis:// or rediss:// URL,
+	// or comma-separated cluster seeds. Empty uses the in-process store
+	// (one node only).
+	Redis string
+	// RedisMerge is the most concurrent single-bucket checks merged into
+	// one script call: 0 means bucket.DefaultMerge, 1 no merging, at most
+	// 256.
+	RedisMerge int
+	// RedisTLS connects to Redis over TLS (files reloaded on change); it
+	// needs Redis.
+	RedisTLS RedisTLS
+	// EtcdEndpoints join the region to the coordinator's etcd. Empty runs
+	// standalone: share 1, policies from Policies.
+	EtcdEndpoints []string
+	// EtcdTLS is the etcd client's TLS; it needs EtcdEndpoints. Its Logger
+	// is filled in.
+	EtcdTLS tlsconfig.Etcd
+	// Policies is a policy file or directory, reloaded on change; without
+	// it the policies come from etcd. One of Policies and EtcdEndpoints
+	// is required.
+	Policies string
+	// ReloadSettle is the quiet time after a policy file change before
+	// reloading; default 200ms.
+	ReloadSettle time.Duration
+	// StoreTimeout, BreakerThreshold, BreakerCooldown, UnknownPolicy,
+	// Headers, SubjectSalt, EnvoyPlainKeys and DecisionLogEvery are the
+	// Node's (Config, with its defaults).
+	StoreTimeout     time.Duration
+	BreakerThreshold int
+	BreakerCooldown  time.Duration
+	UnknownPolicy    UnknownPolicy
+	Headers          HeaderMode
+	SubjectSalt      string
+	EnvoyPlainKeys   []string
+	DecisionLogEvery int
+	// OTLPEndpoint (host:port) receives traces over OTLP gRPC; empty turns
+	// tracing off.
+	OTLPEndpoint string
+	// TLSCert and TLSKey serve gRPC over TLS; TLSClientCA then requires
+	// client certificates from it. Files are reloaded on change.
+	TLSCert, TLSKey, TLSClientCA string
+	// LocalMaxBuckets bounds the in-process store; default 100000.
+	LocalMaxBuckets int
+	// ReportInterval is the demand report interval (with etcd); default
+	// 5s.
+	ReportInterval time.Duration
+	// ShutdownTimeout bounds each graceful stop; default
+	// daemon.DefaultShutdownTimeout.
+	ShutdownTimeout time.Duration
+	// Logger defaults to hclog.NewNullLogger(); Run adds the region and
+	// node to every line.
+	Logger hclog.Logger
+	// Announce, when set, receives "grpc listening on ADDR" and
+	// "http listening on ADDR" once the node listens.
+	Announce io.Writer
+}
+
+// RedisTLS is the Redis client's TLS: the CA Redis's certificate is
+// verified against, a client certificate and key for mutual TLS, and the
+// name Redis's certificate must carry (default the host of
+// DaemonConfig.Redis, needed for cluster seeds given as IP addresses).
+type RedisTLS struct {
+	CAFile, CertFile, KeyFile, ServerName string
+}
+
+// maxRedisMerge bounds DaemonConfig.RedisMerge: a merged script call holds
+// Redis for about 11 µs per bucket (bucket.DefaultMerge).
+const maxRedisMerge = 256
+
+// withDefaults returns c with defaults filled in, or an ErrConfig naming
+// the first bad field by its flag.
+func (c DaemonConfig) withDefaults() (DaemonConfig, error) {
+	bad := func(format string, args ...any) (DaemonConfig, error) {
+		return c, fmt.Errorf("%w: "+format, append([]any{ErrConfig}, args...)...)
+	}
+	if len(c.EtcdEndpoints) == 0 && c.Policies == "" {
+		return bad("give -policies FILE (standalone) or -etcd ENDPOINTS")
+	}
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		return bad("-tls-cert and -tls-key go together")
+	}
+	if c.TLSClientCA != "" && c.TLSCert == "" {
+		return bad("-tls-client-ca needs -tls-cert and -tls-key")
+	}
+	if (c.RedisTLS.CertFile == "") != (c.RedisTLS.KeyFile == "") {
+		return bad("-redis-tls-cert and -redis-tls-key go together")
+	}
+	if c.RedisTLS != (RedisTLS{}) && c.Redis == "" {
+		return bad("-redis-tls-* flags need -redis")
+	}
+	if c.RedisMerge < 0 || c.RedisMerge > maxRedisMerge {
+		return bad("-redis-merge %d, want 0 to %d", c.RedisMerge, maxRedisMerge)
+	}
+	if (c.EtcdTLS.CertFile == "") != (c.EtcdTLS.KeyFile == "") {
+		return bad("-etcd-tls-cert and -etcd-tls-key go together")
+	}
+	if c.EtcdTLS.Enabled() && len(c.EtcdEndpoints) == 0 {
+		return bad("-etcd-tls-* flags need -etcd")
+	}
+	if c.NodeID == "" {
+		c.NodeID = regionsync.DefaultNodeID()
+	}
+	if !etcdlayout.ValidName(c.NodeID) {
+		return bad("-node-id %q, want [A-Za-z0-9_.-]{1,%d}", c.NodeID, etcdlayout.MaxNameLen)
+	}
+	if c.LocalMaxBuckets < 0 {
+		return bad("-local-max-buckets %d, want at least 1", c.LocalMaxBuckets)
+	}
+	defaults := []struct {
+		v    *time.Duration
+		def  time.Duration
+		flag string
+	}{
+		{&c.ReloadSettle, 200 * time.Millisecond, "-reload-settle"},
+		{&c.StoreTimeout, 5 * time.Millisecond, "-store-timeout"},
+		{&c.ReportInterval, 5 * time.Second, "-report-interval"},
+		{&c.ShutdownTimeout, daemon.DefaultShutdownTimeout, "-shutdown-timeout"},
+	}
+	for _, d := range defaults {
+		switch {
+		case *d.v == 0:
+			*d.v = d.def
+		case *d.v < 0:
+			return bad("%s %v is negative", d.flag, *d.v)
+		}
+	}
+	if c.Region == "" {
+		c.Region = "local"
+	}
+	if c.GRPCAddr == "" {
+		c.GRPCAddr = ":8081"
+	}
+	if c.HTTPAddr == "" {
+		c.HTTPAddr = ":8080"
+	}
+	if c.LocalMaxBuckets == 0 {
+		c.LocalMaxBuckets = 100000
+	}
+	if c.Logger == nil {
+		c.Logger = hclog.NewNullLogger()
+	}
+	return c, nil
+}
+
+// Run runs one regional node until ctx is done, then shuts down
+// gracefully: health turns NOT_SERVING, in-flight checks finish (within
+// ShutdownTimeout), the last demand report is flushed and the stores
+// close. It starts goroutines for the servers, the etcd side and the
+// policy watcher and waits for all of them before returning.
+func Run(ctx context.Context, c DaemonConfig) error {
+	c, err := c.withDefaults()
+	if err != nil {
+		return err
+	}
+	log := c.Logger.With("region", c.Region, "node", c.NodeID)
+	var cleanup daemon.Cleanup
+	defer cleanup.Run()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	var tp trace.TracerProvider = noop.NewTracerProvider()
+	if c.OTLPEndpoint != "" {
+		exp, err := otlptracegrpc.New(ctx, otlptracegrpc.WithEndpoint(c.OTLPEndpoint), otlptracegrpc.WithInsecure())
+		if err != nil {
+			return fmt.Errorf("regional: OTLP exporter: %w", err)
+		}
+		res, _ := sdkresource.Merge(sdkresource.Default(), sdkresource.NewSchemaless())
+		sdk := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+		cleanup.Push(func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = sdk.Shutdown(sctx)
+		})
+		tp = sdk
+	}
+
+	local, err := bucket.NewMemory(bucket.MemoryConfig{Clock: clock.Real{}, MaxBuckets: c.LocalMaxBuckets})
+	if err != nil {
+		return fmt.Errorf("regional: local store: %w", err)
+	}
+	var store bucket.Store = local
+	if c.Redis != "" {
+		rtls, err := redisTLS(c, log)
+		if err != nil {
+			return err
+		}
+		rc, err := redisClient(c.Redis, c.StoreTimeout, rtls)
+		if err != nil {
+			return err
+		}
+		cleanup.Push(func() { _ = rc.Close() })
+		// One pipeline in flight per P, at most the store's default: a
+		// node on one core then sends every waiting call in one pipeline
+		// rather than splitting them over two (pipelines twice as large,
+		// 10-13% less CPU per check for the node and for a Redis on the
+		// same core, bench-regional.sh).
+		rs, err := bucket.NewRedis(bucket.RedisConfig{Client: rc, Flushers: min(bucket.DefaultFlushers, runtime.GOMAXPROCS(0)), Merge: c.RedisMerge})
+		if err != nil {
+			return fmt.Errorf("regional: redis store: %w", err)
+		}
+		cleanup.Push(func() { _ = rs.Close() })
+		store = rs
+		log.Info("using redis", "redis", redactURL(c.Redis))
+	} else {
+		log.Info("no -redis: using the in-process store (one node only)")
+	}
+
+	ss, err := startSync(ctx, c, log)
+	if err != nil {
+		return err
+	}
+	cleanup.Push(ss.stop)
+	ncfg := Config{
+		Region: c.Region, Store: store, Local: local, Shares: ss.shares, Demand: ss.demand,
+		Logger: log, Registerer: reg, TracerProvider: tp, StoreTimeout: c.StoreTimeout,
+		BreakerThreshold: c.BreakerThreshold, BreakerCooldown: c.BreakerCooldown,
+		UnknownPolicy: c.UnknownPolicy, SubjectSalt: c.SubjectSalt, EnvoyPlainKeys: c.EnvoyPlainKeys,
+		DecisionLogEvery: c.DecisionLogEvery, Headers: c.Headers,
+	}
+	n, err := New(ncfg)
+	if err != nil {
+		return err
+	}
+	if c.Policies != "" {
+		if err := n.LoadPolicies(c.Policies); err != nil {
+			return err
+		}
+		log.Info("policies loaded", "path", c.Policies, "policies", n.set.Load().Len())
+	}
+	ss.attach(n)
+
+	// The gRPC tracing handler only when tracing is on: even with a no-op
+	// provider it costs allocations and CPU on every call.
+	// Stream workers serve calls on reused goroutines (no new goroutine and
+	// stack per call); gRPC shares write buffers by default.
+	// Fixed flow-control windows turn off gRPC's bandwidth-delay probing:
+	// its PING went out in a write of its own while a check waited for
+	// Redis (about half a write syscall more per check at c=1, each one
+	// waking the client).
+	serverOpts := []grpc.ServerOption{grpc.NumStreamWorkers(uint32(4 * runtime.GOMAXPROCS(0))),
+		grpc.InitialWindowSize(GRPCWindow), grpc.InitialConnWindowSize(GRPCWindow)}
+	if c.OTLPEndpoint != "" {
+		serverOpts = append(serverOpts, grpc.StatsHandler(otelgrpc.NewServerHandler(
+			otelgrpc.WithTracerProvider(tp), otelgrpc.WithPropagators(propagation.TraceContext{}))))
+	}
+	if c.TLSCert != "" {
+		tc, err := serverTLS(c, log)
+		if err != nil {
+			return err
+		}
+		serverOpts = append(serverOpts, grpc.Creds(credentials.NewTLS(tc)))
+	}
+	gs := grpc.NewServer(serverOpts...)
+	n.Register(gs)
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(gs, hs)
+	reflection.Register(gs)
+
+	gl, hl, err := daemon.Listen(c.GRPCAddr, c.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("regional: %w", err)
+	}
+	servers := daemon.Servers{GRPC: gs, GRPCListener: gl, HTTPListener: hl, Health: hs,
+		HTTP:            &http.Server{Handler: n.Handler(reg), ReadHeaderTimeout: 5 * time.Second},
+		ShutdownTimeout: c.ShutdownTimeout, Announce: c.Announce, Logger: log}
+
+	// The node's own goroutines run until the servers stopped.
+	nctx, stopNode := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_ = local.Run(nctx) // sweeps expired in-process buckets until nctx ends
+	}()
+	if c.Policies != "" {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := n.WatchPolicies(nctx, c.Policies, c.ReloadSettle); err != nil {
+				log.Error("policy watcher stopped; no more reloads", "error", err)
+			}
+		}()
+	}
+	// Serving status follows readiness (until Serve's shutdown turns it
+	// NOT_SERVING for good).
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			st := healthpb.HealthCheckResponse_NOT_SERVING
+			if n.Ready() {
+				st = healthpb.HealthCheckResponse_SERVING
+			}
+			hs.SetServingStatus("", st)
+			hs.SetServingStatus("quota.v1.Admission", st)
+			hs.SetServingStatus("envoy.service.ratelimit.v3.RateLimitService", st)
+			n.RefreshShareGauges()
+			select {
+			case <-nctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+
+	runErr := daemon.Serve(ctx, servers)
+	if runErr != nil {
+		runErr = fmt.Errorf("regional: %w", runErr)
+	}
+	stopNode()
+	wg.Wait()
+	fctx, cancel := context.WithTimeout(context.Background(), c.ShutdownTimeout)
+	defer cancel()
+	if err := ss.flush(fctx); err != nil {
+		log.Warn("last demand report failed", "error", err)
+	}
+	log.Info("stopped")
+	return runErr
+}

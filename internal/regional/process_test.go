@@ -1,0 +1,50 @@
+package regional
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/quotacoord/quota/internal/daemon"
+	"github.com/quotacoord/quota/internal/etcdlayout"
+	"github.com/quotacoord/quota/internal/tlsconfig"
+)
+
+func TestDaemonConfigDefaults(t *testing.T) {
+	c, err := DaemonConfig{Policies: "p.yaml"}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Region != "local" || c.GRPCAddr != ":8081" || c.HTTPAddr != ":8080" || c.LocalMaxBuckets != 100000 ||
+		c.StoreTimeout != 5*time.Millisecond || c.ReportInterval != 5*time.Second || c.ReloadSettle != 200*time.Millisecond ||
+		c.ShutdownTimeout != daemon.DefaultShutdownTimeout || c.Logger == nil || !etcdlayout.ValidName(c.NodeID) {
+		t.Fatalf("defaults: %+v", c)
+	}
+	etcd := []string{"http://127.0.0.1:2379"}
+	for _, tt := range []struct {
+		name string
+		c    DaemonConfig
+		err  string
+	}{
+		{"nothing to serve", DaemonConfig{}, "-policies FILE (standalone) or -etcd"},
+		{"tls half", DaemonConfig{Policies: "p", TLSKey: "k"}, "-tls-cert and -tls-key"},
+		{"client CA without a certificate", DaemonConfig{Policies: "p", TLSClientCA: "ca"}, "-tls-client-ca needs"},
+		{"redis tls half", DaemonConfig{Policies: "p", Redis: "r:1", RedisTLS: RedisTLS{KeyFile: "k"}}, "-redis-tls-cert and -redis-tls-key"},
+		{"redis tls without redis", DaemonConfig{Policies: "p", RedisTLS: RedisTLS{ServerName: "r"}}, "need -redis"},
+		{"redis merge", DaemonConfig{Policies: "p", RedisMerge: 257}, "want 0 to 256"},
+		{"etcd tls half", DaemonConfig{EtcdEndpoints: etcd, EtcdTLS: tlsconfig.Etcd{CertFile: "c"}}, "-etcd-tls-cert and -etcd-tls-key"},
+		{"etcd tls without etcd", DaemonConfig{Policies: "p", EtcdTLS: tlsconfig.Etcd{CAFile: "ca"}}, "need -etcd"},
+		{"node id", DaemonConfig{EtcdEndpoints: etcd, NodeID: "a b"}, "-node-id"},
+		{"local buckets", DaemonConfig{Policies: "p", LocalMaxBuckets: -1}, "-local-max-buckets"},
+		{"negative store timeout", DaemonConfig{Policies: "p", StoreTimeout: -time.Millisecond}, "-store-timeout -1ms is negative"},
+		{"negative shutdown timeout", DaemonConfig{Policies: "p", ShutdownTimeout: -time.Second}, "-shutdown-timeout"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := tt.c.withDefaults()
+			if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tt.err) {
+				t.Fatalf("err %v, want ErrConfig containing %q", err, tt.err)
+			}
+		})
+	}
+}
