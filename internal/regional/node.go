@@ -32,7 +32,10 @@ type Node struct {
 	set atomic.Pointer[policy.Set]
 	// pins is Config.Shares when it pins (nil otherwise): asserted once
 	// here so that a check pays no interface assertion.
-	pins   PinnedShareSource
+	pins PinnedShareSource
+	// nodes is Config.Shares when it counts the region's nodes, nil when
+	// this node is the whole region.
+	nodes  RegionNodes
 	brk    *breaker
 	neg    *negativeCache
 	replay *replayCache
@@ -84,6 +87,9 @@ func New(cfg Config) (*Node, error) {
 	n.deadlines = newDeadlines(cfg.StoreTimeout)
 	if ps, ok := cfg.Shares.(PinnedShareSource); ok {
 		n.pins = ps
+	}
+	if rn, ok := cfg.Shares.(RegionNodes); ok {
+		n.nodes = rn
 	}
 	return n, nil
 }
@@ -424,7 +430,8 @@ func (n *Node) callStore(ctx context.Context, now time.Time, reqs []bucket.Reque
 
 // degrade decides items[idx] by their failure modes. Any closed policy
 // denies the whole check (charging nothing); otherwise local policies take
-// from the in-process store at share × local scale and open ones admit.
+// from the in-process store at share × local scale / the region's nodes
+// (localShare) and open ones admit.
 // When the in-process store is at its bucket cap and the check needs a new
 // bucket, the local policies deny with a retry-after, as closed ones do.
 func (n *Node) degrade(ctx context.Context, now time.Time, items []item, idx []int) ([]bucket.Decision, policy.FailureMode, error) {
@@ -461,7 +468,7 @@ func (n *Node) degrade(ctx context.Context, now time.Time, items []item, idx []i
 	for k, j := range local {
 		it := &items[idx[j]]
 		reqs[k] = it.req
-		reqs[k].Share = it.req.Share * it.scale
+		reqs[k].Share = n.localShare(it)
 	}
 	merged, at := mergeRequests(reqs)
 	var ldecs []bucket.Decision
@@ -488,6 +495,18 @@ func (n *Node) degrade(ctx context.Context, now time.Time, items []item, idx []i
 		decs[j] = ldecs[k]
 	}
 	return decs, policy.FailLocal, nil
+}
+
+// localShare is the share of it's in-process bucket under failure mode
+// local: the region's share divided among the region's registered nodes
+// (each decides apart, and all of them may fail over at once), times the
+// policy's local_scale, which an operator sets to keep less still.
+func (n *Node) localShare(it *item) float64 {
+	share := it.req.Share * it.scale
+	if n.nodes != nil {
+		share /= float64(max(1, n.nodes.Nodes()))
+	}
+	return share
 }
 
 // denyFull answers items[idx] when the in-process primary store is at its

@@ -29,6 +29,18 @@ type PinnedShareSource interface {
 	Begin() regionsync.Pin
 }
 
+// RegionNodes is a ShareSource that knows how many nodes enforce the
+// region's shares together (internal/regionsync's Syncer, from the
+// region's registrations in etcd). A node whose policy fails over to its
+// in-process bucket (failure mode local) gives that bucket share / Nodes()
+// of the budget, so that the region's nodes together hold no more than
+// the region's share while they decide apart. A source without it (a node
+// without etcd) is the whole region. Nodes must be cheap, at least 1, and
+// safe for concurrent use.
+type RegionNodes interface {
+	Nodes() int
+}
+
 // Standalone is the ShareSource of a node without a coordinator: every
 // share is 1 and it is always ready. Its zero value is ready to use. It
 // has no pins: its shares never change.

@@ -66,11 +66,20 @@
 // alloc/, policies/ and settings are watched (get, then watch from the
 // next revision; a compacted or failed watch starts over with a get).
 //
+// # Nodes of a region
+//
+// Nodes is the number of nodes registered under regions/{region}/ as last
+// read (get, then watch), this node counted whether or not its own
+// registration is there, 1 before the first read. A node that decides
+// without the region's Redis (failure mode local) divides its share by it.
+// A node that joins is counted by the others once its registration reaches
+// them through their watch; one whose lease ended, once etcd deletes it.
+//
 // # Concurrency and goroutines
 //
 // Run starts every goroutine of a Syncer and returns only after all of them
 // ended; it may be called once. Share, Begin (and the Pin's Share and End),
-// Ready, Lost, Epoch and Flush are
+// Ready, Lost, Epoch, Nodes and Flush are
 // safe for concurrent use, before, during and after Run. The zero Syncer is
 // not usable; build one with New.
 //

@@ -51,6 +51,9 @@ type Syncer struct {
 	// etcd's settings.
 	followTTL bool
 
+	// nodes is the region's registered node count for Nodes, 0 before
+	// the first read.
+	nodes         atomic.Int64
 	losses        atomic.Uint64
 	policiesReady atomic.Bool
 	// reportEvery is the interval from etcd's settings (nanos), 0 if unset.
@@ -229,7 +232,8 @@ func (s *Syncer) publishLocked() {
 }
 
 // Run connects the region and keeps it connected until ctx is done: the
-// lease and the loss check, the allocation, policy and settings watches,
+// lease and the loss check, the allocation, policy, settings and region
+// registration watches,
 // acknowledgements and demand reports, each on a goroutine Run starts and
 // waits for. It returns nil once ctx is done, or ErrRunning when called a
 // second time. On return every share is the safe share and the lease is
@@ -257,6 +261,8 @@ func (s *Syncer) Run(ctx context.Context) error {
 	goRun(func() {
 		s.follow(ctx, l.Settings(), false, nil, s.applySettingsSnapshot, s.applySettingsEvents)
 	})
+	rn := &regionNodes{s: s}
+	goRun(func() { s.follow(ctx, l.RegionNodes(s.cfg.Region), true, nil, rn.snapshot, rn.events) })
 	if s.cfg.OnPolicies != nil {
 		p := &policyDocs{s: s, docs: map[string][]byte{}}
 		goRun(func() { s.follow(ctx, l.PoliciesPrefix(), true, nil, p.snapshot, p.events) })
