@@ -24,14 +24,19 @@
 //     etcd never starts at share 1, and a region left out of an allocation
 //     enforces no more than its explicit minimum.
 //   - Every lease keepalive that succeeds moves "last good" to the instant
-//     the keepalive was sent, on Config.Clock. When the clock reads more
-//     than LeaseTTL (less one loss check, at most 100 ms) past it, every
-//     share becomes the safe share at once,
-//     without waiting for etcd to say anything. Measuring from the send
-//     instant means the region gives up its shares no later than etcd
-//     expires the lease, so the coordinator (which waits for the expiry
-//     plus a skew margin) never hands them to another region while this one
-//     still enforces them.
+//     the keepalive was sent, on Config.Clock's monotonic reading (a wall
+//     clock stepped back does not make the lease look younger). When that
+//     reading is more than LeaseTTL (less one loss check, at most 100 ms)
+//     past it, every share becomes the safe share at once, without waiting
+//     for etcd to say anything. Measuring from the send instant means the
+//     region gives up its shares no later than etcd expires the lease, so
+//     the coordinator (which waits for the expiry plus a skew margin, the
+//     margin covering clock rate skew only) never hands them to another
+//     region while this one still enforces them. The lease's age is
+//     checked by a ticker and by every check (Share, Begin): a process that
+//     was paused past the TTL switches to the safe shares, synchronously,
+//     before its first check after waking reads a share, and drops the
+//     lease it can no longer trust.
 //   - When Run returns (a graceful stop), every share becomes the safe
 //     share and then the lease is revoked, so the coordinator can hand the
 //     region's shares to others without waiting for the TTL.
@@ -50,8 +55,9 @@
 //     at the old share.
 //
 // Timers (keepalive pacing, the loss check, report intervals, back-off)
-// run on real time; what they measure (lease age, report timestamps) is
-// read from Config.Clock.
+// run on real time; what they measure is read from Config.Clock: the
+// lease's age from its monotonic reading, report and ack timestamps from
+// its wall reading.
 //
 // # Keys
 //

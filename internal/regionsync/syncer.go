@@ -14,6 +14,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/quotacoord/quota/internal/clock"
 	"github.com/quotacoord/quota/internal/etcdlayout"
 )
 
@@ -28,6 +29,9 @@ var ErrRunning = errors.New("regionsync: already running")
 type Syncer struct {
 	cfg Config
 	log hclog.Logger
+	// mono is Config.Clock's monotonic reading, on which the lease's age
+	// is measured.
+	mono clock.Monotonic
 
 	tab atomic.Pointer[table]
 
@@ -41,8 +45,8 @@ type Syncer struct {
 
 	// lease is the current lease, 0 while there is none.
 	lease atomic.Int64
-	// lastOK is when (Clock, unix nanos) the last successful keepalive or
-	// grant of the current lease was sent.
+	// lastOK is when (mono, nanos) the last successful keepalive or grant
+	// of the current lease was sent.
 	lastOK atomic.Int64
 	// ttl is the TTL (nanos) of the current lease, or of the next one
 	// before the first grant.
@@ -80,6 +84,7 @@ func New(cfg Config) (*Syncer, error) {
 	}
 	s := &Syncer{
 		cfg:        cfg,
+		mono:       clock.MonotonicOf(cfg.Clock),
 		followTTL:  followTTL,
 		log:        cfg.Logger.Named("regionsync").With("region", cfg.Region, "node", cfg.Node),
 		lost:       true,
@@ -106,11 +111,27 @@ func (s *Syncer) requestTimeout() time.Duration {
 }
 
 // Share returns the share f the region enforces for subject under policy.
-// It is lock-free and allocation-free. A check that reads several shares,
+// It is lock-free and allocation-free, except in the one call that finds
+// the lease expired (see current), which takes the writer's lock to switch
+// to the safe shares. A check that reads several shares,
 // or that must not outlive the acknowledgement of a newer epoch, uses
 // Begin instead.
 func (s *Syncer) Share(policy, subject string) float64 {
-	return s.shareIn(s.tab.Load(), policy, subject)
+	return s.shareIn(s.current(), policy, subject)
+}
+
+// current is the table a check reads. Before handing out published
+// shares it checks the lease's age on the monotonic clock: a process that
+// was paused (or whose loss-check ticker ran late) past the lease TTL
+// switches to the safe shares here, before it decides, rather than
+// deciding at shares the coordinator may have handed to other regions.
+func (s *Syncer) current() *table {
+	t := s.tab.Load()
+	if !t.lost && s.stale() {
+		s.expire()
+		t = s.tab.Load()
+	}
+	return t
 }
 
 // Pin is one check's view of the shares: every Share through it reads the
@@ -125,10 +146,10 @@ type Pin struct {
 // bucket calls returned: until then no epoch published after Begin is
 // acknowledged, so the coordinator never grows another region's share
 // while this check may still take tokens at a share the region gave up.
-// It is lock-free and allocation-free.
+// Like Share, it first checks the lease's age (see current).
 func (s *Syncer) Begin() Pin {
 	for {
-		t := s.tab.Load()
+		t := s.current()
 		t.inflight.Add(1)
 		// A table replaced between the load and the count may already
 		// have been found drained by the ack loop: pin the new one.
@@ -208,6 +229,9 @@ func (s *Syncer) Policies() []string {
 }
 
 func (s *Syncer) now() time.Time { return s.cfg.Clock.Now() }
+
+// monoNow is the monotonic clock's reading.
+func (s *Syncer) monoNow() time.Duration { return s.mono.Mono() }
 
 // publish stores a new table from the state; call with mu held. The
 // table it replaces is kept, while checks pin it, so that the ack loop can
@@ -302,7 +326,7 @@ func (s *Syncer) release() {
 // ---- lease ----
 
 type kaResult struct {
-	sent time.Time
+	sent time.Duration // monotonic
 	err  error
 }
 
@@ -336,7 +360,7 @@ func (s *Syncer) establish(ctx context.Context) (clientv3.LeaseID, error) {
 		}
 	}
 	s.ttl.Store(int64(ttl))
-	sent := s.now()
+	sent, sentMono := s.now(), s.monoNow()
 	cctx, cancel := context.WithTimeout(ctx, s.requestTimeout())
 	defer cancel()
 	lr, err := s.cfg.Client.Grant(cctx, int64(ttl/time.Second))
@@ -353,7 +377,7 @@ func (s *Syncer) establish(ctx context.Context) (clientv3.LeaseID, error) {
 	if _, err := s.cfg.Client.Put(cctx, s.cfg.Layout.Node(s.cfg.Region, s.cfg.Node), string(reg), clientv3.WithLease(lr.ID)); err != nil {
 		return 0, fmt.Errorf("register under lease %x: %w", lr.ID, err)
 	}
-	s.lastOK.Store(sent.UnixNano())
+	s.lastOK.Store(int64(sentMono))
 	s.lease.Store(int64(lr.ID))
 	s.log.Info("registered", "lease", fmt.Sprintf("%x", lr.ID), "ttl", ttl)
 	return lr.ID, nil
@@ -417,7 +441,7 @@ func (s *Syncer) keepAlive(ctx context.Context, id clientv3.LeaseID) {
 		case r := <-results:
 			inflight = false
 			if r.err == nil {
-				s.lastOK.Store(r.sent.UnixNano())
+				s.lastOK.Store(int64(r.sent))
 				continue
 			}
 			if leaseGone(r.err) {
@@ -428,13 +452,16 @@ func (s *Syncer) keepAlive(ctx context.Context, id clientv3.LeaseID) {
 				s.log.Warn("lease keepalive failed", "error", r.err)
 			}
 		case <-tick.C:
+			if s.lease.Load() != int64(id) {
+				return // a check found it expired (expire)
+			}
 			if s.stale() {
 				s.markLost(id, "no keepalive for longer than the lease TTL")
 				return
 			}
 			if !inflight && time.Since(lastTry) >= every {
 				inflight, lastTry = true, time.Now()
-				sent := s.now()
+				sent := s.monoNow()
 				go func() {
 					cctx, cancel := context.WithTimeout(ctx, every)
 					defer cancel()
@@ -452,10 +479,29 @@ func lossCheck(ttl time.Duration) time.Duration { return min(ttl/20, 100*time.Mi
 // stale says the lease may have expired in etcd. It holds one loss check
 // before the TTL is over, so that the periodic check switches to the safe
 // shares no later than the TTL after the last good keepalive was sent
-// (etcd expires the lease no earlier than that).
+// (etcd expires the lease no earlier than that). The age is measured on
+// the monotonic clock: a wall clock stepped back does not make an old
+// lease look young.
 func (s *Syncer) stale() bool {
 	ttl := s.leaseTTL()
-	return s.now().Sub(time.Unix(0, s.lastOK.Load())) > ttl-lossCheck(ttl)
+	return s.monoNow()-time.Duration(s.lastOK.Load()) > ttl-lossCheck(ttl)
+}
+
+// expire switches every share to the safe share because a check found
+// the lease stale before the loss check did, and drops the lease: the
+// keepalive loop then starts a new one, and the region enforces published
+// shares again only after reading them under it.
+func (s *Syncer) expire() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lost || !s.stale() {
+		return
+	}
+	id := s.lease.Swap(0)
+	s.losses.Add(1)
+	s.log.Warn("lease older than its TTL when a check ran; enforcing safe shares", "lease", fmt.Sprintf("%x", id))
+	s.lost = true
+	s.publishLocked()
 }
 
 func leaseGone(err error) bool {
