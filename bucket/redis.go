@@ -75,7 +75,12 @@ type RedisConfig struct {
 // Errors from Redis are returned wrapped; the caller applies its failure
 // mode. A denial is never an error. When a caller's context ends while its
 // call is queued or in flight, it gets the context's error and the call may
-// or may not have been charged.
+// or may not have been charged. A call whose context has ended by the time
+// a flusher takes it from the queue is never sent: a caller that gave up
+// (its deadline passed, so its check ended and its region may have
+// acknowledged a smaller share since) does not have its take written
+// afterwards at the share it read. A call already handed to Redis when its
+// deadline passes still runs.
 //
 // On a single server (Client is a *redis.Client) TakeAll sends all its
 // buckets in one script call, all or nothing, whatever their groups; if
@@ -122,6 +127,10 @@ type Redis struct {
 // back; a caller that gives up (its context ended) leaves it to the
 // garbage collector, since the flusher may still write to it.
 type call struct {
+	// ctx is the caller's context, set when the call is queued: a call
+	// whose context has ended by the time a flusher takes it is not sent
+	// (see dropEnded).
+	ctx    context.Context
 	n      int    // buckets
 	op     byte   // opTake or opRefund
 	group  uint32 // the group of the first bucket
@@ -328,6 +337,7 @@ func (r *Redis) enqueue(ctx context.Context, c *call) error {
 		r.mu.RUnlock()
 		return ErrClosed
 	}
+	c.ctx = ctx
 	select {
 	case r.queue <- c:
 		r.mu.RUnlock()
@@ -414,7 +424,7 @@ func (r *Redis) newCall(op byte, reqs []Request, ps []params) *call {
 // release returns c to the pool once its caller has read the answer.
 func (c *call) release() {
 	clear(c.argv)
-	c.argv, c.res, c.err, c.script = c.argv[:0], nil, nil, nil
+	c.argv, c.res, c.err, c.script, c.ctx = c.argv[:0], nil, nil, nil, nil
 	callPool.Put(c)
 }
 
