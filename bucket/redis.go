@@ -175,7 +175,7 @@ const maxArgCache = 1 << 14
 // and group). Building them cost five allocations and about half a
 // microsecond per bucket. Lookups take no lock.
 type argCache struct {
-	nums sync.Map // params -> [4]any
+	nums sync.Map // params -> [5]any
 	n    atomic.Int64
 	// keys is a direct-mapped table of group keys: slot groupSlot(id)
 	// holds the last key built for an id that maps there.
@@ -195,15 +195,16 @@ type groupKeyID struct {
 	g       uint32
 }
 
-func (a *argCache) get(p *params) [4]any {
+func (a *argCache) get(p *params) [5]any {
 	if v, ok := a.nums.Load(*p); ok {
-		return v.([4]any)
+		return v.([5]any)
 	}
-	v := [4]any{
+	v := [5]any{
 		strconv.FormatFloat(p.lim, 'f', -1, 64),
 		strconv.FormatFloat(p.p, 'g', -1, 64),
 		strconv.FormatFloat(p.cost, 'f', -1, 64),
 		strconv.FormatInt(p.ttl, 10),
+		strconv.FormatFloat(p.fill, 'f', -1, 64),
 	}
 	if a.n.Add(1) > maxArgCache {
 		a.nums.Clear()
@@ -360,7 +361,7 @@ func wait(ctx context.Context, c *call) error {
 
 // Script arguments and reply numbers per bucket (see lua/take.lua).
 const (
-	argsPerBucket  = 6
+	argsPerBucket  = 7
 	replyPerBucket = 5
 )
 
@@ -415,7 +416,7 @@ func (r *Redis) newCall(op byte, reqs []Request, ps []params) *call {
 		if grouped(p.alg) {
 			field = fieldOf(&reqs[i].Key)
 		}
-		argv = append(argv, argAlg[p.alg], a[0], a[1], a[2], a[3], field)
+		argv = append(argv, argAlg[p.alg], a[0], a[1], a[2], a[3], field, a[4])
 	}
 	c.argv = argv
 	return c
