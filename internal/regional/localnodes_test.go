@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/internal/etcdtest"
 	"github.com/quotacoord/quota/internal/redistest"
@@ -35,24 +37,7 @@ func TestLocalFallbackDividesShareAmongNodes(t *testing.T) {
 	if _, err := cli.Put(ctx, lay.Alloc("flocal"), string(a)); err != nil {
 		t.Fatal(err)
 	}
-	c, err := regionsync.Dial(srv.Endpoints)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sync, err := regionsync.New(regionsync.Config{Region: "eu", Node: "n1", Client: c, LeaseTTL: 3 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- sync.Run(rctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("regionsync Run: %v", err)
-		}
-		_ = c.Close()
-	})
+	sync := runRegionSync(t, srv, regionsync.Config{Region: "eu", Node: "n1", LeaseTTL: 3 * time.Second})
 
 	rs := redistest.Start(t)
 	rc, err := redisClient(rs.Addr, 20*time.Millisecond, nil)
@@ -111,5 +96,53 @@ policies:
 	}
 	if r := check(); r.Limit != 15 || r.Allowed {
 		t.Fatalf("with two nodes: %v, want limit 15 and no tokens added at once", r)
+	}
+}
+
+// runRegionSync runs a regionsync.Syncer of cfg (its Client dialed to
+// srv) until the test ends.
+func runRegionSync(t *testing.T, srv *etcdtest.Server, cfg regionsync.Config) *regionsync.Syncer {
+	t.Helper()
+	c, err := regionsync.Dial(srv.Endpoints)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Client = c
+	s, err := regionsync.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("regionsync Run: %v", err)
+		}
+		_ = c.Close()
+	})
+	return s
+}
+
+// putAllocation publishes a stable allocation of policy with region eu at
+// share (us holding the rest, both with safe share 0.1) and waits until
+// s enforces it.
+func putAllocation(t *testing.T, cli *clientv3.Client, s *regionsync.Syncer, policy string, epoch uint64, share float64) {
+	t.Helper()
+	a, _ := json.Marshal(etcdlayout.Allocation{Policy: policy, Epoch: epoch, Phase: etcdlayout.PhaseStable,
+		Default: map[string]float64{"eu": share, "us": 1 - share}, Safe: map[string]float64{"eu": 0.1, "us": 0.1}})
+	if _, err := cli.Put(ctxT(t), etcdlayout.Layout{}.Alloc(policy), string(a)); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if e, _ := s.Epoch(policy); e == epoch && s.Ready() && s.Share(policy, "") == share {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("epoch %d of %s (eu at %v) not enforced within 10s", epoch, policy, share)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

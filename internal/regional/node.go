@@ -35,12 +35,15 @@ type Node struct {
 	pins PinnedShareSource
 	// nodes is Config.Shares when it counts the region's nodes, nil when
 	// this node is the whole region.
-	nodes  RegionNodes
-	brk    *breaker
-	neg    *negativeCache
-	replay *replayCache
-	m      *metrics
-	tracer trace.Tracer
+	nodes RegionNodes
+	// history is Config.Shares when it remembers past shares, nil when
+	// shares never change.
+	history ShareHistory
+	brk     *breaker
+	neg     *negativeCache
+	replay  *replayCache
+	m       *metrics
+	tracer  trace.Tracer
 	// tracing is false with the no-op provider: spans are then not started
 	// at all (starting a no-op span still allocates its options and context).
 	tracing bool
@@ -90,6 +93,9 @@ func New(cfg Config) (*Node, error) {
 	}
 	if rn, ok := cfg.Shares.(RegionNodes); ok {
 		n.nodes = rn
+	}
+	if sh, ok := cfg.Shares.(ShareHistory); ok {
+		n.history = sh
 	}
 	return n, nil
 }
@@ -258,6 +264,7 @@ func (n *Node) take(ctx context.Context, now time.Time, items []item, idx []int)
 	in := make([]bucket.Request, len(idx))
 	for j, i := range idx {
 		in[j] = items[i].req
+		in[j].Withheld = n.withheld(&items[i])
 	}
 	reqs, at := mergeRequests(in)
 	storeErr := errBreakerOpen
@@ -294,6 +301,24 @@ func (n *Node) take(ctx context.Context, now time.Time, items []item, idx []int)
 	}
 	n.logDegraded(now, mode, storeErr)
 	return decs, mode, nil
+}
+
+// withheld is the part of it's share that a token bucket this check
+// creates does not start with: the share above the lowest the region held
+// for the subject during the bucket's full refill time (its idle TTL
+// without refill), see ShareHistory. Window algorithms, and a node whose
+// shares never change, withhold nothing.
+func (n *Node) withheld(it *item) float64 {
+	l := &it.req.Limits
+	if n.history == nil || (l.Algorithm != "" && l.Algorithm != bucket.TokenBucket) {
+		return 0
+	}
+	within := fullAfter(*l)
+	if within <= 0 {
+		within = l.IdleTTL
+	}
+	low := n.history.LowestShare(it.label, it.subject, within)
+	return min(it.req.Share, max(0, it.req.Share-low))
 }
 
 // mergeRequests asks a bucket named twice (an Envoy request may repeat a

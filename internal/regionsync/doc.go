@@ -72,6 +72,21 @@
 // alloc/, policies/ and settings are watched (get, then watch from the
 // next revision; a compacted or failed watch starts over with a get).
 //
+// # Share history
+//
+// LowestShare(policy, subject, within) is the lowest share the region
+// enforced for subject during the last within (on the monotonic clock):
+// the current share, every version of the policy's allocation applied in
+// that time, and the safe share for a period without a lease. The node
+// fills a token bucket it creates (absent, or idle-expired) only to that
+// share over the bucket's full refill time (bucket.Request.Withheld), so
+// a share that grew hands no fresh tokens to a subject that spent its
+// budget in the region the share came from. History starts at the node's
+// first read (a node that starts knows nothing older) and at a policy's
+// first allocation (before it every region held only its minimum); at
+// most 16 versions per policy are kept, the oldest merged into one that
+// counts every subject at the lowest share any subject had.
+//
 // # Nodes of a region
 //
 // Nodes is the number of nodes registered under regions/{region}/ as last
@@ -85,7 +100,7 @@
 //
 // Run starts every goroutine of a Syncer and returns only after all of them
 // ended; it may be called once. Share, Begin (and the Pin's Share and End),
-// Ready, Lost, Epoch, Nodes and Flush are
+// Ready, Lost, Epoch, LowestShare, Nodes and Flush are
 // safe for concurrent use, before, during and after Run. The zero Syncer is
 // not usable; build one with New.
 //

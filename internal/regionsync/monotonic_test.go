@@ -47,6 +47,11 @@ func TestLeaseAgeIgnoresWallClockSteps(t *testing.T) {
 	waitFor(t, 10*time.Second, "published share not back after etcd returned", func() bool {
 		return s.Ready() && s.Share("p", "x") == 0.7
 	})
+	// The period at the safe share is remembered: a bucket created within
+	// a refill time of it starts no fuller than the safe share.
+	if got := s.LowestShare("p", "x", time.Minute); got != 0.2 {
+		t.Fatalf("LowestShare over the last minute, which held a period without a lease, = %v, want 0.2", got)
+	}
 }
 
 // TestCheckFindsExpiredLease: with no loss-check ticker running (as in a

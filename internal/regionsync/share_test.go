@@ -33,7 +33,7 @@ func syncerWithTable(tb testing.TB, n int, clk ...clock.Clock) *Syncer {
 		tb.Fatal(err)
 	}
 	s.lost, s.allocs = false, map[string]*policyShares{"p": ps}
-	s.tab.Store(build(false, s.allocs))
+	s.tab.Store(build(false, s.allocs, nil))
 	s.lastOK.Store(int64(s.monoNow())) // a lease just renewed
 	return s
 }

@@ -42,6 +42,13 @@ type Syncer struct {
 	// retired are replaced tables that checks still pin. Each holds at
 	// least one pin, so there are never more than checks in flight.
 	retired []*table
+	// allocsRead: the allocations have been read once (history starts).
+	// leased: the node has held a lease once. lostSince is when (mono)
+	// the current period without a lease began; lostSpans the past ones.
+	allocsRead bool
+	leased     bool
+	lostSince  time.Duration
+	lostSpans  []span
 
 	// lease is the current lease, 0 while there is none.
 	lease atomic.Int64
@@ -94,7 +101,7 @@ func New(cfg Config) (*Syncer, error) {
 		resyncCh:   make(chan chan struct{}),
 	}
 	s.ttl.Store(int64(cfg.LeaseTTL))
-	s.tab.Store(build(true, s.allocs))
+	s.tab.Store(build(true, s.allocs, nil))
 	return s, nil
 }
 
@@ -167,11 +174,16 @@ func (p Pin) Share(policy, subject string) float64 { return p.s.shareIn(p.t, pol
 func (p Pin) End() { p.t.inflight.Add(-1) }
 
 func (s *Syncer) shareIn(t *table, policy, subject string) float64 {
-	ps := t.allocs[policy]
+	return s.shareOf(t.allocs[policy], t.lost, policy, subject)
+}
+
+// shareOf is the share of subject under policy whose allocation for this
+// region is ps (nil: none), with or without a lease.
+func (s *Syncer) shareOf(ps *policyShares, lost bool, policy, subject string) float64 {
 	if ps == nil {
 		return s.minShare(policy)
 	}
-	if !t.lost && ps.valid {
+	if !lost && ps.valid {
 		if v, ok := ps.override[subject]; ok {
 			return v
 		}
@@ -237,7 +249,7 @@ func (s *Syncer) monoNow() time.Duration { return s.mono.Mono() }
 // table it replaces is kept, while checks pin it, so that the ack loop can
 // wait for them.
 func (s *Syncer) publishLocked() {
-	old := s.tab.Swap(build(s.lost, s.allocs))
+	old := s.tab.Swap(build(s.lost, s.allocs, s.lostSpans))
 	kept := s.retired[:0]
 	for _, t := range s.retired {
 		if t.inflight.Load() > 0 {
@@ -500,7 +512,7 @@ func (s *Syncer) expire() {
 	id := s.lease.Swap(0)
 	s.losses.Add(1)
 	s.log.Warn("lease older than its TTL when a check ran; enforcing safe shares", "lease", fmt.Sprintf("%x", id))
-	s.lost = true
+	s.lost, s.lostSince = true, s.monoNow()
 	s.publishLocked()
 }
 
@@ -519,7 +531,7 @@ func (s *Syncer) markLost(id clientv3.LeaseID, why string) {
 	s.losses.Add(1)
 	s.log.Warn("lease lost; enforcing safe shares", "lease", fmt.Sprintf("%x", id), "reason", why)
 	if !s.lost {
-		s.lost = true
+		s.lost, s.lostSince = true, s.monoNow()
 		s.publishLocked()
 	}
 }
@@ -532,6 +544,7 @@ func (s *Syncer) recover(id clientv3.LeaseID) bool {
 		return false
 	}
 	s.lost = false
+	s.noteLostLocked(s.monoNow())
 	s.publishLocked()
 	return true
 }
@@ -555,6 +568,7 @@ func (s *Syncer) applyAllocSnapshot(kvs []*mvccpb.KeyValue) {
 		next[name] = s.compileLogged(name, kv.Value, s.allocs[name])
 	}
 	s.allocs = next
+	s.allocsRead = true
 	s.publishLocked()
 }
 
@@ -589,8 +603,9 @@ func (s *Syncer) compileLogged(name string, raw []byte, prev *policyShares) *pol
 	ps, err := compile(s.cfg.Region, name, raw, s.cfg.MaxOverrides)
 	if err != nil {
 		s.log.Error("enforcing the safe share for a bad allocation", "policy", name, "error", err)
-		return invalid(prev)
+		ps = invalid(prev)
 	}
+	s.carryHistory(name, ps, prev, s.monoNow())
 	return ps
 }
 
