@@ -79,3 +79,19 @@ func TestCheckFindsExpiredLease(t *testing.T) {
 		t.Fatalf("lost %v, lease %d, losses %d after the check found the lease expired", s.Lost(), s.lease.Load(), s.Losses())
 	}
 }
+
+// TestReadinessFindsExpiredLease: Ready and Lost check the lease's age
+// too, so a readiness probe does not report a node whose lease expired
+// on the monotonic clock as ready before the loss check runs.
+func TestReadinessFindsExpiredLease(t *testing.T) {
+	clk := clock.NewManual(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
+	s := syncerWithTable(t, 1, clk)
+	s.lease.Store(42)
+	if !s.Ready() || s.Lost() {
+		t.Fatal("not ready with a fresh lease")
+	}
+	clk.Advance(s.leaseTTL())
+	if s.Ready() || !s.Lost() {
+		t.Fatal("ready a lease TTL after the last keepalive")
+	}
+}

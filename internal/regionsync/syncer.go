@@ -214,12 +214,12 @@ func (s *Syncer) Ready() bool {
 	if s.cfg.OnPolicies != nil && !s.policiesReady.Load() {
 		return false
 	}
-	return !s.tab.Load().lost
+	return !s.current().lost
 }
 
 // Lost reports whether every share is the safe share because the region
 // has no lease, or has not yet read the allocations under its new lease.
-func (s *Syncer) Lost() bool { return s.tab.Load().lost }
+func (s *Syncer) Lost() bool { return s.current().lost }
 
 // Losses counts the leases lost since New (a gauge source for operators).
 func (s *Syncer) Losses() uint64 { return s.losses.Load() }
