@@ -55,7 +55,7 @@ func decide(p *params, op byte, st *state, exists bool, now float64, charge bool
 // whole), saving the copy of a returned outcome on the hot paths.
 func decideTB(p *params, op byte, st *state, exists bool, now, ttl float64, charge bool, o *outcome) {
 	lim, rate, cost := p.lim, p.p, p.cost
-	tokens, ts, t, wr := tbRead(lim, rate, exists && now-st.a < ttl, st.a, st.b, st.c, now)
+	tokens, ts, t, wr := tbRead(lim, p.fill, rate, exists && now-st.a < ttl, st.a, st.b, st.c, now)
 	*o = outcome{ok: true}
 	if op == opRefund {
 		if cost > 0 {
@@ -114,14 +114,18 @@ func decideTB(p *params, op byte, st *state, exists bool, now, ttl float64, char
 
 // tbRead reads a token bucket at now for capacity lim (units) and refill
 // rate (units per µs): the stored ts, tokens and capacity written at when
-// stored (live, and ts within the idle TTL), else a full bucket. A lower
+// stored (live, and ts within the idle TTL), else a new bucket holding
+// fill ≤ lim (written when below full, so that it refills from now). A lower
 // capacity clamps the tokens; a higher one (the share grew) refills the time
 // since ts at the stored share, rate·sLim/lim, up to sLim, and drops the
 // fraction of a unit. Either change must be written (wr). t is the later of
 // now and ts. The same expressions as the scripts'.
-func tbRead(lim, rate float64, stored bool, sTs, sTokens, sLim, now float64) (tokens, ts, t float64, wr bool) {
+func tbRead(lim, fill, rate float64, stored bool, sTs, sTokens, sLim, now float64) (tokens, ts, t float64, wr bool) {
 	tokens, ts = lim, now
 	flim, frate := lim, rate // what the time since ts refills at
+	if !stored && fill < lim {
+		tokens, wr = fill, true
+	}
 	if stored {
 		tokens, ts = sTokens, sTs
 		if tokens > lim {

@@ -54,6 +54,16 @@ type Request struct {
 	// Cost is the weight of the request. Zero peeks: the decision reports
 	// the bucket without consuming anything.
 	Cost int64
+	// Withheld is the part of Share that a token bucket this request
+	// creates (absent from the store: never written, or idle past its
+	// TTL) does not start with: such a bucket starts with
+	// (Share − Withheld)·C tokens instead of full, is written at once,
+	// and refills from there at f·r. A region passes Share minus the
+	// lowest share it held during the last full refill time (C/r), so
+	// that a subject that spent its budget in another region does not
+	// find this region's grown share full. 0 ≤ Withheld ≤ Share; zero
+	// starts a new bucket full. Window algorithms ignore it.
+	Withheld float64
 }
 
 // Decision is the answer for one request. A denial is a decision, not an error.

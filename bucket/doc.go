@@ -33,7 +33,12 @@
 //     what refills in it, and regions that hand share to each other admit
 //     no more together than one bucket would. A cost above f·C is denied with RetryAfter = a full
 //     refill at this share (the share must grow first). RefillPerSecond 0
-//     means an allowance of f·C per IdleTTL after the last write.
+//     means an allowance of f·C per IdleTTL after the last write. A bucket
+//     a request creates (absent, or expired) starts full, or with
+//     (f − Request.Withheld)·C when the request withholds part of the
+//     share: a region whose share grew within the last full refill time
+//     withholds the growth, so that a subject that spent its budget in
+//     another region finds no fresh tokens here.
 //   - FixedWindow: Envoy's rate limit service windows (aligned to multiples
 //     of Window since the Unix epoch); unlike Envoy a denied hit is not
 //     counted, which gives the same decisions for unit costs.
@@ -52,8 +57,10 @@
 // Every bucket expires IdleTTL after its last write (for a token bucket in
 // Redis: reads as full from then on, and is deleted later, see Redis
 // layout), and Limits.Validate makes IdleTTL cover a full refill (or the
-// window(s)), so an expired bucket behaves exactly like a full one. With the coordinator's Σf ≤ 1+ε and the
-// clamp above, tokens summed over regions never exceed (1+ε)·C. Time that
+// window(s)), so an expired bucket behaves exactly like a new one (full,
+// or filled to the share not withheld). With the coordinator's Σf ≤ 1+ε,
+// the clamp above and new buckets filled only to the lowest share of the
+// last full refill time, tokens summed over regions never exceed (1+ε)·C. Time that
 // steps backward adds nothing and takes nothing.
 //
 // # Redis

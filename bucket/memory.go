@@ -96,15 +96,16 @@ type entry struct {
 	st  State
 }
 
-// paramCache is the last Limits and share a shard validated, with their
-// params: a request with equal Limits and share is valid when its key is
-// set and its cost lies in 0..Capacity. Under the shard's lock, p.cost is
-// the current request's.
+// paramCache is the last Limits, share and withheld share a shard
+// validated, with their params: a request with equal ones is valid when
+// its key is set and its cost lies in 0..Capacity. Under the shard's
+// lock, p.cost is the current request's.
 type paramCache struct {
-	lim   Limits
-	share float64
-	p     params
-	ok    bool
+	lim      Limits
+	share    float64
+	withheld float64
+	p        params
+	ok       bool
 }
 
 // fill validates req and, when it is valid, caches its Limits, share and
@@ -115,7 +116,7 @@ func (c *paramCache) fill(req *Request) error {
 	if err := req.Validate(); err != nil {
 		return err
 	}
-	c.lim, c.share, c.p, c.ok = req.Limits, req.Share, paramsOf(req), true
+	c.lim, c.share, c.withheld, c.p, c.ok = req.Limits, req.Share, req.Withheld, paramsOf(req), true
 	return nil
 }
 
@@ -189,7 +190,7 @@ func (m *Memory) one(now time.Time, req *Request, op byte) (Decision, error) {
 	sh := &m.shards[m.shardOf(&req.Key)]
 	sh.mu.Lock()
 	c := &sh.pc
-	if !c.ok || req.Share != c.share || req.Limits != c.lim || req.Cost < 0 || req.Cost > req.Limits.Capacity {
+	if !c.ok || req.Share != c.share || req.Withheld != c.withheld || req.Limits != c.lim || req.Cost < 0 || req.Cost > req.Limits.Capacity {
 		if err := c.fill(req); err != nil {
 			sh.mu.Unlock()
 			return Decision{}, err

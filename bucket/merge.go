@@ -79,6 +79,10 @@ func (r *Redis) flusher() {
 					break fill
 				}
 			}
+			f.batch = dropEnded(f.batch)
+			if len(f.batch) == 0 {
+				continue
+			}
 			r.plan(f)
 			r.send(f)
 			clear(f.batch)
@@ -91,6 +95,27 @@ func (r *Redis) flusher() {
 			}
 		}
 	}
+}
+
+// dropEnded answers, without sending them, the calls of batch whose
+// caller's context has ended (its deadline passed while the call waited
+// in the queue) with the context's error, and returns the others in
+// order. The caller has stopped waiting and was told the call may not
+// have run; sent now, a take would charge its bucket after the caller's
+// check ended, at a share the region may since have given up and
+// acknowledged.
+func dropEnded(batch []*call) []*call {
+	kept := batch[:0]
+	for _, c := range batch {
+		if err := c.ctx.Err(); err != nil {
+			c.res, c.err = nil, err
+			c.done <- struct{}{}
+			continue
+		}
+		kept = append(kept, c)
+	}
+	clear(batch[len(kept):])
+	return kept
 }
 
 // mergeClass returns the class of calls that c may share a wire with, and

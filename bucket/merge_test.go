@@ -246,9 +246,11 @@ func TestScriptRejectsBadArguments(t *testing.T) {
 		argv []any
 		want string
 	}{
-		{"missing arguments", []any{"t", ""}, "want 8 arguments, got 2"},
-		{"unknown operation", []any{"x", "", "tb", 1000, 0.1, 1000, 60000, "s"}, "unknown operation x"},
-		{"unknown algorithm", []any{"i", "", "zz", 1000, 0.1, 1000, 60000, "s"}, "unknown algorithm zz"},
+		{"missing arguments", []any{"t", ""}, "want 9 arguments, got 2"},
+		{"unknown operation", []any{"x", "", "tb", 1000, 0.1, 1000, 60000, "s", 1000}, "unknown operation x"},
+		{"unknown algorithm", []any{"i", "", "zz", 1000, 0.1, 1000, 60000, "s", 1000}, "unknown algorithm zz"},
+		{"fill above the capacity", []any{"t", "", "tb", 1000, 0.1, 1000, 60000, "s", 1001}, "fill 1001 outside"},
+		{"fill not a number", []any{"t", "", "tb", 1000, 0.1, 1000, 60000, "s", "x"}, "fill x outside"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := c.Eval(ctx, src, []string{key}, tc.argv...).Err()

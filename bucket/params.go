@@ -32,6 +32,7 @@ var algCodes = [...]string{algTB: "tb", algFW: "fw", algSW: "sw", algSL: "sl"}
 type params struct {
 	alg  int
 	lim  float64 // capacity f·C in units, floored
+	fill float64 // token bucket: what a bucket the call creates starts with, in units (lim: full)
 	p    float64 // token bucket: refill f·r in units per microsecond; else window in microseconds
 	cost float64 // units
 	ttl  int64   // idle TTL in milliseconds, rounded up
@@ -44,6 +45,10 @@ func paramsOf(r *Request) params {
 		lim:  math.Floor(r.Share * float64(l.Capacity) * unitsPerToken),
 		cost: float64(r.Cost) * unitsPerToken,
 		ttl:  int64((l.IdleTTL + time.Millisecond - 1) / time.Millisecond),
+	}
+	p.fill = p.lim
+	if r.Withheld > 0 {
+		p.fill = min(p.lim, math.Floor(max(0, r.Share-r.Withheld)*float64(l.Capacity)*unitsPerToken))
 	}
 	switch l.Algorithm {
 	case "", TokenBucket:

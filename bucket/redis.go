@@ -75,7 +75,12 @@ type RedisConfig struct {
 // Errors from Redis are returned wrapped; the caller applies its failure
 // mode. A denial is never an error. When a caller's context ends while its
 // call is queued or in flight, it gets the context's error and the call may
-// or may not have been charged.
+// or may not have been charged. A call whose context has ended by the time
+// a flusher takes it from the queue is never sent: a caller that gave up
+// (its deadline passed, so its check ended and its region may have
+// acknowledged a smaller share since) does not have its take written
+// afterwards at the share it read. A call already handed to Redis when its
+// deadline passes still runs.
 //
 // On a single server (Client is a *redis.Client) TakeAll sends all its
 // buckets in one script call, all or nothing, whatever their groups; if
@@ -122,6 +127,10 @@ type Redis struct {
 // back; a caller that gives up (its context ended) leaves it to the
 // garbage collector, since the flusher may still write to it.
 type call struct {
+	// ctx is the caller's context, set when the call is queued: a call
+	// whose context has ended by the time a flusher takes it is not sent
+	// (see dropEnded).
+	ctx    context.Context
 	n      int    // buckets
 	op     byte   // opTake or opRefund
 	group  uint32 // the group of the first bucket
@@ -166,7 +175,7 @@ const maxArgCache = 1 << 14
 // and group). Building them cost five allocations and about half a
 // microsecond per bucket. Lookups take no lock.
 type argCache struct {
-	nums sync.Map // params -> [4]any
+	nums sync.Map // params -> [5]any
 	n    atomic.Int64
 	// keys is a direct-mapped table of group keys: slot groupSlot(id)
 	// holds the last key built for an id that maps there.
@@ -186,15 +195,16 @@ type groupKeyID struct {
 	g       uint32
 }
 
-func (a *argCache) get(p *params) [4]any {
+func (a *argCache) get(p *params) [5]any {
 	if v, ok := a.nums.Load(*p); ok {
-		return v.([4]any)
+		return v.([5]any)
 	}
-	v := [4]any{
+	v := [5]any{
 		strconv.FormatFloat(p.lim, 'f', -1, 64),
 		strconv.FormatFloat(p.p, 'g', -1, 64),
 		strconv.FormatFloat(p.cost, 'f', -1, 64),
 		strconv.FormatInt(p.ttl, 10),
+		strconv.FormatFloat(p.fill, 'f', -1, 64),
 	}
 	if a.n.Add(1) > maxArgCache {
 		a.nums.Clear()
@@ -328,6 +338,7 @@ func (r *Redis) enqueue(ctx context.Context, c *call) error {
 		r.mu.RUnlock()
 		return ErrClosed
 	}
+	c.ctx = ctx
 	select {
 	case r.queue <- c:
 		r.mu.RUnlock()
@@ -350,7 +361,7 @@ func wait(ctx context.Context, c *call) error {
 
 // Script arguments and reply numbers per bucket (see lua/take.lua).
 const (
-	argsPerBucket  = 6
+	argsPerBucket  = 7
 	replyPerBucket = 5
 )
 
@@ -405,7 +416,7 @@ func (r *Redis) newCall(op byte, reqs []Request, ps []params) *call {
 		if grouped(p.alg) {
 			field = fieldOf(&reqs[i].Key)
 		}
-		argv = append(argv, argAlg[p.alg], a[0], a[1], a[2], a[3], field)
+		argv = append(argv, argAlg[p.alg], a[0], a[1], a[2], a[3], field, a[4])
 	}
 	c.argv = argv
 	return c
@@ -414,7 +425,7 @@ func (r *Redis) newCall(op byte, reqs []Request, ps []params) *call {
 // release returns c to the pool once its caller has read the answer.
 func (c *call) release() {
 	clear(c.argv)
-	c.argv, c.res, c.err, c.script = c.argv[:0], nil, nil, nil
+	c.argv, c.res, c.err, c.script, c.ctx = c.argv[:0], nil, nil, nil, nil
 	callPool.Put(c)
 }
 

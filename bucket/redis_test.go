@@ -97,13 +97,16 @@ func differential(t *testing.T, r *bucket.Redis, subjects []string, jump int64, 
 					keys = append(keys, k)
 				}
 			}
-			share := map[bucket.Key]float64{}
+			// withheld is the part of the share a bucket created by a
+			// request starts without (Request.Withheld): 0 for most
+			// keys, up to the whole share for some.
+			share, withheld := map[bucket.Key]float64{}, map[bucket.Key]float64{}
 			for _, k := range keys {
 				share[k] = 1
 			}
 			now = t0.UnixMicro()
 			req := func(k bucket.Key, cost int64) bucket.Request {
-				return bucket.Request{Key: k, Limits: lim, Share: share[k], Cost: cost}
+				return bucket.Request{Key: k, Limits: lim, Share: share[k], Cost: cost, Withheld: withheld[k]}
 			}
 			tally := map[bool]int{}
 			defer func() { t.Logf("allowed %d, denied %d", tally[true], tally[false]) }()
@@ -121,6 +124,10 @@ func differential(t *testing.T, r *bucket.Redis, subjects []string, jump int64, 
 				k := keys[rng.IntN(len(keys))]
 				if rng.IntN(10) == 0 {
 					share[k] = 0.05 + rng.Float64()*(0.95+lim.Overcommit)
+					withheld[k] = 0
+					if rng.IntN(2) == 0 {
+						withheld[k] = share[k] * rng.Float64()
+					}
 				}
 				at := time.UnixMicro(now)
 				if churn && rng.IntN(2) == 0 {
@@ -129,7 +136,7 @@ func differential(t *testing.T, r *bucket.Redis, subjects []string, jump int64, 
 					if err != nil {
 						t.Fatal(err)
 					}
-					cr := bucket.Request{Key: ck, Limits: lim, Share: 1, Cost: 1}
+					cr := bucket.Request{Key: ck, Limits: lim, Share: 1, Cost: 1, Withheld: float64(rng.IntN(3)) / 2}
 					w, werr := m.TakeAt(at, cr)
 					g, gerr := r.Take(ctx, cr)
 					if werr != nil || gerr != nil || w != g {

@@ -56,6 +56,7 @@ func (p *Prepared) params(share float64, cost int64, q *params) error {
 	}
 	q.alg = p.alg
 	q.lim = math.Floor(share * p.capF * unitsPerToken)
+	q.fill = q.lim
 	q.cost = float64(cost) * unitsPerToken
 	q.ttl = p.ttlMs
 	if p.alg == algTB {

@@ -54,7 +54,10 @@ var ms = time.Millisecond
 var stepTables = []struct {
 	name   string
 	limits bucket.Limits
-	steps  []step
+	// withheld is every request's Withheld, at most the smallest share
+	// of the table's steps.
+	withheld float64
+	steps    []step
 }{
 	{
 		name:   "token bucket",
@@ -117,6 +120,24 @@ var stepTables = []struct {
 		},
 	},
 	{
+		name:     "token bucket created below full",
+		limits:   bucket.Limits{Capacity: 10, RefillPerSecond: 1, IdleTTL: 20 * s},
+		withheld: 0.7,
+		steps: []step{
+			// a new bucket holds (1 - 0.7)·10 = 3, and the denial writes
+			// it, so that it refills from now
+			{0, "take", 5, 0, bucket.Decision{Limit: 10, Remaining: 3, RetryAfter: 2 * s, ResetAfter: 7 * s}},
+			{2 * s, "take", 5, 0, bucket.Decision{Allowed: true, Limit: 10, Remaining: 0, ResetAfter: 10 * s}},
+			// a live bucket is not touched by withheld: it refills to full
+			{12 * s, "peek", 0, 0, bucket.Decision{Allowed: true, Limit: 10, Remaining: 10}},
+			{12 * s, "take", 1, 0, bucket.Decision{Allowed: true, Limit: 10, Remaining: 9, ResetAfter: s}},
+			// idle past the TTL: created again, at 3
+			{32 * s, "peek", 0, 0, bucket.Decision{Allowed: true, Limit: 10, Remaining: 3, ResetAfter: 7 * s}},
+			// at share 0.8 a new-born bucket holds (0.8 - 0.7)·10 = 1
+			{60 * s, "take", 2, 0.8, bucket.Decision{Limit: 8, Remaining: 1, RetryAfter: 1250 * ms, ResetAfter: 8750 * ms}},
+		},
+	},
+	{
 		name:   "token bucket without refill",
 		limits: bucket.Limits{Capacity: 2, IdleTTL: 10 * s},
 		steps: []step{
@@ -170,6 +191,9 @@ func runSteps(t *testing.T, d driver, subject string) {
 	t.Helper()
 	for n, tab := range stepTables {
 		t.Run(tab.name, func(t *testing.T) {
+			if _, state := d.(stateDriver); state && tab.withheld != 0 {
+				t.Skip("a State starts new buckets full: Request.Withheld is the stores' (Memory, Redis)")
+			}
 			key, err := bucket.NewKey("steps", 1, subject+"-"+fmt.Sprint(n))
 			if err != nil {
 				t.Fatal(err)
@@ -179,7 +203,7 @@ func runSteps(t *testing.T, d driver, subject string) {
 				if share == 0 {
 					share = 1
 				}
-				req := bucket.Request{Key: key, Limits: tab.limits, Share: share, Cost: st.cost}
+				req := bucket.Request{Key: key, Limits: tab.limits, Share: share, Cost: st.cost, Withheld: tab.withheld}
 				got, err := d.do(t0.Add(st.at), st.op, req)
 				if err != nil {
 					t.Fatalf("step %d: %v", i, err)

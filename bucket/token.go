@@ -93,7 +93,7 @@ func (s *TokenState) TakeUnitsMicros(us int64, l *TokenLimits, n int64) (int64, 
 			lw, exists = last, true
 		}
 	}
-	tokens, ts, t, wr := tbRead(lim, rate, exists && nowF-s.ts < ttl, s.ts, s.tokens, s.lim, nowF)
+	tokens, ts, t, wr := tbRead(lim, lim, rate, exists && nowF-s.ts < ttl, s.ts, s.tokens, s.lim, nowF)
 	if tokens < cost {
 		// Denied, and so is every later take of the batch: only a share
 		// change (a clamp, a grown capacity) is written.

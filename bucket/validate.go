@@ -117,6 +117,9 @@ func (r Request) Validate() error {
 	if !finite(r.Share) || r.Share <= 0 || r.Share > 1+r.Limits.Overcommit {
 		return requestErr("share %v outside (0, %g]", r.Share, 1+r.Limits.Overcommit)
 	}
+	if !finite(r.Withheld) || r.Withheld < 0 || r.Withheld > r.Share {
+		return requestErr("withheld share %v outside [0, %v] (the share)", r.Withheld, r.Share)
+	}
 	if r.Cost < 0 || r.Cost > r.Limits.Capacity {
 		return requestErr("cost %d outside 0..%d (capacity)", r.Cost, r.Limits.Capacity)
 	}

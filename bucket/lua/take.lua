@@ -16,10 +16,12 @@
 -- ARGV[2]: '' to read Redis TIME (production); tests pass a time in
 --          microseconds here to drive a differential test. Nothing but the
 --          tests ever sets it.
--- ARGV[3+6*(i-1) .. 8+6*(i-1)] for KEYS[i]: algorithm code ('tb', 'fw',
+-- ARGV[3+7*(i-1) .. 9+7*(i-1)] for KEYS[i]: algorithm code ('tb', 'fw',
 --          'sw', 'sl'), capacity in units, p (refill in units per
 --          microsecond, or the window in microseconds), cost in units,
---          idle TTL in milliseconds, field ('' for a string key).
+--          idle TTL in milliseconds, field ('' for a string key), fill:
+--          the units a token bucket this call creates starts with (the
+--          capacity: full; window algorithms ignore it).
 -- Reply: for each bucket five integers: allowed (1/0), capacity (units),
 --          remaining (units), retry-after (microseconds), reset-after
 --          (microseconds).
@@ -42,15 +44,15 @@ local PRUNE_SAMPLE = 4
 local op = ARGV[1]
 local now = now_us()
 local n = #KEYS
-if #ARGV ~= 2 + 6 * n then
-  return redis.error_reply('ERR bucket: want ' .. (2 + 6 * n) .. ' arguments, got ' .. #ARGV)
+if #ARGV ~= 2 + 7 * n then
+  return redis.error_reply('ERR bucket: want ' .. (2 + 7 * n) .. ' arguments, got ' .. #ARGV)
 end
 if op ~= 't' and op ~= 'i' and op ~= 'r' then
   return redis.error_reply('ERR bucket: unknown operation ' .. tostring(op))
 end
-local fs, lims, ps, costs, ttls, fields, vals = {}, {}, {}, {}, {}, {}, {}
+local fs, lims, ps, costs, ttls, fields, fills, vals = {}, {}, {}, {}, {}, {}, {}, {}
 for i = 1, n do
-  local b = 2 + (i - 1) * 6
+  local b = 2 + (i - 1) * 7
   local f = ALG[ARGV[b + 1]]
   if not f then
     return redis.error_reply('ERR bucket: unknown algorithm ' .. tostring(ARGV[b + 1]))
@@ -61,6 +63,10 @@ for i = 1, n do
   costs[i] = tonumber(ARGV[b + 4])
   ttls[i] = tonumber(ARGV[b + 5])
   fields[i] = ARGV[b + 6]
+  fills[i] = tonumber(ARGV[b + 7])
+  if not fills[i] or fills[i] < 0 or fills[i] > lims[i] then
+    return redis.error_reply('ERR bucket: fill ' .. tostring(ARGV[b + 7]) .. ' outside 0..capacity')
+  end
   if fields[i] ~= '' and not STALE[ARGV[b + 1]] then
     return redis.error_reply('ERR bucket: algorithm ' .. ARGV[b + 1] .. ' cannot live in a group hash')
   end
@@ -90,7 +96,7 @@ if pre then
     vals[i] = read(i)
   end
   for i = 1, n do
-    local ok = fs[i](op, vals[i], now, lims[i], ps[i], costs[i], ttls[i] * 1000, false)
+    local ok = fs[i](op, vals[i], now, lims[i], ps[i], costs[i], ttls[i] * 1000, false, fills[i])
     if not ok then
       charge = false
       break
@@ -101,7 +107,7 @@ local reply = {}
 for i = 1, n do
   local v
   if pre then v = vals[i] else v = read(i) end
-  local ok, rem, retry, reset, val = fs[i](op, v, now, lims[i], ps[i], costs[i], ttls[i] * 1000, charge)
+  local ok, rem, retry, reset, val = fs[i](op, v, now, lims[i], ps[i], costs[i], ttls[i] * 1000, charge, fills[i])
   if fields[i] == '' then
     if val == false then
       redis.call('DEL', KEYS[i])
@@ -115,7 +121,7 @@ for i = 1, n do
       local created = redis.call('HSET', KEYS[i], fields[i], val)
       redis.call('PEXPIRE', KEYS[i], ttls[i])
       if created == 1 then
-        prune(KEYS[i], fields[i], STALE[ARGV[2 + (i - 1) * 6 + 1]], ttls[i] * 1000)
+        prune(KEYS[i], fields[i], STALE[ARGV[2 + (i - 1) * 7 + 1]], ttls[i] * 1000)
       end
     end
   end

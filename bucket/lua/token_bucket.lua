@@ -17,9 +17,12 @@
 --     none for the time before the call; the new rate counts from now.
 -- A denial otherwise writes nothing.
 --
--- A value whose ts is ttl or more before now reads as a full bucket (as a
--- missing one): Limits.Validate makes ttl cover a full refill, and with no
--- refill ttl is the allowance period. Every write moves ts to within one
+-- A value whose ts is ttl or more before now reads as a missing one: a new
+-- bucket, which holds fill units (lim unless the region withholds part of
+-- its share from new buckets, bucket.Request.Withheld) and is written at
+-- once when it holds less than lim, so that it refills from now.
+-- Limits.Validate makes ttl cover a full refill, and with no refill ttl is
+-- the allowance period. Every write moves ts to within one
 -- unit's refill time of now, so a field written within the last ttl is
 -- never stale.
 STALE['tb'] = function(v, now, ttl)
@@ -27,12 +30,14 @@ STALE['tb'] = function(v, now, ttl)
   return now - ts0 >= ttl
 end
 
-ALG['tb'] = function(op, v, now, lim, rate, cost, ttl, charge)
+ALG['tb'] = function(op, v, now, lim, rate, cost, ttl, charge, fill)
   local tokens, ts, write = lim, now, false
   local flim, frate = lim, rate
+  local live = false
   if v then
     local ts0, tok0, lim0 = struct.unpack('>I7I5I5', v)
     if now - ts0 < ttl then
+      live = true
       tokens, ts = tok0, ts0
       if tokens > lim then
         tokens = lim
@@ -43,6 +48,9 @@ ALG['tb'] = function(op, v, now, lim, rate, cost, ttl, charge)
         write = true
       end
     end
+  end
+  if not live and fill < lim then
+    tokens, write = fill, true
   end
   local t = now
   if ts > t then t = ts end

@@ -82,7 +82,10 @@
 // deadline timer).
 // When it errors or runs out of time, each policy's failure mode decides:
 // open admits, closed denies with a retry-after, local takes from an
-// in-process bucket at share × local_scale. The decision is marked degraded
+// in-process bucket at share × local_scale / the region's nodes (the
+// registered nodes Config.Shares counts, see RegionNodes; 1 without etcd),
+// so that the nodes of a region, deciding apart, hold no more than the
+// region's share together. The decision is marked degraded
 // in the reply, counted, and logged at most once per DegradedLogInterval.
 // After BreakerThreshold consecutive failures a circuit breaker keeps the
 // store out for BreakerCooldown, then lets one probe through; while it is

@@ -32,12 +32,18 @@ type Node struct {
 	set atomic.Pointer[policy.Set]
 	// pins is Config.Shares when it pins (nil otherwise): asserted once
 	// here so that a check pays no interface assertion.
-	pins   PinnedShareSource
-	brk    *breaker
-	neg    *negativeCache
-	replay *replayCache
-	m      *metrics
-	tracer trace.Tracer
+	pins PinnedShareSource
+	// nodes is Config.Shares when it counts the region's nodes, nil when
+	// this node is the whole region.
+	nodes RegionNodes
+	// history is Config.Shares when it remembers past shares, nil when
+	// shares never change.
+	history ShareHistory
+	brk     *breaker
+	neg     *negativeCache
+	replay  *replayCache
+	m       *metrics
+	tracer  trace.Tracer
 	// tracing is false with the no-op provider: spans are then not started
 	// at all (starting a no-op span still allocates its options and context).
 	tracing bool
@@ -84,6 +90,12 @@ func New(cfg Config) (*Node, error) {
 	n.deadlines = newDeadlines(cfg.StoreTimeout)
 	if ps, ok := cfg.Shares.(PinnedShareSource); ok {
 		n.pins = ps
+	}
+	if rn, ok := cfg.Shares.(RegionNodes); ok {
+		n.nodes = rn
+	}
+	if sh, ok := cfg.Shares.(ShareHistory); ok {
+		n.history = sh
 	}
 	return n, nil
 }
@@ -252,6 +264,7 @@ func (n *Node) take(ctx context.Context, now time.Time, items []item, idx []int)
 	in := make([]bucket.Request, len(idx))
 	for j, i := range idx {
 		in[j] = items[i].req
+		in[j].Withheld = n.withheld(&items[i])
 	}
 	reqs, at := mergeRequests(in)
 	storeErr := errBreakerOpen
@@ -288,6 +301,24 @@ func (n *Node) take(ctx context.Context, now time.Time, items []item, idx []int)
 	}
 	n.logDegraded(now, mode, storeErr)
 	return decs, mode, nil
+}
+
+// withheld is the part of it's share that a token bucket this check
+// creates does not start with: the share above the lowest the region held
+// for the subject during the bucket's full refill time (its idle TTL
+// without refill), see ShareHistory. Window algorithms, and a node whose
+// shares never change, withhold nothing.
+func (n *Node) withheld(it *item) float64 {
+	l := &it.req.Limits
+	if n.history == nil || (l.Algorithm != "" && l.Algorithm != bucket.TokenBucket) {
+		return 0
+	}
+	within := fullAfter(*l)
+	if within <= 0 {
+		within = l.IdleTTL
+	}
+	low := n.history.LowestShare(it.label, it.subject, within)
+	return min(it.req.Share, max(0, it.req.Share-low))
 }
 
 // mergeRequests asks a bucket named twice (an Envoy request may repeat a
@@ -424,7 +455,8 @@ func (n *Node) callStore(ctx context.Context, now time.Time, reqs []bucket.Reque
 
 // degrade decides items[idx] by their failure modes. Any closed policy
 // denies the whole check (charging nothing); otherwise local policies take
-// from the in-process store at share × local scale and open ones admit.
+// from the in-process store at share × local scale / the region's nodes
+// (localShare) and open ones admit.
 // When the in-process store is at its bucket cap and the check needs a new
 // bucket, the local policies deny with a retry-after, as closed ones do.
 func (n *Node) degrade(ctx context.Context, now time.Time, items []item, idx []int) ([]bucket.Decision, policy.FailureMode, error) {
@@ -461,7 +493,7 @@ func (n *Node) degrade(ctx context.Context, now time.Time, items []item, idx []i
 	for k, j := range local {
 		it := &items[idx[j]]
 		reqs[k] = it.req
-		reqs[k].Share = it.req.Share * it.scale
+		reqs[k].Share = n.localShare(it)
 	}
 	merged, at := mergeRequests(reqs)
 	var ldecs []bucket.Decision
@@ -488,6 +520,18 @@ func (n *Node) degrade(ctx context.Context, now time.Time, items []item, idx []i
 		decs[j] = ldecs[k]
 	}
 	return decs, policy.FailLocal, nil
+}
+
+// localShare is the share of it's in-process bucket under failure mode
+// local: the region's share divided among the region's registered nodes
+// (each decides apart, and all of them may fail over at once), times the
+// policy's local_scale, which an operator sets to keep less still.
+func (n *Node) localShare(it *item) float64 {
+	share := it.req.Share * it.scale
+	if n.nodes != nil {
+		share /= float64(max(1, n.nodes.Nodes()))
+	}
+	return share
 }
 
 // denyFull answers items[idx] when the in-process primary store is at its

@@ -1,6 +1,10 @@
 package regional
 
-import "github.com/quotacoord/quota/internal/regionsync"
+import (
+	"time"
+
+	"github.com/quotacoord/quota/internal/regionsync"
+)
 
 // ShareSource tells the share of a policy's global budget this region may
 // enforce for a subject. internal/regionsync implements it from etcd;
@@ -27,6 +31,31 @@ type ShareSource interface {
 type PinnedShareSource interface {
 	ShareSource
 	Begin() regionsync.Pin
+}
+
+// RegionNodes is a ShareSource that knows how many nodes enforce the
+// region's shares together (internal/regionsync's Syncer, from the
+// region's registrations in etcd). A node whose policy fails over to its
+// in-process bucket (failure mode local) gives that bucket share / Nodes()
+// of the budget, so that the region's nodes together hold no more than
+// the region's share while they decide apart. A source without it (a node
+// without etcd) is the whole region. Nodes must be cheap, at least 1, and
+// safe for concurrent use.
+type RegionNodes interface {
+	Nodes() int
+}
+
+// ShareHistory is a ShareSource that remembers the shares its region
+// enforced (internal/regionsync's Syncer). A token bucket a check creates
+// (absent from the store, or idle-expired) starts with no more than the
+// lowest share of the subject during the bucket's full refill time, so
+// that a subject that spent its budget in another region does not find
+// this region's grown share full (bucket.Request.Withheld is the share
+// above it). A source without it (a node without etcd, whose share never
+// changes) starts new buckets full. LowestShare must be cheap, at most the
+// current share, and safe for concurrent use.
+type ShareHistory interface {
+	LowestShare(policy, subject string, within time.Duration) float64
 }
 
 // Standalone is the ShareSource of a node without a coordinator: every

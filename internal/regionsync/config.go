@@ -84,8 +84,11 @@ type Config struct {
 	// allocation; a larger one is enforced at the safe share. Default
 	// 100000.
 	MaxOverrides int
-	// Clock measures lease age and stamps reports and acks. Default
-	// clock.Real{}.
+	// Clock stamps registrations, reports and acks with its wall reading
+	// and measures the lease's age on its monotonic reading
+	// (clock.MonotonicOf: real elapsed time for a clock without one), so
+	// that a wall clock stepped back never delays the fallback to the
+	// safe shares. Default clock.Real{}.
 	Clock clock.Clock
 	// Logger defaults to hclog.NewNullLogger().
 	Logger hclog.Logger

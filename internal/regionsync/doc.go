@@ -24,14 +24,19 @@
 //     etcd never starts at share 1, and a region left out of an allocation
 //     enforces no more than its explicit minimum.
 //   - Every lease keepalive that succeeds moves "last good" to the instant
-//     the keepalive was sent, on Config.Clock. When the clock reads more
-//     than LeaseTTL (less one loss check, at most 100 ms) past it, every
-//     share becomes the safe share at once,
-//     without waiting for etcd to say anything. Measuring from the send
-//     instant means the region gives up its shares no later than etcd
-//     expires the lease, so the coordinator (which waits for the expiry
-//     plus a skew margin) never hands them to another region while this one
-//     still enforces them.
+//     the keepalive was sent, on Config.Clock's monotonic reading (a wall
+//     clock stepped back does not make the lease look younger). When that
+//     reading is more than LeaseTTL (less one loss check, at most 100 ms)
+//     past it, every share becomes the safe share at once, without waiting
+//     for etcd to say anything. Measuring from the send instant means the
+//     region gives up its shares no later than etcd expires the lease, so
+//     the coordinator (which waits for the expiry plus a skew margin, the
+//     margin covering clock rate skew only) never hands them to another
+//     region while this one still enforces them. The lease's age is
+//     checked by a ticker and by every check (Share, Begin): a process that
+//     was paused past the TTL switches to the safe shares, synchronously,
+//     before its first check after waking reads a share, and drops the
+//     lease it can no longer trust.
 //   - When Run returns (a graceful stop), every share becomes the safe
 //     share and then the lease is revoked, so the coordinator can hand the
 //     region's shares to others without waiting for the TTL.
@@ -50,8 +55,9 @@
 //     at the old share.
 //
 // Timers (keepalive pacing, the loss check, report intervals, back-off)
-// run on real time; what they measure (lease age, report timestamps) is
-// read from Config.Clock.
+// run on real time; what they measure is read from Config.Clock: the
+// lease's age from its monotonic reading, report and ack timestamps from
+// its wall reading.
 //
 // # Keys
 //
@@ -66,11 +72,35 @@
 // alloc/, policies/ and settings are watched (get, then watch from the
 // next revision; a compacted or failed watch starts over with a get).
 //
+// # Share history
+//
+// LowestShare(policy, subject, within) is the lowest share the region
+// enforced for subject during the last within (on the monotonic clock):
+// the current share, every version of the policy's allocation applied in
+// that time, and the safe share for a period without a lease. The node
+// fills a token bucket it creates (absent, or idle-expired) only to that
+// share over the bucket's full refill time (bucket.Request.Withheld), so
+// a share that grew hands no fresh tokens to a subject that spent its
+// budget in the region the share came from. History starts at the node's
+// first read (a node that starts knows nothing older) and at a policy's
+// first allocation (before it every region held only its minimum); at
+// most 16 versions per policy are kept, the oldest merged into one that
+// counts every subject at the lowest share any subject had.
+//
+// # Nodes of a region
+//
+// Nodes is the number of nodes registered under regions/{region}/ as last
+// read (get, then watch), this node counted whether or not its own
+// registration is there, 1 before the first read. A node that decides
+// without the region's Redis (failure mode local) divides its share by it.
+// A node that joins is counted by the others once its registration reaches
+// them through their watch; one whose lease ended, once etcd deletes it.
+//
 // # Concurrency and goroutines
 //
 // Run starts every goroutine of a Syncer and returns only after all of them
 // ended; it may be called once. Share, Begin (and the Pin's Share and End),
-// Ready, Lost, Epoch and Flush are
+// Ready, Lost, Epoch, LowestShare, Nodes and Flush are
 // safe for concurrent use, before, during and after Run. The zero Syncer is
 // not usable; build one with New.
 //

@@ -60,3 +60,24 @@ func TestTwoNodesOfOneRegion(t *testing.T) {
 		t.Fatalf("n1 lost its share when n2 stopped: ready %v share %v", s1.Ready(), s1.Share("p", "x"))
 	}
 }
+
+// TestNodesCountsRegionRegistrations: Nodes counts the registrations of
+// the node's own region, itself included even before its registration is
+// read; a registration of another region does not count, and a node that
+// stops leaves the count.
+func TestNodesCountsRegionRegistrations(t *testing.T) {
+	srv := etcdtest.Start(t)
+	c := srv.Client(t)
+	putJSON(t, c, lay.Node("us", "u1"), etcdlayout.Registration{Region: "us", Node: "u1"})
+	s1, _ := start(t, srv, Config{Node: "n1", LeaseTTL: 3 * time.Second})
+	if n := s1.Nodes(); n != 1 {
+		t.Fatalf("Nodes before any read = %d, want 1 (itself)", n)
+	}
+	waitFor(t, 5*time.Second, "n1 to count itself alone", func() bool { return s1.Ready() && s1.Nodes() == 1 })
+	s2, stop2 := start(t, srv, Config{Node: "n2", LeaseTTL: 3 * time.Second})
+	waitFor(t, 5*time.Second, "both nodes to count 2", func() bool { return s1.Nodes() == 2 && s2.Nodes() == 2 })
+	putJSON(t, c, lay.Node("eu", "n3"), etcdlayout.Registration{Region: "eu", Node: "n3"})
+	waitFor(t, 5*time.Second, "both nodes to count 3", func() bool { return s1.Nodes() == 3 && s2.Nodes() == 3 })
+	stop2()
+	waitFor(t, 5*time.Second, "n1 to count 2 once n2 stopped", func() bool { return s1.Nodes() == 2 })
+}

@@ -191,8 +191,12 @@ func TestCompileShares(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			s := &Syncer{cfg: Config{MinShare: func(string) (float64, bool) { return 0.05, true }}}
-			s.tab.Store(build(tt.lost, map[string]*policyShares{"p": ps}))
+			s, err := New(Config{Region: "eu", Client: &clientv3.Client{}, MinShare: func(string) (float64, bool) { return 0.05, true }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.tab.Store(build(tt.lost, map[string]*policyShares{"p": ps}, nil))
+			s.lastOK.Store(int64(s.monoNow())) // a lease just renewed
 			if got := s.Share("p", tt.subject); got != tt.want {
 				t.Fatalf("Share = %v, want %v", got, tt.want)
 			}
@@ -471,17 +475,17 @@ func TestLostLeaseFallsBackAndRecovers(t *testing.T) {
 	t.Run("etcd down longer than the TTL", func(t *testing.T) {
 		// Watch for the switch from before the stop: Stop itself may take
 		// a while (graceful close of the gRPC streams).
-		switched := make(chan time.Time, 1)
+		switched := make(chan time.Duration, 1)
 		go func() {
 			deadline := time.Now().Add(30 * time.Second)
 			for s.Share("p", "x") != 0.2 && time.Now().Before(deadline) {
 				time.Sleep(5 * time.Millisecond)
 			}
-			switched <- time.Now()
+			switched <- s.monoNow()
 		}()
-		stopAt := time.Now()
+		stopAt := s.monoNow()
 		srv.Stop()
-		stopTook := time.Since(stopAt)
+		stopTook := s.monoNow() - stopAt
 		at := <-switched
 		if s.Share("p", "x") != 0.2 {
 			t.Fatal("no safe share after losing etcd")
@@ -489,14 +493,14 @@ func TestLostLeaseFallsBackAndRecovers(t *testing.T) {
 		// The switch is due LeaseTTL after the last keepalive that etcd
 		// answered (measured from when it was sent): never later, since
 		// etcd expires the lease no earlier than that.
-		lastOK := time.Unix(0, s.lastOK.Load())
-		late := at.Sub(lastOK) - ttl
-		t.Logf("stop took %v; safe share %v after the last good keepalive (TTL %v)", stopTook, at.Sub(lastOK), ttl)
+		lastOK := time.Duration(s.lastOK.Load())
+		late := at - lastOK - ttl
+		t.Logf("stop took %v; safe share %v after the last good keepalive (TTL %v)", stopTook, at-lastOK, ttl)
 		if late < -lossCheck(ttl) || late > 50*time.Millisecond {
-			t.Fatalf("safe share %v after the last good keepalive, want within one loss check (%v) before the TTL %v (+50ms to observe it)", at.Sub(lastOK), lossCheck(ttl), ttl)
+			t.Fatalf("safe share %v after the last good keepalive, want within one loss check (%v) before the TTL %v (+50ms to observe it)", at-lastOK, lossCheck(ttl), ttl)
 		}
-		if at.Sub(stopAt) > stopTook+ttl+150*time.Millisecond {
-			t.Fatalf("safe share %v after the stop began", at.Sub(stopAt))
+		if at-stopAt > stopTook+ttl+150*time.Millisecond {
+			t.Fatalf("safe share %v after the stop began", at-stopAt)
 		}
 		if s.Ready() || !s.Lost() {
 			t.Fatal("ready while cut off")

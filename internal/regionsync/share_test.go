@@ -6,11 +6,14 @@ import (
 	"testing"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/quotacoord/quota/internal/clock"
 )
 
-// syncerWithTable returns an unstarted Syncer whose table holds policy p
-// with n overrides.
-func syncerWithTable(tb testing.TB, n int) *Syncer {
+// syncerWithTable returns an unstarted Syncer on clk (clock.Real when
+// none) whose table holds policy p with n overrides, its lease just
+// renewed.
+func syncerWithTable(tb testing.TB, n int, clk ...clock.Clock) *Syncer {
 	tb.Helper()
 	over := map[string]map[string]float64{}
 	for i := 0; i < n; i++ {
@@ -21,11 +24,17 @@ func syncerWithTable(tb testing.TB, n int) *Syncer {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	s, err := New(Config{Region: "eu", Client: &clientv3.Client{}})
+	cfg := Config{Region: "eu", Client: &clientv3.Client{}}
+	if len(clk) > 0 {
+		cfg.Clock = clk[0]
+	}
+	s, err := New(cfg)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	s.tab.Store(build(false, map[string]*policyShares{"p": ps}))
+	s.lost, s.allocs = false, map[string]*policyShares{"p": ps}
+	s.tab.Store(build(false, s.allocs, nil))
+	s.lastOK.Store(int64(s.monoNow())) // a lease just renewed
 	return s
 }
 

@@ -14,6 +14,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/quotacoord/quota/internal/clock"
 	"github.com/quotacoord/quota/internal/etcdlayout"
 )
 
@@ -28,6 +29,9 @@ var ErrRunning = errors.New("regionsync: already running")
 type Syncer struct {
 	cfg Config
 	log hclog.Logger
+	// mono is Config.Clock's monotonic reading, on which the lease's age
+	// is measured.
+	mono clock.Monotonic
 
 	tab atomic.Pointer[table]
 
@@ -38,11 +42,18 @@ type Syncer struct {
 	// retired are replaced tables that checks still pin. Each holds at
 	// least one pin, so there are never more than checks in flight.
 	retired []*table
+	// allocsRead: the allocations have been read once (history starts).
+	// leased: the node has held a lease once. lostSince is when (mono)
+	// the current period without a lease began; lostSpans the past ones.
+	allocsRead bool
+	leased     bool
+	lostSince  time.Duration
+	lostSpans  []span
 
 	// lease is the current lease, 0 while there is none.
 	lease atomic.Int64
-	// lastOK is when (Clock, unix nanos) the last successful keepalive or
-	// grant of the current lease was sent.
+	// lastOK is when (mono, nanos) the last successful keepalive or grant
+	// of the current lease was sent.
 	lastOK atomic.Int64
 	// ttl is the TTL (nanos) of the current lease, or of the next one
 	// before the first grant.
@@ -51,6 +62,9 @@ type Syncer struct {
 	// etcd's settings.
 	followTTL bool
 
+	// nodes is the region's registered node count for Nodes, 0 before
+	// the first read.
+	nodes         atomic.Int64
 	losses        atomic.Uint64
 	policiesReady atomic.Bool
 	// reportEvery is the interval from etcd's settings (nanos), 0 if unset.
@@ -77,6 +91,7 @@ func New(cfg Config) (*Syncer, error) {
 	}
 	s := &Syncer{
 		cfg:        cfg,
+		mono:       clock.MonotonicOf(cfg.Clock),
 		followTTL:  followTTL,
 		log:        cfg.Logger.Named("regionsync").With("region", cfg.Region, "node", cfg.Node),
 		lost:       true,
@@ -86,7 +101,7 @@ func New(cfg Config) (*Syncer, error) {
 		resyncCh:   make(chan chan struct{}),
 	}
 	s.ttl.Store(int64(cfg.LeaseTTL))
-	s.tab.Store(build(true, s.allocs))
+	s.tab.Store(build(true, s.allocs, nil))
 	return s, nil
 }
 
@@ -103,11 +118,27 @@ func (s *Syncer) requestTimeout() time.Duration {
 }
 
 // Share returns the share f the region enforces for subject under policy.
-// It is lock-free and allocation-free. A check that reads several shares,
+// It is lock-free and allocation-free, except in the one call that finds
+// the lease expired (see current), which takes the writer's lock to switch
+// to the safe shares. A check that reads several shares,
 // or that must not outlive the acknowledgement of a newer epoch, uses
 // Begin instead.
 func (s *Syncer) Share(policy, subject string) float64 {
-	return s.shareIn(s.tab.Load(), policy, subject)
+	return s.shareIn(s.current(), policy, subject)
+}
+
+// current is the table a check reads. Before handing out published
+// shares it checks the lease's age on the monotonic clock: a process that
+// was paused (or whose loss-check ticker ran late) past the lease TTL
+// switches to the safe shares here, before it decides, rather than
+// deciding at shares the coordinator may have handed to other regions.
+func (s *Syncer) current() *table {
+	t := s.tab.Load()
+	if !t.lost && s.stale() {
+		s.expire()
+		t = s.tab.Load()
+	}
+	return t
 }
 
 // Pin is one check's view of the shares: every Share through it reads the
@@ -122,10 +153,10 @@ type Pin struct {
 // bucket calls returned: until then no epoch published after Begin is
 // acknowledged, so the coordinator never grows another region's share
 // while this check may still take tokens at a share the region gave up.
-// It is lock-free and allocation-free.
+// Like Share, it first checks the lease's age (see current).
 func (s *Syncer) Begin() Pin {
 	for {
-		t := s.tab.Load()
+		t := s.current()
 		t.inflight.Add(1)
 		// A table replaced between the load and the count may already
 		// have been found drained by the ack loop: pin the new one.
@@ -143,11 +174,16 @@ func (p Pin) Share(policy, subject string) float64 { return p.s.shareIn(p.t, pol
 func (p Pin) End() { p.t.inflight.Add(-1) }
 
 func (s *Syncer) shareIn(t *table, policy, subject string) float64 {
-	ps := t.allocs[policy]
+	return s.shareOf(t.allocs[policy], t.lost, policy, subject)
+}
+
+// shareOf is the share of subject under policy whose allocation for this
+// region is ps (nil: none), with or without a lease.
+func (s *Syncer) shareOf(ps *policyShares, lost bool, policy, subject string) float64 {
 	if ps == nil {
 		return s.minShare(policy)
 	}
-	if !t.lost && ps.valid {
+	if !lost && ps.valid {
 		if v, ok := ps.override[subject]; ok {
 			return v
 		}
@@ -178,12 +214,12 @@ func (s *Syncer) Ready() bool {
 	if s.cfg.OnPolicies != nil && !s.policiesReady.Load() {
 		return false
 	}
-	return !s.tab.Load().lost
+	return !s.current().lost
 }
 
 // Lost reports whether every share is the safe share because the region
 // has no lease, or has not yet read the allocations under its new lease.
-func (s *Syncer) Lost() bool { return s.tab.Load().lost }
+func (s *Syncer) Lost() bool { return s.current().lost }
 
 // Losses counts the leases lost since New (a gauge source for operators).
 func (s *Syncer) Losses() uint64 { return s.losses.Load() }
@@ -206,11 +242,14 @@ func (s *Syncer) Policies() []string {
 
 func (s *Syncer) now() time.Time { return s.cfg.Clock.Now() }
 
+// monoNow is the monotonic clock's reading.
+func (s *Syncer) monoNow() time.Duration { return s.mono.Mono() }
+
 // publish stores a new table from the state; call with mu held. The
 // table it replaces is kept, while checks pin it, so that the ack loop can
 // wait for them.
 func (s *Syncer) publishLocked() {
-	old := s.tab.Swap(build(s.lost, s.allocs))
+	old := s.tab.Swap(build(s.lost, s.allocs, s.lostSpans))
 	kept := s.retired[:0]
 	for _, t := range s.retired {
 		if t.inflight.Load() > 0 {
@@ -229,7 +268,8 @@ func (s *Syncer) publishLocked() {
 }
 
 // Run connects the region and keeps it connected until ctx is done: the
-// lease and the loss check, the allocation, policy and settings watches,
+// lease and the loss check, the allocation, policy, settings and region
+// registration watches,
 // acknowledgements and demand reports, each on a goroutine Run starts and
 // waits for. It returns nil once ctx is done, or ErrRunning when called a
 // second time. On return every share is the safe share and the lease is
@@ -257,6 +297,8 @@ func (s *Syncer) Run(ctx context.Context) error {
 	goRun(func() {
 		s.follow(ctx, l.Settings(), false, nil, s.applySettingsSnapshot, s.applySettingsEvents)
 	})
+	rn := &regionNodes{s: s}
+	goRun(func() { s.follow(ctx, l.RegionNodes(s.cfg.Region), true, nil, rn.snapshot, rn.events) })
 	if s.cfg.OnPolicies != nil {
 		p := &policyDocs{s: s, docs: map[string][]byte{}}
 		goRun(func() { s.follow(ctx, l.PoliciesPrefix(), true, nil, p.snapshot, p.events) })
@@ -296,7 +338,7 @@ func (s *Syncer) release() {
 // ---- lease ----
 
 type kaResult struct {
-	sent time.Time
+	sent time.Duration // monotonic
 	err  error
 }
 
@@ -330,7 +372,7 @@ func (s *Syncer) establish(ctx context.Context) (clientv3.LeaseID, error) {
 		}
 	}
 	s.ttl.Store(int64(ttl))
-	sent := s.now()
+	sent, sentMono := s.now(), s.monoNow()
 	cctx, cancel := context.WithTimeout(ctx, s.requestTimeout())
 	defer cancel()
 	lr, err := s.cfg.Client.Grant(cctx, int64(ttl/time.Second))
@@ -347,7 +389,7 @@ func (s *Syncer) establish(ctx context.Context) (clientv3.LeaseID, error) {
 	if _, err := s.cfg.Client.Put(cctx, s.cfg.Layout.Node(s.cfg.Region, s.cfg.Node), string(reg), clientv3.WithLease(lr.ID)); err != nil {
 		return 0, fmt.Errorf("register under lease %x: %w", lr.ID, err)
 	}
-	s.lastOK.Store(sent.UnixNano())
+	s.lastOK.Store(int64(sentMono))
 	s.lease.Store(int64(lr.ID))
 	s.log.Info("registered", "lease", fmt.Sprintf("%x", lr.ID), "ttl", ttl)
 	return lr.ID, nil
@@ -411,7 +453,7 @@ func (s *Syncer) keepAlive(ctx context.Context, id clientv3.LeaseID) {
 		case r := <-results:
 			inflight = false
 			if r.err == nil {
-				s.lastOK.Store(r.sent.UnixNano())
+				s.lastOK.Store(int64(r.sent))
 				continue
 			}
 			if leaseGone(r.err) {
@@ -422,13 +464,16 @@ func (s *Syncer) keepAlive(ctx context.Context, id clientv3.LeaseID) {
 				s.log.Warn("lease keepalive failed", "error", r.err)
 			}
 		case <-tick.C:
+			if s.lease.Load() != int64(id) {
+				return // a check found it expired (expire)
+			}
 			if s.stale() {
 				s.markLost(id, "no keepalive for longer than the lease TTL")
 				return
 			}
 			if !inflight && time.Since(lastTry) >= every {
 				inflight, lastTry = true, time.Now()
-				sent := s.now()
+				sent := s.monoNow()
 				go func() {
 					cctx, cancel := context.WithTimeout(ctx, every)
 					defer cancel()
@@ -446,10 +491,29 @@ func lossCheck(ttl time.Duration) time.Duration { return min(ttl/20, 100*time.Mi
 // stale says the lease may have expired in etcd. It holds one loss check
 // before the TTL is over, so that the periodic check switches to the safe
 // shares no later than the TTL after the last good keepalive was sent
-// (etcd expires the lease no earlier than that).
+// (etcd expires the lease no earlier than that). The age is measured on
+// the monotonic clock: a wall clock stepped back does not make an old
+// lease look young.
 func (s *Syncer) stale() bool {
 	ttl := s.leaseTTL()
-	return s.now().Sub(time.Unix(0, s.lastOK.Load())) > ttl-lossCheck(ttl)
+	return s.monoNow()-time.Duration(s.lastOK.Load()) > ttl-lossCheck(ttl)
+}
+
+// expire switches every share to the safe share because a check found
+// the lease stale before the loss check did, and drops the lease: the
+// keepalive loop then starts a new one, and the region enforces published
+// shares again only after reading them under it.
+func (s *Syncer) expire() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lost || !s.stale() {
+		return
+	}
+	id := s.lease.Swap(0)
+	s.losses.Add(1)
+	s.log.Warn("lease older than its TTL when a check ran; enforcing safe shares", "lease", fmt.Sprintf("%x", id))
+	s.lost, s.lostSince = true, s.monoNow()
+	s.publishLocked()
 }
 
 func leaseGone(err error) bool {
@@ -467,7 +531,7 @@ func (s *Syncer) markLost(id clientv3.LeaseID, why string) {
 	s.losses.Add(1)
 	s.log.Warn("lease lost; enforcing safe shares", "lease", fmt.Sprintf("%x", id), "reason", why)
 	if !s.lost {
-		s.lost = true
+		s.lost, s.lostSince = true, s.monoNow()
 		s.publishLocked()
 	}
 }
@@ -480,6 +544,7 @@ func (s *Syncer) recover(id clientv3.LeaseID) bool {
 		return false
 	}
 	s.lost = false
+	s.noteLostLocked(s.monoNow())
 	s.publishLocked()
 	return true
 }
@@ -503,6 +568,7 @@ func (s *Syncer) applyAllocSnapshot(kvs []*mvccpb.KeyValue) {
 		next[name] = s.compileLogged(name, kv.Value, s.allocs[name])
 	}
 	s.allocs = next
+	s.allocsRead = true
 	s.publishLocked()
 }
 
@@ -537,8 +603,9 @@ func (s *Syncer) compileLogged(name string, raw []byte, prev *policyShares) *pol
 	ps, err := compile(s.cfg.Region, name, raw, s.cfg.MaxOverrides)
 	if err != nil {
 		s.log.Error("enforcing the safe share for a bad allocation", "policy", name, "error", err)
-		return invalid(prev)
+		ps = invalid(prev)
 	}
+	s.carryHistory(name, ps, prev, s.monoNow())
 	return ps
 }
 

@@ -23,6 +23,8 @@ type table struct {
 	// current lease; every share is the safe share.
 	lost   bool
 	allocs map[string]*policyShares
+	// lostSpans are the past periods without a lease (LowestShare).
+	lostSpans []span
 	// epochs is what an Ack carries: the epoch of every allocation applied
 	// as published.
 	epochs map[string]uint64
@@ -41,6 +43,9 @@ type policyShares struct {
 	hasSafe  bool
 	safe     float64
 	override map[string]float64
+	// hist holds the versions of the policy's shares this one replaced,
+	// oldest first (see LowestShare).
+	hist []pastShares
 }
 
 // compile extracts this region's shares from a published allocation of
@@ -104,8 +109,9 @@ func invalid(prev *policyShares) *policyShares {
 func finite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
 
 // build makes the immutable table from the writer's state.
-func build(lost bool, allocs map[string]*policyShares) *table {
-	t := &table{lost: lost, allocs: make(map[string]*policyShares, len(allocs)), epochs: make(map[string]uint64, len(allocs))}
+func build(lost bool, allocs map[string]*policyShares, lostSpans []span) *table {
+	t := &table{lost: lost, allocs: make(map[string]*policyShares, len(allocs)), epochs: make(map[string]uint64, len(allocs)),
+		lostSpans: lostSpans}
 	for k, v := range allocs {
 		t.allocs[k] = v
 		if v.ackable {
