@@ -264,6 +264,7 @@ func (n *Node) take(ctx context.Context, now time.Time, items []item, idx []int)
 	in := make([]bucket.Request, len(idx))
 	for j, i := range idx {
 		in[j] = items[i].req
+		in[j].Share = n.windowShare(&items[i], now)
 		in[j].Withheld = n.withheld(&items[i])
 	}
 	reqs, at := mergeRequests(in)
@@ -306,8 +307,8 @@ func (n *Node) take(ctx context.Context, now time.Time, items []item, idx []int)
 // withheld is the part of it's share that a token bucket this check
 // creates does not start with: the share above the lowest the region held
 // for the subject during the bucket's full refill time (its idle TTL
-// without refill), see ShareHistory. Window algorithms, and a node whose
-// shares never change, withhold nothing.
+// without refill), see ShareHistory. Window algorithms (see windowShare),
+// and a node whose shares never change, withhold nothing.
 func (n *Node) withheld(it *item) float64 {
 	l := &it.req.Limits
 	if n.history == nil || (l.Algorithm != "" && l.Algorithm != bucket.TokenBucket) {
@@ -319,6 +320,31 @@ func (n *Node) withheld(it *item) float64 {
 	}
 	low := n.history.LowestShare(it.label, it.subject, within)
 	return min(it.req.Share, max(0, it.req.Share-low))
+}
+
+// windowSkew is how far the store's clock (Redis TIME, which aligns the
+// windows) may run behind this node's: a window's history reaches that
+// much further back.
+const windowSkew = time.Second
+
+// windowShare is the share a window algorithm's count is charged against:
+// the lowest share the region held for the subject since the count's
+// window began (bucket.Limits.CountedSince), so that growth in the middle
+// of a window takes effect with the next one. A region whose share grows
+// mid-window keeps what it admitted at the old share, and one whose share
+// shrank keeps what it spent at its old, larger one; charged this way the
+// regions together stay within the window's budget. A token bucket, and a
+// node whose shares never change, use the share as read.
+func (n *Node) windowShare(it *item, now time.Time) float64 {
+	share := it.req.Share
+	if n.history == nil {
+		return share
+	}
+	since, ok := it.req.Limits.CountedSince(now, windowSkew)
+	if !ok {
+		return share
+	}
+	return min(share, n.history.LowestShare(it.label, it.subject, now.Sub(since)))
 }
 
 // mergeRequests asks a bucket named twice (an Envoy request may repeat a
