@@ -13,8 +13,6 @@ import (
 
 // Bounds on what input can grow.
 const (
-	// MaxRegions is the most regions an allocation holds.
-	MaxRegions = 256
 	// MaxOverridesLimit is the largest accepted Params.MaxOverrides.
 	MaxOverridesLimit = 1024
 )
@@ -213,7 +211,7 @@ func (l *Leader) Track(now time.Time, v *View, allocs map[string]*Allocation) {
 	for r := range l.missingSince {
 		if _, ok := v.Regions[r]; ok {
 			delete(l.missingSince, r)
-			l.returned[r] = true // bounded: missingSince holds at most MaxRegions
+			l.returned[r] = true // bounded: missingSince holds at most allocator.MaxRegions
 		}
 	}
 	for r := range l.returned {
@@ -240,7 +238,7 @@ func (l *Leader) Track(now time.Time, v *View, allocs map[string]*Allocation) {
 			if _, ok := v.Regions[r]; ok {
 				continue
 			}
-			if _, ok := l.missingSince[r]; !ok && len(l.missingSince) < MaxRegions {
+			if _, ok := l.missingSince[r]; !ok && len(l.missingSince) < allocator.MaxRegions {
 				l.missingSince[r] = now
 			}
 		}
@@ -250,7 +248,7 @@ func (l *Leader) Track(now time.Time, v *View, allocs map[string]*Allocation) {
 // NodeGone records that a node of region lost its registration at now
 // (a watch may see a node come and go between two rounds).
 func (l *Leader) NodeGone(region string, now time.Time) {
-	if _, ok := l.nodeGone[region]; ok || len(l.nodeGone) < MaxRegions {
+	if _, ok := l.nodeGone[region]; ok || len(l.nodeGone) < allocator.MaxRegions {
 		l.nodeGone[region] = now
 		return
 	}
@@ -345,7 +343,7 @@ func (l *Leader) observePolicy(v *View, reported []string, p *Policy) {
 		if !ok {
 			continue
 		}
-		if o := finite(d.Offered); o > 0 {
+		if o := orZero(d.Offered); o > 0 {
 			offered[r] = o
 			total += o
 		}
@@ -362,7 +360,7 @@ func (l *Leader) observePolicy(v *View, reported []string, p *Policy) {
 			}
 			o := observation{region: r}
 			if p.Rate > 0 {
-				o.demand = finite(s.Offered) / p.Rate
+				o.demand = orZero(s.Offered) / p.Rate
 			}
 			subjects[s.Subject] = append(obs, o)
 		}
@@ -443,15 +441,6 @@ func (l *Leader) Demand(policy string) (regions map[string]float64, subjects map
 		subjects[s] = maps.Clone(sd.demand)
 	}
 	return regions, subjects
-}
-
-// finite is v when it is a finite non-negative number, else 0: reports
-// are input.
-func finite(v float64) float64 {
-	if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
-		return 0
-	}
-	return v
 }
 
 // MissingSince says since when this leader has seen region, a region of

@@ -620,3 +620,28 @@ func TestRaisedMinimumWaitsForTheGrowth(t *testing.T) {
 		t.Fatalf("growth: %+v", d.Publish)
 	}
 }
+
+func TestSumDemand(t *testing.T) {
+	reports := []map[string]PolicyDemand{
+		{"p": {Offered: 3, Admitted: 2, Pressured: []SubjectDemand{{Subject: "x", Offered: 2, Admitted: 1, Denied: true}, {Subject: "y", Offered: 1}}}},
+		{"p": {Offered: 5, Admitted: 5, Pressured: []SubjectDemand{{Subject: "y", Offered: 4, Admitted: 4}, {Subject: "z", Offered: math.NaN()}}},
+			"q": {Offered: 1, Admitted: 1}},
+	}
+	got := SumDemand(reports, 2)
+	p := got["p"]
+	if p.Offered != 8 || p.Admitted != 7 {
+		t.Fatalf("p summed to %+v", p)
+	}
+	want := []SubjectDemand{{Subject: "y", Offered: 5, Admitted: 4}, {Subject: "x", Offered: 2, Admitted: 1, Denied: true}}
+	if len(p.Pressured) != len(want) {
+		t.Fatalf("pressured %+v, want %+v", p.Pressured, want)
+	}
+	for i := range want {
+		if p.Pressured[i] != want[i] {
+			t.Errorf("pressured[%d] = %+v, want %+v", i, p.Pressured[i], want[i])
+		}
+	}
+	if q := got["q"]; q.Offered != 1 {
+		t.Errorf("q = %+v", q)
+	}
+}

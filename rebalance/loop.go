@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/quotacoord/quota/allocator"
 	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/internal/policy"
 	"github.com/quotacoord/quota/plan"
@@ -372,10 +373,10 @@ func (l *Loop) DryRun(ctx context.Context, policyName string) (Proposal, error) 
 	d := ld.Plan(now, snap.view, planPolicy(p), snap.allocs[policyName], snap.controls[policyName], true)
 	out := Proposal{Policy: policyName, Current: snap.allocs[policyName], Next: d.Proposal, Demand: d.Demand, Note: d.Note,
 		HottestSubject: map[string]float64{}, Interval: l.cfg.Interval, Protocol: l.cfg.Protocol}
-	for region, rep := range snap.demand {
+	for region, rep := range snap.view.Demand {
 		hot := 0.0
-		for _, sd := range rep.Policies[policyName].Pressured {
-			hot = max(hot, finite(sd.Offered))
+		for _, sd := range rep[policyName].Pressured {
+			hot = max(hot, sd.Offered)
 		}
 		out.HottestSubject[region] = hot
 	}
@@ -511,7 +512,6 @@ func (l *Loop) read(ctx context.Context) (*snapshot, error) {
 	snap := &snapshot{
 		rev:       resp.Header.Revision,
 		view:      &plan.View{Regions: map[string]map[string]plan.Node{}, Demand: map[string]map[string]plan.PolicyDemand{}},
-		demand:    map[string]etcdlayout.DemandReport{},
 		controls:  map[string]etcdlayout.Control{},
 		allocs:    map[string]*etcdlayout.Allocation{},
 		allocRevs: map[string]int64{},
@@ -520,7 +520,7 @@ func (l *Loop) read(ctx context.Context) (*snapshot, error) {
 	nodes := 0
 	live := snap.view.Regions
 	acks := map[string]map[string]etcdlayout.Ack{}
-	reports := map[string][]etcdlayout.DemandReport{}
+	reports := map[string][]map[string]plan.PolicyDemand{}
 	for i, r := range resp.Responses {
 		for _, kv := range r.GetResponseRange().Kvs {
 			name := etcdlayout.Name(prefixes[i], string(kv.Key))
@@ -539,8 +539,8 @@ func (l *Loop) read(ctx context.Context) (*snapshot, error) {
 					if nodes++; nodes > MaxNodes {
 						return nil, fmt.Errorf("rebalance: more than %d registered nodes", MaxNodes)
 					}
-					if _, ok := live[region]; !ok && len(live) >= MaxRegions {
-						return nil, fmt.Errorf("rebalance: more than %d registered regions", MaxRegions)
+					if _, ok := live[region]; !ok && len(live) >= allocator.MaxRegions {
+						return nil, fmt.Errorf("rebalance: more than %d registered regions", allocator.MaxRegions)
 					}
 					var v etcdlayout.Registration
 					derr = json.Unmarshal(kv.Value, &v)
@@ -551,7 +551,7 @@ func (l *Loop) read(ctx context.Context) (*snapshot, error) {
 				case 1:
 					var v etcdlayout.DemandReport
 					if derr = json.Unmarshal(kv.Value, &v); derr == nil && len(reports[region]) < MaxNodes {
-						reports[region] = append(reports[region], v)
+						reports[region] = append(reports[region], v.Policies)
 					}
 				case 2:
 					var v etcdlayout.Ack
@@ -586,8 +586,7 @@ func (l *Loop) read(ctx context.Context) (*snapshot, error) {
 	}
 	for region, rs := range reports {
 		if _, ok := live[region]; ok {
-			snap.demand[region] = sumDemand(region, rs, MaxOverridesLimit)
-			snap.view.Demand[region] = snap.demand[region].Policies
+			snap.view.Demand[region] = plan.SumDemand(rs, MaxOverridesLimit)
 		}
 	}
 	for region, ns := range live {

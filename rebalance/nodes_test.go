@@ -133,36 +133,3 @@ func TestDemandSummedOverNodes(t *testing.T) {
 		t.Fatalf("smoothed demand %v, want a and b at 0.5", p.Demand)
 	}
 }
-
-func TestSumDemand(t *testing.T) {
-	at := time.Unix(1_700_000_000, 0)
-	reports := []etcdlayout.DemandReport{
-		{Region: "a", Node: "1", At: at, IntervalSeconds: 1, Policies: map[string]etcdlayout.PolicyDemand{
-			"p": {Offered: 3, Admitted: 2, Pressured: []etcdlayout.SubjectDemand{{Subject: "x", Offered: 2, Admitted: 1, Denied: true}, {Subject: "y", Offered: 1}}},
-		}},
-		{Region: "a", Node: "2", At: at.Add(time.Second), IntervalSeconds: 2, Policies: map[string]etcdlayout.PolicyDemand{
-			"p": {Offered: 5, Admitted: 5, Pressured: []etcdlayout.SubjectDemand{{Subject: "y", Offered: 4, Admitted: 4}, {Subject: "z", Offered: math.NaN()}}},
-			"q": {Offered: 1, Admitted: 1},
-		}},
-	}
-	got := sumDemand("a", reports, 2)
-	if got.Region != "a" || !got.At.Equal(at.Add(time.Second)) || got.IntervalSeconds != 2 {
-		t.Fatalf("header %+v", got)
-	}
-	p := got.Policies["p"]
-	if p.Offered != 8 || p.Admitted != 7 {
-		t.Fatalf("p summed to %+v", p)
-	}
-	want := []etcdlayout.SubjectDemand{{Subject: "y", Offered: 5, Admitted: 4}, {Subject: "x", Offered: 2, Admitted: 1, Denied: true}}
-	if len(p.Pressured) != len(want) {
-		t.Fatalf("pressured %+v, want %+v", p.Pressured, want)
-	}
-	for i := range want {
-		if p.Pressured[i] != want[i] {
-			t.Errorf("pressured[%d] = %+v, want %+v", i, p.Pressured[i], want[i])
-		}
-	}
-	if q := got.Policies["q"]; q.Offered != 1 {
-		t.Errorf("q = %+v", q)
-	}
-}

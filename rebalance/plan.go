@@ -1,7 +1,6 @@
 package rebalance
 
 import (
-	"math"
 	"time"
 
 	"github.com/quotacoord/quota/internal/etcdlayout"
@@ -14,9 +13,7 @@ type snapshot struct {
 	rev int64
 	// view holds the registered nodes with their acknowledgements, and
 	// each live region's demand summed over its nodes' reports.
-	view *plan.View
-	// demand is each live region's summed demand report.
-	demand   map[string]etcdlayout.DemandReport
+	view     *plan.View
 	controls map[string]etcdlayout.Control
 	policies *policy.Set
 	// policyErrs are documents that did not load.
@@ -75,11 +72,4 @@ func planRound(now time.Time, snap *snapshot, ld *plan.Leader, full bool) []plan
 		}
 	}
 	return out
-}
-
-func finite(v float64) float64 {
-	if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
-		return 0
-	}
-	return v
 }
