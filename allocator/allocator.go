@@ -26,8 +26,9 @@ const (
 // exactly there, other orders may differ in the last bits.
 const Tolerance = 1e-9
 
-// MaxRegions bounds the number of regions one call accepts.
-const MaxRegions = 1024
+// MaxRegions bounds the number of regions one call accepts, and so the
+// regions of one allocation (package plan and the coordinator use it).
+const MaxRegions = 256
 
 // ErrInvalid is wrapped by every error about bad input.
 var ErrInvalid = errors.New("allocator: invalid input")

@@ -216,8 +216,8 @@ func (l *Leader) proposal(v *View, p *Policy, cur *Allocation, ctl Control, held
 	if len(sorted) == 0 {
 		return nil, nil, nil, errors.New("no regions")
 	}
-	if len(sorted) > MaxRegions {
-		sorted = sorted[:MaxRegions]
+	if len(sorted) > allocator.MaxRegions {
+		sorted = sorted[:allocator.MaxRegions]
 	}
 	params := allocator.Params{
 		Algorithm:  l.params.Algorithm,

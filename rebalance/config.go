@@ -37,8 +37,6 @@ var (
 
 // Bounds on what input can grow.
 const (
-	// MaxRegions is the most regions an allocation holds.
-	MaxRegions = plan.MaxRegions
 	// MaxNodes is the most registered nodes (over all regions) a round
 	// accepts; a round that reads more fails without publishing.
 	MaxNodes = 4096
@@ -71,8 +69,10 @@ type Config struct {
 	SkewMargin time.Duration
 	// SessionTTL is the TTL of the leader's election session. Default 5s.
 	SessionTTL time.Duration
-	// Algorithm, MaxStep and DeadBand go to allocator.Params. Defaults
-	// MaxMinFair, 0.3, 0.01.
+	// Algorithm, MaxStep and DeadBand go to allocator.Params. Algorithm
+	// defaults to MaxMinFair and DeadBand to 0.01; MaxStep 0 means no step
+	// limit, as in allocator.Params (cmd/coordinator's flag defaults to
+	// 0.3).
 	Algorithm allocator.Algorithm
 	MaxStep   float64
 	DeadBand  float64
@@ -131,9 +131,6 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Algorithm == "" {
 		c.Algorithm = allocator.MaxMinFair
-	}
-	if c.MaxStep == 0 {
-		c.MaxStep = 0.3
 	}
 	if c.DeadBand == 0 {
 		c.DeadBand = 0.01

@@ -341,7 +341,7 @@ func (e *engine) nextStamp() uint64 {
 // regionNames are the planner's names of the regions (the deployment's,
 // demo.ScenarioRegions).
 var regionNames = func() []string {
-	out := make([]string, MaxRegions)
+	out := make([]string, MaxScenarioRegions)
 	for i := range out {
 		out[i] = fmt.Sprintf("r%02d", i)
 	}

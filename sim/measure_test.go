@@ -125,7 +125,7 @@ func TestExportsMatchRun(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var perRegion [MaxRegions]*IdealBucket
+		var perRegion [MaxScenarioRegions]*IdealBucket
 		var independent []Admission
 		var offered int64
 		last := time.Duration(-1)

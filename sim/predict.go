@@ -43,7 +43,7 @@ type Prediction struct {
 // returns the overshoot and under-admission it would cause.
 func PredictOvershoot(p Proposal) (Prediction, error) {
 	n := len(p.Current)
-	if n == 0 || n > MaxRegions || len(p.Proposed) != n || len(p.Demand) != n {
+	if n == 0 || n > MaxScenarioRegions || len(p.Proposed) != n || len(p.Demand) != n {
 		return Prediction{}, errors.New("sim: predict: current, proposed and demand need one value per region (1 to 16)")
 	}
 	budget := 1 + p.Overcommit

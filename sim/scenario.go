@@ -22,13 +22,13 @@ var ErrScenario = errors.New("sim: invalid scenario")
 // Limits on what a scenario may ask for, so that input cannot exhaust
 // memory or time.
 const (
-	MaxRegions     = 16
-	MaxSubjects    = 1_000_000
-	MaxGroups      = 32
-	MaxEvents      = 1024
-	MaxDuration    = 7 * 24 * time.Hour
-	MinTick        = time.Millisecond
-	maxScenarioLen = 1 << 20
+	MaxScenarioRegions = 16
+	MaxSubjects        = 1_000_000
+	MaxGroups          = 32
+	MaxEvents          = 1024
+	MaxDuration        = 7 * 24 * time.Hour
+	MinTick            = time.Millisecond
+	maxScenarioLen     = 1 << 20
 )
 
 //go:embed scenarios/*.json
@@ -140,8 +140,8 @@ func (s *Scenario) Validate() error {
 	switch {
 	case s.Name == "":
 		return fmt.Errorf("%w: no name", ErrScenario)
-	case s.Regions < 1 || s.Regions > MaxRegions:
-		return bad("regions %d, want 1 to %d", s.Regions, MaxRegions)
+	case s.Regions < 1 || s.Regions > MaxScenarioRegions:
+		return bad("regions %d, want 1 to %d", s.Regions, MaxScenarioRegions)
 	case s.Subjects < 1 || s.Subjects > MaxSubjects:
 		return bad("subjects %d, want 1 to %d", s.Subjects, MaxSubjects)
 	case s.Duration <= 0 || time.Duration(s.Duration) > MaxDuration:
@@ -177,7 +177,7 @@ func (s *Scenario) Validate() error {
 				return bad("group %d: weight %v", i, w)
 			}
 		}
-		if len(p.Weights) > MaxRegions {
+		if len(p.Weights) > MaxScenarioRegions {
 			return bad("group %d: %d weights", i, len(p.Weights))
 		}
 		switch p.Kind {

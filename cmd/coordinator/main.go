@@ -80,7 +80,7 @@ func parse(args, env []string, stderr io.Writer) (coordinator.Config, error) {
 	fs.DurationVar(&skew, "lease-skew-margin", 2*time.Second, "wait after a region's lease expired before giving its share away")
 	fs.DurationVar(&sessionTTL, "election-ttl", 5*time.Second, "TTL of the leader's election session")
 	fs.StringVar(&algorithm, "algorithm", string(allocator.MaxMinFair), "static, proportional or maxmin")
-	fs.Float64Var(&maxStep, "max-step", 0.3, "largest change of a share per round")
+	fs.Float64Var(&maxStep, "max-step", 0.3, "largest change of a share per round (0 = unlimited)")
 	fs.Float64Var(&deadBand, "dead-band", 0.01, "ignore share moves smaller than this")
 	fs.Float64Var(&alpha, "smoothing", 0.5, "demand smoothing factor in (0, 1]")
 	fs.IntVar(&maxOverrides, "max-overrides", 64, "subject overrides per policy")

@@ -8,7 +8,6 @@ import (
 	"maps"
 	"math"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -27,8 +26,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
-
-var nameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
 
 // maxDocBytes bounds a policy document.
 const maxDocBytes = 1 << 20
@@ -235,7 +232,7 @@ func checkShares(p *policy.Policy, c *etcdlayout.Control, regions []string) erro
 }
 
 func validName(what, v string) error {
-	if !nameRE.MatchString(v) {
+	if !etcdlayout.ValidName(v) {
 		return status.Errorf(codes.InvalidArgument, "%s %q must match [A-Za-z0-9_.-]{1,64}", what, v)
 	}
 	return nil
@@ -546,7 +543,7 @@ const predictDuration = 10 * time.Minute
 // not a token bucket the simulator models.
 func predict(p *policy.Policy, names []string, current, proposed map[string]float64, pr rebalance.Proposal) *quotav1.Prediction {
 	l := p.Limits
-	if p.Unlimited || (l.Algorithm != "" && l.Algorithm != bucket.TokenBucket) || !(l.RefillPerSecond > 0) || len(names) == 0 || len(names) > sim.MaxRegions {
+	if p.Unlimited || (l.Algorithm != "" && l.Algorithm != bucket.TokenBucket) || !(l.RefillPerSecond > 0) || len(names) == 0 || len(names) > sim.MaxScenarioRegions {
 		return nil
 	}
 	sp := sim.Proposal{

@@ -25,6 +25,7 @@ import (
 	"github.com/quotacoord/quota/internal/faultproxy"
 	"github.com/quotacoord/quota/internal/regional"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
+	"github.com/quotacoord/quota/sim"
 )
 
 // DeployConfig says what Deploy starts. Zero durations take the defaults
@@ -102,8 +103,8 @@ type Deployment struct {
 // starts goroutines and processes that Close stops.
 func Deploy(ctx context.Context, cfg DeployConfig) (d *Deployment, err error) {
 	cfg.defaults()
-	if len(cfg.Regions) == 0 || len(cfg.Regions) > MaxRegions {
-		return nil, fmt.Errorf("demo: %d regions, want 1 to %d", len(cfg.Regions), MaxRegions)
+	if len(cfg.Regions) == 0 || len(cfg.Regions) > sim.MaxScenarioRegions {
+		return nil, fmt.Errorf("demo: %d regions, want 1 to %d", len(cfg.Regions), sim.MaxScenarioRegions)
 	}
 	d = &Deployment{Store: "embedded", Regions: cfg.Regions, cfg: cfg}
 	defer func() {

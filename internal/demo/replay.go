@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/quotacoord/quota/internal/clock"
+	"github.com/quotacoord/quota/sim"
 )
 
 // Arrival is one request of a replayed stream.
@@ -60,8 +61,8 @@ const LateThreshold = 50 * time.Millisecond
 // Validate reports whether r can be played.
 func (r *Replay) Validate() error {
 	switch {
-	case r.Regions < 1 || r.Regions > MaxRegions:
-		return fmt.Errorf("%w: %d regions, want 1 to %d", ErrReplay, r.Regions, MaxRegions)
+	case r.Regions < 1 || r.Regions > sim.MaxScenarioRegions:
+		return fmt.Errorf("%w: %d regions, want 1 to %d", ErrReplay, r.Regions, sim.MaxScenarioRegions)
 	case len(r.Subjects) == 0 || r.Policy == "":
 		return fmt.Errorf("%w: subjects and a policy are required", ErrReplay)
 	case len(r.Arrivals) > MaxEvents:

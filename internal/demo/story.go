@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/quotacoord/quota/sim"
 )
 
 // ErrStory is wrapped by every error about a bad story.
@@ -35,17 +37,16 @@ type Story struct {
 
 // Limits on stories, so that a flag cannot make the driver unbounded.
 const (
-	MaxRegions = 16
-	MaxPhases  = 64
-	MaxRate    = 20000 // requests per second per region
-	MaxLength  = 24 * time.Hour
+	MaxPhases = 64
+	MaxRate   = 20000 // requests per second per region
+	MaxLength = 24 * time.Hour
 )
 
 // Validate reports whether the driver can play s.
 func (s *Story) Validate() error {
 	switch {
-	case len(s.Regions) == 0 || len(s.Regions) > MaxRegions:
-		return fmt.Errorf("%w: %d regions, want 1 to %d", ErrStory, len(s.Regions), MaxRegions)
+	case len(s.Regions) == 0 || len(s.Regions) > sim.MaxScenarioRegions:
+		return fmt.Errorf("%w: %d regions, want 1 to %d", ErrStory, len(s.Regions), sim.MaxScenarioRegions)
 	case len(s.Phases) == 0 || len(s.Phases) > MaxPhases:
 		return fmt.Errorf("%w: %d phases, want 1 to %d", ErrStory, len(s.Phases), MaxPhases)
 	case s.Policy == "" || s.Subject == "":

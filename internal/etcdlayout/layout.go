@@ -89,21 +89,28 @@ func Name(prefix, key string) string {
 	return key[len(prefix):]
 }
 
-// MaxNameLen bounds region names and node ids.
+// MaxNameLen bounds the names etcd keys carry.
 const MaxNameLen = 64
 
-// ValidName says s is a valid region name or node id: [A-Za-z0-9_.-]{1,64}.
+// ValidName says s is a valid name for the keys: a region, a node id, a
+// policy or a policy document, [A-Za-z0-9_.-]{1,64}. It is the one
+// definition of that syntax; everything that names a region, node or
+// policy checks with it.
 func ValidName(s string) bool {
 	if len(s) == 0 || len(s) > MaxNameLen {
 		return false
 	}
 	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
+		if !ValidNameByte(s[i]) {
 			return false
 		}
 	}
 	return true
+}
+
+// ValidNameByte says c may appear in a name (ValidName).
+func ValidNameByte(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.'
 }
 
 // NodeOf splits a per-node key below prefix (RegionsPrefix, DemandPrefix

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/quotacoord/quota/bucket"
+	"github.com/quotacoord/quota/internal/etcdlayout"
 )
 
 // envoyFile is an Envoy rate limit service configuration file, field for
@@ -235,7 +236,7 @@ func envoyPolicyName(domain, path string) string {
 	var b strings.Builder
 	for i := 0; i < len(raw) && b.Len() < max; i++ {
 		c := raw[i]
-		if isSubjectByte(c) || c == '.' {
+		if etcdlayout.ValidNameByte(c) {
 			b.WriteByte(c)
 		} else {
 			b.WriteByte('_')

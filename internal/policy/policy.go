@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/quotacoord/quota/bucket"
+	"github.com/quotacoord/quota/internal/etcdlayout"
 )
 
 // FailureMode says what a regional node does for a policy when its store
@@ -237,33 +238,21 @@ func validateShare(field string, v float64) error {
 	return nil
 }
 
-// validateName checks a policy name: [A-Za-z0-9_.-]{1,64}.
+// validateName checks a policy name: [A-Za-z0-9_.-]{1,64}
+// (etcdlayout.ValidName; policy names become etcd and Redis keys).
 func validateName(name string) error {
-	if len(name) == 0 || len(name) > bucket.MaxPolicyNameLen {
-		return fmt.Errorf("%q must be 1 to %d bytes", name, bucket.MaxPolicyNameLen)
-	}
-	for i := 0; i < len(name); i++ {
-		if c := name[i]; !isSubjectByte(c) && c != '.' {
-			return fmt.Errorf("%q has %q at %d, want only [A-Za-z0-9_.-]", name, c, i)
-		}
+	if !etcdlayout.ValidName(name) || len(name) > bucket.MaxPolicyNameLen {
+		return fmt.Errorf("%q must be 1 to %d bytes of [A-Za-z0-9_.-]", name, min(etcdlayout.MaxNameLen, bucket.MaxPolicyNameLen))
 	}
 	return nil
 }
 
+// validateRegion checks a region name (etcdlayout.ValidName).
 func validateRegion(region string) error {
-	if len(region) == 0 || len(region) > 64 {
-		return fmt.Errorf("region %q must be 1 to 64 bytes", region)
-	}
-	for i := 0; i < len(region); i++ {
-		if !isSubjectByte(region[i]) {
-			return fmt.Errorf("region %q has %q at %d, want only [A-Za-z0-9_-]", region, region[i], i)
-		}
+	if !etcdlayout.ValidName(region) {
+		return fmt.Errorf("region %q must be 1 to %d bytes of [A-Za-z0-9_.-]", region, etcdlayout.MaxNameLen)
 	}
 	return nil
-}
-
-func isSubjectByte(c byte) bool {
-	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-'
 }
 
 // LoadStored parses stored policy documents (name → bytes) in name order

@@ -30,7 +30,6 @@ const (
 const (
 	MinReportInterval = 50 * time.Millisecond
 	MaxReportInterval = 10 * time.Minute
-	maxRegionLen      = 64
 )
 
 // ErrInvalidConfig reports a Config that New cannot use.
@@ -128,10 +127,10 @@ func (c Config) withDefaults() (Config, error) {
 	switch {
 	case c.Client == nil:
 		return c, fmt.Errorf("%w: no etcd client", ErrInvalidConfig)
-	case !validName(c.Region):
-		return c, fmt.Errorf("%w: region %q, want [A-Za-z0-9_.-]{1,%d}", ErrInvalidConfig, c.Region, maxRegionLen)
-	case !validName(c.Node):
-		return c, fmt.Errorf("%w: node id %q, want [A-Za-z0-9_.-]{1,%d}", ErrInvalidConfig, c.Node, maxRegionLen)
+	case !etcdlayout.ValidName(c.Region):
+		return c, fmt.Errorf("%w: region %q, want [A-Za-z0-9_.-]{1,%d}", ErrInvalidConfig, c.Region, etcdlayout.MaxNameLen)
+	case !etcdlayout.ValidName(c.Node):
+		return c, fmt.Errorf("%w: node id %q, want [A-Za-z0-9_.-]{1,%d}", ErrInvalidConfig, c.Node, etcdlayout.MaxNameLen)
 	case c.LeaseTTL < time.Second || c.LeaseTTL > time.Hour:
 		return c, fmt.Errorf("%w: lease TTL %v, want 1s to 1h", ErrInvalidConfig, c.LeaseTTL)
 	case c.ReportInterval < MinReportInterval || c.ReportInterval > MaxReportInterval:
@@ -146,19 +145,6 @@ func (c Config) withDefaults() (Config, error) {
 	return c, nil
 }
 
-func validName(s string) bool {
-	if len(s) == 0 || len(s) > maxRegionLen {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
-			return false
-		}
-	}
-	return true
-}
-
 // DefaultNodeID returns a node id: the hostname (characters outside
 // [A-Za-z0-9_.-] replaced by '-', at most 55 of them; "node" when the
 // hostname is unknown) plus '-' and 8 random hex digits, so that two
@@ -171,8 +157,8 @@ func DefaultNodeID() string {
 		}
 		return '-'
 	}, host)
-	if len(host) > maxRegionLen-9 {
-		host = host[:maxRegionLen-9]
+	if len(host) > etcdlayout.MaxNameLen-9 {
+		host = host[:etcdlayout.MaxNameLen-9]
 	}
 	if host == "" {
 		host = "node"

@@ -13,7 +13,7 @@ import (
 
 func TestDefaultNodeID(t *testing.T) {
 	a, b := DefaultNodeID(), DefaultNodeID()
-	if !validName(a) || !validName(b) {
+	if !etcdlayout.ValidName(a) || !etcdlayout.ValidName(b) {
 		t.Fatalf("invalid default node ids %q, %q", a, b)
 	}
 	if a == b {

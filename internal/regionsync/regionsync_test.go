@@ -121,7 +121,7 @@ func TestConfigDefaults(t *testing.T) {
 		{name: "defaults", in: Config{Region: "eu", Client: c}, check: func(c Config) bool {
 			return c.LeaseTTL == 10*time.Second && c.ReportInterval == 5*time.Second && c.RequestTimeout == 2*time.Second &&
 				c.MaxPolicies == DefaultMaxPolicies && c.MaxOverrides == DefaultMaxOverrides && c.Clock != nil && c.Logger != nil &&
-				validName(c.Node)
+				etcdlayout.ValidName(c.Node)
 		}},
 		{name: "node id kept", in: Config{Region: "eu", Client: c, Node: "eu-1.pod_7"}, check: func(c Config) bool { return c.Node == "eu-1.pod_7" }},
 		{name: "bad node id", in: Config{Region: "eu", Client: c, Node: "a/b"}, wantErr: "node id"},
