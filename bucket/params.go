@@ -48,7 +48,10 @@ func paramsOf(r *Request) params {
 	}
 	p.fill = p.lim
 	if r.Withheld > 0 {
-		p.fill = min(p.lim, math.Floor(max(0, r.Share-r.Withheld)*float64(l.Capacity)*unitsPerToken))
+		// Share − Withheld is the caller's lower share come back through
+		// a subtraction (0.8 − 0.6000000000000001): a millionth of a unit
+		// of slack keeps its float error from costing a whole unit.
+		p.fill = min(p.lim, math.Floor(max(0, r.Share-r.Withheld)*float64(l.Capacity)*unitsPerToken+1e-6))
 	}
 	switch l.Algorithm {
 	case "", TokenBucket:
