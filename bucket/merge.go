@@ -13,10 +13,10 @@ import (
 // one script call when RedisConfig.Merge is 0.
 //
 // A script call has a fixed cost in Redis (the EVALSHA lookup, entering
-// Lua, TIME, the reply) that a merged call pays once: redis-benchmark on
-// the 2-core test machine measured about 15 µs of Redis time for a
-// one-bucket call and about 11 µs per bucket in a 16-bucket call. 32
-// buckets hold Redis for about 0.35 ms.
+// Lua, TIME, the reply) that a merged call pays once, while each bucket in
+// it costs Redis time of its own: the cap keeps one merged call from
+// holding single-threaded Redis for long (docs/performance.md has the
+// per-call and per-bucket figures).
 const DefaultMerge = 32
 
 // A wire is one script call in a pipeline: a queued call as it is, or the

@@ -38,26 +38,16 @@
 // 0.01 absolute, whichever is larger. A live run is only evidence if it
 // played the stream faithfully (Agreement.Faithful).
 //
-// What was found on the hot-tenant-hop scenario (seed 1, rebalance 1 s,
-// reports 500 ms, α 0.5, max step 0.3). Package sim's control plane
-// follows package rebalance and package demand: the latest report per
-// region smoothed once per round (the first observation unsmoothed),
-// regions report pressured subjects only (denied, or left below half
-// their local capacity), overrides live OverrideRounds rounds after the
-// last pressure. (An earlier simulator smoothed per report, reported every
-// override subject and used a different pressure rule; at α 0.5 those
-// differences moved its prediction by up to 0.03, and the test ran at
-// α 1 until they were fixed.) Now the simulator predicts under-admission
-// 0.1518 for seed 1 (0.146 to 0.158 over seeds 1 to 4); three live runs
-// measured 0.1405, 0.1424 and 0.1482 against the allowance of ±0.0152,
-// with the same number of epochs (57); overshoot is 0 on both sides.
-// Live runs on a shared 2-core machine jitter (sd about 0.007: report
-// phases and round instants of a real deployment), so the test can still
-// fail now and then by chance, and fails when a loaded machine cannot
-// replay the stream on time (Agreement.Faithful). The report phase (live
-// regions report at their own offsets, simulated ones at multiples of the
-// interval) moved the figure by less than 0.005; Agreement.ReportPhases
-// records it.
+// The agreement test (TestSimAgreesWithLive) plays the hot-tenant-hop
+// scenario (seed 1, rebalance 1 s, reports 500 ms, α 0.5, max step 0.3).
+// The simulator runs the coordinator's own planner (package plan) and the
+// regions follow package demand's rules, so what is left to differ is the
+// timing of a real deployment: report phases (live regions report at their
+// own offsets, simulated ones at multiples of the interval;
+// Agreement.ReportPhases records them) and round instants. A loaded
+// machine that cannot replay the stream on time fails the test
+// (Agreement.Faithful). docs/performance.md has the figures both sides
+// measured.
 //
 // # Concurrency and zero values
 //

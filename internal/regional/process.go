@@ -117,7 +117,8 @@ type RedisTLS struct {
 }
 
 // maxRedisMerge bounds DaemonConfig.RedisMerge: a merged script call holds
-// Redis for about 11 µs per bucket (bucket.DefaultMerge).
+// single-threaded Redis for the time of every bucket in it
+// (bucket.DefaultMerge).
 const maxRedisMerge = 256
 
 // withDefaults returns c with defaults filled in, or an ErrConfig naming
