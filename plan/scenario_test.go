@@ -26,8 +26,8 @@ func TestScenariosKeepTheBound(t *testing.T) {
 			if res.Epochs < 2 {
 				t.Errorf("%s %s: %d epochs: the planner never moved a share", name, protocol, res.Epochs)
 			}
-			if protocol == sim.TwoStep && (res.MaxShareSum > 1+1e-9 || res.Overshoot1s > 0 || res.Overshoot10s > 0 || res.Overshoot60s > 0) {
-				t.Errorf("%s two-step: Σ shares %v, overshoot %v/%v/%v", name, res.MaxShareSum, res.Overshoot1s, res.Overshoot10s, res.Overshoot60s)
+			if protocol == sim.TwoStep && (res.MaxShareSum > 1+1e-9 || res.Overshoot1s > 0 || res.Overshoot10s > 0 || res.Overshoot60s > 0 || res.OvershootWindow > 0) {
+				t.Errorf("%s two-step: Σ shares %v, overshoot %v/%v/%v, per window %v", name, res.MaxShareSum, res.Overshoot1s, res.Overshoot10s, res.Overshoot60s, res.OvershootWindow)
 			}
 		}
 	}

@@ -464,6 +464,9 @@ func (e *engine) result() *Result {
 func (e *engine) figures(m *model, b *baseRun) Figures {
 	o := m.win.overshoot()
 	f := Figures{Overshoot1s: round(o[0]), Overshoot10s: round(o[1]), Overshoot60s: round(o[2]), Admitted: m.admitted}
+	if m.aligned != nil {
+		f.OvershootWindow = round(max(0, float64(m.aligned.best)/float64(e.capacity)-1))
+	}
 	if b != nil {
 		f.UnderAdmission = round(UnderAdmission(m.admitted, b.ideal.admitted))
 	}

@@ -74,6 +74,15 @@
 //     region holds, like a deployment whose coordinator has published
 //     before.
 //
+// Window algorithms: a scenario may give its policy a fixed window,
+// sliding window counter or sliding log (Scenario.Algorithm and Window;
+// C per window, r = C/Window). Their buckets are bucket.State, decided
+// unit by unit, and a region charges a window's count at the lowest share
+// it held since the count's window began (bucket.Limits.CountedSince), as
+// a regional node does. Their figure is OvershootWindow, the largest count
+// of one aligned window over C; the 1 s, 10 s and 60 s figures compare
+// with C for every window the interval touches.
+//
 // Lazy refill: a bucket refills the time since its last write at the rate
 // of the share in force when it is next read; a share that grew refills
 // the time before the growth at the old share (bucket.TokenState), as the

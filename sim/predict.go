@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/quotacoord/quota/allocator"
+	"github.com/quotacoord/quota/bucket"
 )
 
 // Proposal is a change of one policy's default shares that an operator's
@@ -17,10 +18,13 @@ type Proposal struct {
 	// Demand is each region's offered rate as a multiple of the policy's
 	// refill r (1 = the whole global rate).
 	Demand []float64
-	// Capacity (C) and RefillPerSecond (r) are the policy's limits.
+	// Capacity (C) and RefillPerSecond (r) are the policy's limits; for a
+	// window algorithm (Algorithm, Window) r is C/Window.
 	Capacity        int64
 	RefillPerSecond float64
 	Overcommit      float64
+	Algorithm       bucket.Algorithm
+	Window          time.Duration
 	// RebalanceInterval is how often the proposal is (re)published.
 	RebalanceInterval time.Duration
 	// Protocol defaults to TwoStep; PropagationDelay to 300 ms.
@@ -34,8 +38,10 @@ type Proposal struct {
 // Prediction is the simulated outcome of a Proposal.
 type Prediction struct {
 	Overshoot1s, Overshoot10s, Overshoot60s float64
-	UnderAdmission                          float64
-	MaxShareSum                             float64
+	// OvershootWindow is the window algorithms' figure (Figures).
+	OvershootWindow float64
+	UnderAdmission  float64
+	MaxShareSum     float64
 }
 
 // PredictOvershoot simulates the change from Current to Proposed under the
@@ -69,7 +75,7 @@ func PredictOvershoot(p Proposal) (Prediction, error) {
 		p.RebalanceInterval = 5 * time.Second
 	}
 	sc := &Scenario{Name: "proposal", Regions: n, Subjects: 8, Duration: Duration(p.Duration), Tick: Duration(100 * time.Millisecond),
-		Capacity: p.Capacity, RefillPerSecond: p.RefillPerSecond,
+		Capacity: p.Capacity, RefillPerSecond: p.RefillPerSecond, Algorithm: p.Algorithm, Window: Duration(p.Window),
 		Groups: []Group{{Name: "demand", Fraction: 1, Rate: total, Profile: Profile{Kind: ProfileWeights, Weights: p.Demand}}}}
 	if total == 0 {
 		sc.Groups[0].Profile.Weights = nil
@@ -81,5 +87,5 @@ func PredictOvershoot(p Proposal) (Prediction, error) {
 		return Prediction{}, fmt.Errorf("sim: predict: %w", err)
 	}
 	return Prediction{Overshoot1s: res.Overshoot1s, Overshoot10s: res.Overshoot10s, Overshoot60s: res.Overshoot60s,
-		UnderAdmission: res.UnderAdmission, MaxShareSum: res.MaxShareSum}, nil
+		OvershootWindow: res.OvershootWindow, UnderAdmission: res.UnderAdmission, MaxShareSum: res.MaxShareSum}, nil
 }

@@ -14,6 +14,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/quotacoord/quota/bucket"
 )
 
 // ErrScenario is wrapped by every error about a bad scenario.
@@ -69,10 +71,16 @@ type Scenario struct {
 	// decided one by one (exactly as unit requests at that instant).
 	Tick Duration `json:"tick"`
 	// Capacity (C) and RefillPerSecond (r) are each subject's global limits.
+	// For a window algorithm C is the cost admitted per Window and r is
+	// C/Window, the rate group rates are multiples of.
 	Capacity        int64   `json:"capacity"`
 	RefillPerSecond float64 `json:"refill_per_second"`
-	Groups          []Group `json:"groups"`
-	Events          []Event `json:"events,omitempty"`
+	// Algorithm is the policy's bucket algorithm (bucket.Algorithm; empty:
+	// token bucket); Window its window (window algorithms only).
+	Algorithm bucket.Algorithm `json:"algorithm,omitempty"`
+	Window    Duration         `json:"window,omitempty"`
+	Groups    []Group          `json:"groups"`
+	Events    []Event          `json:"events,omitempty"`
 	// Shifts are the instants demand moves; convergence is measured
 	// after each.
 	Shifts []Duration `json:"shifts,omitempty"`
@@ -154,6 +162,12 @@ func (s *Scenario) Validate() error {
 		return bad("capacity %d, want ≥ 1", s.Capacity)
 	case !(s.RefillPerSecond > 0) || math.IsInf(s.RefillPerSecond, 0):
 		return bad("refill_per_second %v, want > 0", s.RefillPerSecond)
+	case s.windowed() && (s.Window < s.Tick || s.Window > s.Duration):
+		return bad("window %v, want the tick to the duration", time.Duration(s.Window))
+	case !s.windowed() && s.Window != 0:
+		return bad("window %v for algorithm %q", time.Duration(s.Window), s.Algorithm)
+	case s.Algorithm != "" && s.Algorithm != bucket.TokenBucket && !s.windowed():
+		return bad("algorithm %q is not token_bucket, fixed_window, sliding_window or sliding_log", s.Algorithm)
 	case len(s.Groups) == 0 || len(s.Groups) > MaxGroups:
 		return bad("%d groups, want 1 to %d", len(s.Groups), MaxGroups)
 	case len(s.Events) > MaxEvents:
@@ -263,4 +277,13 @@ func LoadScenario(nameOrPath string) (*Scenario, error) {
 		return nil, fmt.Errorf("%s: %w", nameOrPath, err)
 	}
 	return s, nil
+}
+
+// windowed says the scenario's policy uses a window algorithm.
+func (s *Scenario) windowed() bool {
+	switch s.Algorithm {
+	case bucket.FixedWindow, bucket.SlidingWindow, bucket.SlidingLog:
+		return true
+	}
+	return false
 }

@@ -82,6 +82,9 @@ type Config struct {
 	// probeAlways reads the tokens left after every fully admitted batch
 	// from the bucket, without the shortcuts (a test holds them to it).
 	probeAlways bool
+	// noWindowRule charges window counts at the current share, as nodes
+	// did before the rule (a test shows what the rule prevents).
+	noWindowRule bool
 	// Baselines also runs the three baseline models on the same stream.
 	// Default true (set NoBaselines to skip them).
 	NoBaselines bool
@@ -182,11 +185,15 @@ func (c Config) withDefaults() (Config, error) {
 
 // Figures are the measured outcome of one model on the request stream.
 type Figures struct {
-	Overshoot1s    float64 `json:"overshoot_1s"`
-	Overshoot10s   float64 `json:"overshoot_10s"`
-	Overshoot60s   float64 `json:"overshoot_60s"`
-	UnderAdmission float64 `json:"under_admission"`
-	Admitted       int64   `json:"admitted"`
+	Overshoot1s  float64 `json:"overshoot_1s"`
+	Overshoot10s float64 `json:"overshoot_10s"`
+	Overshoot60s float64 `json:"overshoot_60s"`
+	// OvershootWindow, for a window algorithm, is max over the policy's
+	// aligned windows of admitted/C − 1, floored at 0: what the regions
+	// together admitted in one window beyond its budget.
+	OvershootWindow float64 `json:"overshoot_window,omitempty"`
+	UnderAdmission  float64 `json:"under_admission"`
+	Admitted        int64   `json:"admitted"`
 }
 
 // Series is admitted requests per second per region over time.
@@ -310,6 +317,8 @@ type demand struct {
 // for a token bucket, 32 bytes per bucket.
 type model struct {
 	states   [][]bucket.TokenState // per store, per subject; nil for the system (its buckets are in engine.sub)
+	wstates  [][]bucket.State      // the same for a window algorithm (the system's included)
+	aligned  *alignedWindows       // window algorithms: counts per aligned window
 	win      *windows
 	admitted int64
 	calls    int64       // decisions the batches would ask of a Store (batchCalls)
@@ -333,6 +342,18 @@ func newModel(stores, subjects int, widths []int64, limits []float64, queue int)
 	for i := range m.states {
 		m.states[i] = make([]bucket.TokenState, subjects)
 	}
+	return m
+}
+
+// windowed makes m decide a window algorithm in stores stores (for the
+// system, one per region) and count per aligned window of width ticks.
+func (m *model) windowed(stores, subjects int, width int64) *model {
+	m.states = nil
+	m.wstates = make([][]bucket.State, stores)
+	for i := range m.wstates {
+		m.wstates[i] = make([]bucket.State, subjects)
+	}
+	m.aligned = newAlignedWindows(subjects, width)
 	return m
 }
 
@@ -424,6 +445,13 @@ type engine struct {
 	upAt     []time.Duration // per region: when it last came back (0: up from the start)
 	maxSum   float64
 
+	// Window algorithms: the node's rule (a window's count is charged at
+	// the lowest share the region held since the count's window began)
+	// needs each region's applied allocations since then.
+	windowed   bool
+	shareHist  [][]appliedAt // per region, oldest first
+	windowRule bool          // apply the rule (a test turns it off)
+
 	sys      *model   // nil when only the baselines run
 	base     *baseRun // baselines shared from a pass over the same stream, or nil
 	own      *baseRun // baselines decided here, for the subjects ownSel picks, or nil
@@ -507,7 +535,7 @@ func run(cfg Config, base *baseRun, rec *recording, sys bool) (*Result, error) {
 func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 	sc := cfg.Scenario
 	n := sc.Regions
-	prep, err := bucket.Prepare(idealLimits(sc.Capacity, sc.RefillPerSecond, cfg.Allocator.Overcommit))
+	prep, err := bucket.Prepare(sc.limits(cfg.Allocator.Overcommit))
 	if err != nil {
 		return nil, fmt.Errorf("sim: scenario %q limits: %w", sc.Name, err)
 	}
@@ -536,7 +564,7 @@ func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 	tickS := e.tick.Seconds()
 	for _, s := range windowSeconds {
 		e.windowsW = append(e.windowsW, int64(s/tickS+0.5))
-		e.windowsL = append(e.windowsL, float64(sc.Capacity)+sc.RefillPerSecond*s)
+		e.windowsL = append(e.windowsL, sc.mostAdmitted(s))
 	}
 	first := &allocation{def: make([]float64, n), overrides: map[int32][]float64{}}
 	if cfg.InitialShares != nil && len(cfg.InitialShares) != n {
@@ -585,8 +613,18 @@ func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 	e.pressuredJ = make([][]int32, n)
 	e.stamp = make([]uint64, sc.Subjects)
 	room := e.queueRoom()
+	e.windowed = sc.windowed()
+	width := int64(time.Duration(sc.Window) / e.tick)
 	if sys {
 		e.sys = newModel(0, sc.Subjects, e.windowsW, e.windowsL, room)
+		if e.windowed {
+			e.sys.windowed(n, sc.Subjects, width)
+			e.windowRule = !cfg.noWindowRule
+			e.shareHist = make([][]appliedAt, n)
+			for r := range e.shareHist {
+				e.shareHist[r] = []appliedAt{{at: 0, a: e.applied[r]}}
+			}
+		}
 	}
 	seconds := int(time.Duration(sc.Duration)/time.Second) + 1
 	ticks := int64(time.Duration(sc.Duration) / e.tick)
@@ -602,6 +640,11 @@ func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 			static:         newModel(n, sc.Subjects, e.windowsW, e.windowsL, room),
 			perSecondIdeal: make([]int64, seconds),
 			seriesIdeal:    make([]float64, bins),
+		}
+		if e.windowed {
+			e.own.ideal.windowed(1, sc.Subjects, width)
+			e.own.independent.windowed(n, sc.Subjects, width)
+			e.own.static.windowed(n, sc.Subjects, width)
 		}
 	}
 	e.perSecondSys = make([]int64, seconds)
@@ -687,6 +730,9 @@ func (e *engine) setApplied(r int, a *allocation) {
 	}
 	e.applied[r] = a
 	e.defShare[r] = newDef
+	if e.windowed && e.sys != nil {
+		e.recordApplied(r, a)
+	}
 }
 
 func (e *engine) push(ev *event) {
@@ -813,7 +859,11 @@ func (e *engine) decide(r int, t int64, j int32, fresh int64) {
 	e.offered += n
 	sr := &e.sub[r][j]
 	a, p := n, int64(0)
-	if e.sys != nil {
+	if e.sys != nil && e.windowed {
+		a, p = e.takeWindow(e.sys, &e.sys.wstates[r][j], e.windowShare(r, j), t, j, n)
+		e.perSecondSys[e.sec] += a
+		e.seriesRegion[r][e.bin] += float64(a)
+	} else if e.sys != nil {
 		share, lim := sr.ovr, &e.ovrLim[r]
 		if share != share { // NaN: the region's default
 			share, lim = e.defShare[r], &e.defLim[r]
@@ -828,7 +878,13 @@ func (e *engine) decide(r int, t int64, j int32, fresh int64) {
 		e.seriesRegion[r][e.bin] += float64(a)
 		p = e.pressured(sr, r, lim, share, full, n, a)
 	}
-	if o := e.own; o != nil && (e.ownSel == ownAll || (e.retryOf[j] > 0) == (e.ownSel == ownRetrying)) {
+	if o := e.own; o != nil && e.windowed && (e.ownSel == ownAll || (e.retryOf[j] > 0) == (e.ownSel == ownRetrying)) {
+		b, _ := e.takeWindow(o.ideal, &o.ideal.wstates[0][j], 1, t, j, n)
+		o.perSecondIdeal[e.sec] += b
+		o.seriesIdeal[e.bin] += float64(b)
+		e.takeWindow(o.independent, &o.independent.wstates[r][j], 1, t, j, n)
+		e.takeWindow(o.static, &o.static.wstates[r][j], 1/float64(e.n), t, j, n)
+	} else if o := e.own; o != nil && (e.ownSel == ownAll || (e.retryOf[j] > 0) == (e.ownSel == ownRetrying)) {
 		b := e.take(o.ideal, &o.ideal.states[0][j], &o.ideal.lim, 1, t, j, n)
 		o.perSecondIdeal[e.sec] += b
 		o.seriesIdeal[e.bin] += float64(b)

@@ -97,5 +97,9 @@ func (m *model) merged(o *model) *model {
 	for k := range w.best {
 		w.best[k] = max(m.win.best[k], o.win.best[k])
 	}
-	return &model{win: w, admitted: m.admitted + o.admitted, calls: m.calls + o.calls}
+	out := &model{win: w, admitted: m.admitted + o.admitted, calls: m.calls + o.calls}
+	if m.aligned != nil && o.aligned != nil {
+		out.aligned = &alignedWindows{best: max(m.aligned.best, o.aligned.best)}
+	}
+	return out
 }

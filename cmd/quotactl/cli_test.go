@@ -27,6 +27,10 @@ const policyDoc = `policies:
     rate: 600/minute
     min_share:
       default: 0.05
+  - name: windowed
+    algorithm: fixed_window
+    capacity: 600
+    window: 1m
 `
 
 type harness struct {
@@ -66,8 +70,9 @@ func start(t *testing.T) *harness {
 		}
 		t.Cleanup(r.Kill)
 		// One pressured subject offering half of the policy's 10/s.
-		if err := r.Report(ctx, time.Second, map[string]etcdlayout.PolicyDemand{"exports": {Offered: 8, Admitted: 7,
-			Pressured: []etcdlayout.SubjectDemand{{Subject: "acme", Offered: 5, Admitted: 4, Denied: true}}}}); err != nil {
+		pressured := []etcdlayout.SubjectDemand{{Subject: "acme", Offered: 5, Admitted: 4, Denied: true}}
+		if err := r.Report(ctx, time.Second, map[string]etcdlayout.PolicyDemand{"exports": {Offered: 8, Admitted: 7, Pressured: pressured},
+			"windowed": {Offered: 8, Admitted: 7, Pressured: pressured}}); err != nil {
 			t.Fatal(err)
 		}
 		actx, stopAck := context.WithCancel(context.Background())
@@ -123,7 +128,7 @@ func TestEveryCommand(t *testing.T) {
 			RefillPerSecond float64
 		}
 	}
-	if err := json.Unmarshal([]byte(h.must("policy", "list", "-o", "json")), &list); err != nil || len(list.Policies) != 1 || list.Policies[0].RefillPerSecond != 10 {
+	if err := json.Unmarshal([]byte(h.must("policy", "list", "-o", "json")), &list); err != nil || len(list.Policies) != 2 || list.Policies[0].RefillPerSecond != 10 {
 		t.Fatalf("list json: %+v %v", list, err)
 	}
 	if out := h.must("policy", "show", "exports"); !strings.Contains(out, "rate: 600/minute") {
@@ -177,6 +182,12 @@ func TestEveryCommand(t *testing.T) {
 	if err := json.Unmarshal([]byte(h.must("dry-run", "exports", "-o", "json")), &dry); err != nil || dry.Prediction == nil ||
 		dry.Prediction.SimulatedS != 600 || dry.Prediction.SubjectDemand["eu"] != 0.5 {
 		t.Fatalf("dry-run json prediction: %+v %v", dry.Prediction, err)
+	}
+	// A window policy is simulated too (10/s: acme offers half of it).
+	dry.Prediction = nil
+	if err := json.Unmarshal([]byte(h.must("dry-run", "windowed", "-o", "json")), &dry); err != nil || dry.Prediction == nil ||
+		dry.Prediction.SubjectDemand["eu"] != 0.5 {
+		t.Fatalf("dry-run of a fixed window: prediction %+v %v", dry.Prediction, err)
 	}
 	if _, err := json.Marshal(h.must("dry-run", "exports", "-o", "json")); err != nil {
 		t.Fatal(err)

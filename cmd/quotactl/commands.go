@@ -145,8 +145,8 @@ func newDryRunCmd(o *options) *cobra.Command {
 					fmt.Fprintf(w, "%s\t%.4f\t%.4f\t%+.4f\t%.3f\n", s.Region, s.Current, s.Proposed, s.Proposed-s.Current, s.Demand)
 				}
 				if p := r.Prediction; p != nil {
-					fmt.Fprintf(w, "predicted by the simulator (%.0fs of the hottest reported subject): overshoot 1s=%.4f 10s=%.4f 60s=%.4f, under-admission %.4f, max Σ shares %.4f\n",
-						p.SimulatedS, p.Overshoot_1S, p.Overshoot_10S, p.Overshoot_60S, p.UnderAdmission, p.MaxShareSum)
+					fmt.Fprintf(w, "predicted by the simulator (%.0fs of the hottest reported subject): overshoot 1s=%.4f 10s=%.4f 60s=%.4f window=%.4f, under-admission %.4f, max Σ shares %.4f\n",
+						p.SimulatedS, p.Overshoot_1S, p.Overshoot_10S, p.Overshoot_60S, p.OvershootWindow, p.UnderAdmission, p.MaxShareSum)
 				}
 			})
 		}),

@@ -539,15 +539,19 @@ func (o *operator) DryRun(ctx context.Context, req *quotav1.DryRunRequest) (*quo
 const predictDuration = 10 * time.Minute
 
 // predict asks the simulator what moving from current to proposed costs
-// the policy's hottest reported subject, or returns nil when the policy is
-// not a token bucket the simulator models.
+// the policy's hottest reported subject (any algorithm), or returns nil
+// when the policy has no limits to simulate.
 func predict(p *policy.Policy, names []string, current, proposed map[string]float64, pr rebalance.Proposal) *quotav1.Prediction {
 	l := p.Limits
-	if p.Unlimited || (l.Algorithm != "" && l.Algorithm != bucket.TokenBucket) || !(l.RefillPerSecond > 0) || len(names) == 0 || len(names) > sim.MaxScenarioRegions {
+	rate := l.RefillPerSecond
+	if l.Algorithm != "" && l.Algorithm != bucket.TokenBucket && l.Window > 0 {
+		rate = float64(l.Capacity) / l.Window.Seconds()
+	}
+	if p.Unlimited || !(rate > 0) || len(names) == 0 || len(names) > sim.MaxScenarioRegions {
 		return nil
 	}
 	sp := sim.Proposal{
-		Capacity: l.Capacity, RefillPerSecond: l.RefillPerSecond, Overcommit: l.Overcommit,
+		Capacity: l.Capacity, RefillPerSecond: rate, Overcommit: l.Overcommit, Algorithm: l.Algorithm, Window: l.Window,
 		RebalanceInterval: pr.Interval, Protocol: sim.TwoStep, Duration: predictDuration, Seed: 1,
 	}
 	if pr.Protocol == rebalance.ProtocolNaive {
@@ -555,7 +559,7 @@ func predict(p *policy.Policy, names []string, current, proposed map[string]floa
 	}
 	out := &quotav1.Prediction{SubjectDemand: map[string]float64{}, SimulatedS: predictDuration.Seconds()}
 	for _, r := range names {
-		d := pr.HottestSubject[r] / l.RefillPerSecond
+		d := pr.HottestSubject[r] / rate
 		sp.Current = append(sp.Current, current[r])
 		sp.Proposed = append(sp.Proposed, proposed[r])
 		sp.Demand = append(sp.Demand, d)
@@ -566,6 +570,7 @@ func predict(p *policy.Policy, names []string, current, proposed map[string]floa
 		return nil
 	}
 	out.Overshoot_1S, out.Overshoot_10S, out.Overshoot_60S = res.Overshoot1s, res.Overshoot10s, res.Overshoot60s
+	out.OvershootWindow = res.OvershootWindow
 	out.UnderAdmission, out.MaxShareSum = res.UnderAdmission, res.MaxShareSum
 	return out
 }

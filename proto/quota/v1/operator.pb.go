@@ -1213,9 +1213,15 @@ type Prediction struct {
 	// the policy's refill rate r (the hottest reported subject's offered rate).
 	SubjectDemand map[string]float64 `protobuf:"bytes,6,rep,name=subject_demand,json=subjectDemand,proto3" json:"subject_demand,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
 	// simulated_s is the simulated duration in seconds.
-	SimulatedS    float64 `protobuf:"fixed64,7,opt,name=simulated_s,json=simulatedS,proto3" json:"simulated_s,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	SimulatedS float64 `protobuf:"fixed64,7,opt,name=simulated_s,json=simulatedS,proto3" json:"simulated_s,omitempty"`
+	// overshoot_window, for a window algorithm (fixed window, sliding
+	// window, sliding log), is max over the policy's aligned windows of
+	// admitted / C − 1, floored at 0; 0 for a token bucket. For a window
+	// algorithm the 1s/10s/60s figures compare with C for every policy
+	// window the interval touches instead of C + r·W.
+	OvershootWindow float64 `protobuf:"fixed64,8,opt,name=overshoot_window,json=overshootWindow,proto3" json:"overshoot_window,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Prediction) Reset() {
@@ -1293,6 +1299,13 @@ func (x *Prediction) GetSubjectDemand() map[string]float64 {
 func (x *Prediction) GetSimulatedS() float64 {
 	if x != nil {
 		return x.SimulatedS
+	}
+	return 0
+}
+
+func (x *Prediction) GetOvershootWindow() float64 {
+	if x != nil {
+		return x.OvershootWindow
 	}
 	return 0
 }
@@ -2209,7 +2222,7 @@ const file_quota_v1_operator_proto_rawDesc = "" +
 	"\x04note\x18\x05 \x01(\tR\x04note\x124\n" +
 	"\n" +
 	"prediction\x18\x06 \x01(\v2\x14.quota.v1.PredictionR\n" +
-	"prediction\"\xf9\x02\n" +
+	"prediction\"\xa4\x03\n" +
 	"\n" +
 	"Prediction\x12!\n" +
 	"\fovershoot_1s\x18\x01 \x01(\x01R\vovershoot1s\x12#\n" +
@@ -2219,7 +2232,8 @@ const file_quota_v1_operator_proto_rawDesc = "" +
 	"\rmax_share_sum\x18\x05 \x01(\x01R\vmaxShareSum\x12N\n" +
 	"\x0esubject_demand\x18\x06 \x03(\v2'.quota.v1.Prediction.SubjectDemandEntryR\rsubjectDemand\x12\x1f\n" +
 	"\vsimulated_s\x18\a \x01(\x01R\n" +
-	"simulatedS\x1a@\n" +
+	"simulatedS\x12)\n" +
+	"\x10overshoot_window\x18\b \x01(\x01R\x0fovershootWindow\x1a@\n" +
 	"\x12SubjectDemandEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"u\n" +

@@ -1,0 +1,144 @@
+package sim
+
+import (
+	"cmp"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/quotacoord/quota/bucket"
+)
+
+// limits are the bucket limits of the scenario's policy: a token bucket
+// of C and r, or C per Window; the idle TTL covers a full refill (two
+// windows), plus a minute.
+func (s *Scenario) limits(overcommit float64) bucket.Limits {
+	if !s.windowed() {
+		return idealLimits(s.Capacity, s.RefillPerSecond, overcommit)
+	}
+	w := time.Duration(s.Window)
+	return bucket.Limits{Algorithm: s.Algorithm, Capacity: s.Capacity, Window: w, IdleTTL: 2*w + time.Minute, Overcommit: overcommit}
+}
+
+// mostAdmitted is the most one global limiter of the scenario's policy
+// admits for one subject in an interval of s seconds: C + r·s for a token
+// bucket; for a window algorithm C for every aligned window the interval
+// touches (⌈s/window⌉ + 1 of them), or for the sliding log C for every
+// window length it spans.
+func (s *Scenario) mostAdmitted(seconds float64) float64 {
+	if !s.windowed() {
+		return float64(s.Capacity) + s.RefillPerSecond*seconds
+	}
+	n := math.Ceil(seconds / time.Duration(s.Window).Seconds())
+	if s.Algorithm != bucket.SlidingLog {
+		n++
+	}
+	return float64(s.Capacity) * n
+}
+
+// appliedAt is an allocation a region applied at an instant.
+type appliedAt struct {
+	at time.Duration
+	a  *allocation
+}
+
+// recordApplied adds a, applied by region r now, to r's history, which
+// keeps what the longest count of the window algorithm may reach back to
+// (two windows).
+func (e *engine) recordApplied(r int, a *allocation) {
+	h := append(e.shareHist[r], appliedAt{at: e.now, a: a})
+	keep := e.now - 2*time.Duration(e.sc.Window) - time.Second
+	first := 0
+	for first+1 < len(h) && h[first+1].at <= keep {
+		first++
+	}
+	if first > 0 {
+		h = append(h[:0], h[first:]...)
+	}
+	e.shareHist[r] = h
+}
+
+// windowShare is the share region r charges subject j's window count at:
+// the lowest it held since the count's window began
+// (bucket.Limits.CountedSince), as a regional node does; the current one
+// without the rule.
+func (e *engine) windowShare(r int, j int32) float64 {
+	h := e.shareHist[r]
+	cur := h[len(h)-1].a.share(r, j)
+	if !e.windowRule {
+		return cur
+	}
+	since, _ := e.prep.Limits().CountedSince(time.UnixMicro(e.nowUs), 0)
+	from := since.Sub(time.Unix(0, 0))
+	low := cur
+	for i := len(h) - 1; i >= 0; i-- {
+		low = math.Min(low, h[i].a.share(r, j))
+		if h[i].at <= from {
+			break
+		}
+	}
+	return low
+}
+
+// takeWindow decides n unit requests of subject j arriving together in
+// m's window-algorithm bucket st at share, one after the other, and
+// returns how many it admitted and how many a node reports as pressured
+// (denied, or leaving less than half the window's budget f·C).
+func (e *engine) takeWindow(m *model, st *bucket.State, share float64, t int64, j int32, n int64) (admitted, pressured int64) {
+	if share <= 0 {
+		return 0, n
+	}
+	share = min(share, e.maxShare)
+	now := time.UnixMicro(e.nowUs)
+	for range n {
+		d, err := st.TakeAt(now, &e.prep, share, 1)
+		if err != nil {
+			e.err = cmp.Or(e.err, fmt.Errorf("sim: bucket decision at %v: %w", e.now, err))
+			return admitted, n - admitted
+		}
+		m.calls++
+		if !d.Allowed {
+			// A denial leaves the bucket as it was, so every later unit
+			// at this instant is denied too.
+			pressured += n - admitted
+			break
+		}
+		admitted++
+		if d.Remaining < d.Limit/2 {
+			pressured++
+		}
+	}
+	if admitted > 0 {
+		m.admitted += admitted
+		m.win.add(int(j), t, admitted)
+		m.aligned.add(int(j), t, admitted)
+	}
+	return admitted, pressured
+}
+
+// alignedWindows counts each subject's admissions per aligned window of
+// width ticks and keeps the largest count.
+type alignedWindows struct {
+	width int64
+	index []int64 // per subject: the window its count is of, plus one
+	count []int64
+	best  int64
+}
+
+func newAlignedWindows(subjects int, width int64) *alignedWindows {
+	return &alignedWindows{width: max(1, width), index: make([]int64, subjects), count: make([]int64, subjects)}
+}
+
+// add records n admissions of subject j at tick t.
+func (w *alignedWindows) add(j int, t int64, n int64) {
+	if k := t/w.width + 1; w.index[j] != k {
+		w.index[j], w.count[j] = k, 0
+	}
+	w.count[j] += n
+	w.best = max(w.best, w.count[j])
+}
+
+// worst is the largest overshoot of f over every window measured.
+func (f Figures) worst() float64 {
+	return max(f.Overshoot1s, f.Overshoot10s, f.Overshoot60s, f.OvershootWindow)
+}
