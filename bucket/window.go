@@ -21,9 +21,9 @@ func (l Limits) CountedSince(now time.Time, skew time.Duration) (since time.Time
 	}
 	switch l.Algorithm {
 	case FixedWindow:
-		since = alignedStart(now, w)
+		since = WindowStart(now, w)
 	case SlidingWindow:
-		since = alignedStart(now, w).Add(-w)
+		since = WindowStart(now, w).Add(-w)
 	case SlidingLog:
 		since = now.Add(-w)
 	default:
@@ -32,10 +32,10 @@ func (l Limits) CountedSince(now time.Time, skew time.Duration) (since time.Time
 	return since.Add(-skew), true
 }
 
-// alignedStart is the start of the window of length w holding now, with
-// windows aligned to multiples of w since the Unix epoch, as the scripts
+// WindowStart is the start of the window of length w holding now, with
+// windows aligned to multiples of w since the Unix epoch, as the stores
 // align them.
-func alignedStart(now time.Time, w time.Duration) time.Time {
+func WindowStart(now time.Time, w time.Duration) time.Time {
 	us, wus := now.UnixMicro(), w.Microseconds()
 	if wus <= 0 {
 		return now

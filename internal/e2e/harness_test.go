@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/quotacoord/quota/internal/coordinator"
+	"github.com/quotacoord/quota/internal/boundcheck"
 	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/internal/etcdtest"
 	"github.com/quotacoord/quota/internal/faultproxy"
@@ -66,7 +67,18 @@ var policyDoc = []byte(`policies:
     failure_mode: closed
     min_share:
       default: 0.02
+  - name: windowed
+    description: the same budget as a fixed window of 50 per 5 seconds
+    algorithm: fixed_window
+    capacity: 50
+    window: 5s
+    failure_mode: closed
+    min_share:
+      default: 0.02
 `)
+
+// windowedPolicy is the fixed-window policy every check also asks.
+const windowedPolicy = "windowed"
 
 var layout etcdlayout.Layout
 
@@ -488,7 +500,14 @@ type driver struct {
 	mu        sync.Mutex
 	lastShare float64
 	events    []shareEvent // share transitions, at most maxEvents
+	// admitted are the admitted decisions of both policies, at most
+	// maxAdmissions, for the bound check; maxRTT is the longest call.
+	admitted []boundcheck.Admission
+	maxRTT   time.Duration
 }
+
+// maxAdmissions bounds the decisions a driver records.
+const maxAdmissions = 200_000
 
 // shareEvent is a decision whose share differs from the one before.
 type shareEvent struct {
@@ -581,11 +600,14 @@ func (d *driver) check() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), checkTimeout)
 	defer cancel()
+	d.checkWindowed(ctx, adm)
+	sent := time.Now()
 	resp, err := adm.Check(ctx, &quotav1.CheckRequest{Subject: hotSubject, Policies: []string{policyName}})
 	if err != nil || len(resp.Policies) != 1 {
 		d.failed.Add(1)
 		return
 	}
+	d.record(policyName, resp.Allowed, sent)
 	switch {
 	case resp.Degraded != "":
 		d.degraded.Add(1)
@@ -602,6 +624,27 @@ func (d *driver) check() {
 		if len(d.events) < maxEvents {
 			d.events = append(d.events, shareEvent{at: now, share: s})
 		}
+	}
+}
+
+// checkWindowed asks the fixed-window policy for the hot subject and
+// records an admission.
+func (d *driver) checkWindowed(ctx context.Context, adm quotav1.AdmissionClient) {
+	sent := time.Now()
+	resp, err := adm.Check(ctx, &quotav1.CheckRequest{Subject: hotSubject, Policies: []string{windowedPolicy}})
+	if err == nil {
+		d.record(windowedPolicy, resp.Allowed, sent)
+	}
+}
+
+// record notes a decision of policy asked at sent and answered now.
+func (d *driver) record(policy string, allowed bool, sent time.Time) {
+	now := time.Now()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.maxRTT = max(d.maxRTT, now.Sub(sent))
+	if allowed && len(d.admitted) < maxAdmissions {
+		d.admitted = append(d.admitted, boundcheck.Admission{Policy: policy, Subject: hotSubject, Region: d.r.name, At: now, Cost: 1})
 	}
 }
 

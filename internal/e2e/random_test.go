@@ -73,6 +73,7 @@ func TestRandomDemandRestartsAndFailover(t *testing.T) {
 			r.name, r.starts, s.allowed, s.denied, s.degraded, s.failed)
 	}
 	t.Logf("%d graceful restarts, %d crashes, 1 coordinator killed mid-shrink", restarts, crashes)
+	e.checkBound()
 	rep := e.replay()
 	if rep.Epochs < 6 || rep.Acks < 10 || rep.Revisions < 20 {
 		t.Fatalf("replay saw only %d revisions, %d epochs, %d acks", rep.Revisions, rep.Epochs, rep.Acks)

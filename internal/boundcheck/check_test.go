@@ -1,0 +1,89 @@
+package boundcheck
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/quotacoord/quota/bucket"
+)
+
+var t0 = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+
+// at returns n admissions of cost 1 of policy p for subject "s" by region
+// r, spread evenly over [from, from+over).
+func at(p, r string, from time.Duration, over time.Duration, n int) []Admission {
+	out := make([]Admission, n)
+	for i := range out {
+		out[i] = Admission{Policy: p, Subject: "s", Region: r, Cost: 1, At: t0.Add(from + over*time.Duration(i)/time.Duration(n))}
+	}
+	return out
+}
+
+func join(parts ...[]Admission) []Admission {
+	var out []Admission
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+func TestCheck(t *testing.T) {
+	limits := map[string]bucket.Limits{
+		"tb": {Capacity: 10, RefillPerSecond: 1},
+		"fw": {Algorithm: bucket.FixedWindow, Capacity: 60, Window: time.Minute},
+		"sl": {Algorithm: bucket.SlidingLog, Capacity: 60, Window: time.Minute},
+		"ov": {Capacity: 10, RefillPerSecond: 1, Overcommit: 0.5},
+	}
+	cases := []struct {
+		name  string
+		adms  []Admission
+		slack time.Duration
+		want  string // "" : no violation; else a substring of the first
+	}{
+		{"burst then refill", join(at("tb", "a", 0, time.Second, 10), at("tb", "b", 5*time.Second, 5*time.Second, 5)), 0, ""},
+		{"two regions each a full burst", join(at("tb", "a", 0, time.Second, 10), at("tb", "b", 0, time.Second, 10)), 0, "tb/s admitted 20"},
+		{"overcommit allows 1.5 bursts", join(at("ov", "a", 0, time.Second, 10), at("ov", "b", 0, time.Second, 5)), 0, ""},
+		{"overcommit exceeded", join(at("ov", "a", 0, time.Second, 10), at("ov", "b", 0, time.Second, 8)), 0, "ov/s admitted 18"},
+		{"fixed window within budget", join(at("fw", "a", 0, 30*time.Second, 30), at("fw", "b", 30*time.Second, 30*time.Second, 30)), 0, ""},
+		{"a window's budget again in the next window", join(at("fw", "a", 0, 30*time.Second, 60), at("fw", "b", time.Minute, 30*time.Second, 60)), 0, ""},
+		{"fixed window share grew mid-window", join(at("fw", "b", 0, 10*time.Second, 30), at("fw", "a", 20*time.Second, 30*time.Second, 48)), 0, "fw/s admitted 78"},
+		{"slack narrows the window", join(at("fw", "a", 0, time.Second, 30), at("fw", "b", 10*time.Second, 10*time.Second, 40)), 2 * time.Second, ""},
+		{"sliding log across the boundary", join(at("sl", "a", 40*time.Second, 10*time.Second, 40), at("sl", "b", 70*time.Second, 10*time.Second, 40)), 0, "sl/s admitted 80"},
+	}
+	for _, c := range cases {
+		rep, err := Check(Config{Limits: limits, Slack: c.slack, Windows: []time.Duration{time.Second, 10 * time.Second},
+			Shares: func(policy, region string, at time.Time) float64 { return 0.5 }}, c.adms)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if rep.Decisions != len(c.adms) || rep.Windows == 0 {
+			t.Errorf("%s: %d decisions, %d windows checked", c.name, rep.Decisions, rep.Windows)
+		}
+		switch {
+		case c.want == "" && len(rep.Violations) > 0:
+			t.Errorf("%s: unexpected violation %v", c.name, rep.Violations[0])
+		case c.want != "" && len(rep.Violations) == 0:
+			t.Errorf("%s: no violation, want %q", c.name, c.want)
+		case c.want != "" && !strings.Contains(rep.Violations[0].String(), c.want):
+			t.Errorf("%s: violation %v, want %q", c.name, rep.Violations[0], c.want)
+		case c.want != "" && !strings.Contains(rep.Violations[0].String(), "(share 0.500)"):
+			t.Errorf("%s: violation %v without the shares", c.name, rep.Violations[0])
+		}
+	}
+}
+
+func TestCheckRejectsBadInput(t *testing.T) {
+	limits := map[string]bucket.Limits{"tb": {Capacity: 10, RefillPerSecond: 1}}
+	for _, adms := range [][]Admission{
+		{{Policy: "other", Subject: "s", Cost: 1, At: t0}},
+		{{Policy: "tb", Subject: "s", Cost: 0, At: t0}},
+	} {
+		if _, err := Check(Config{Limits: limits}, adms); err == nil {
+			t.Errorf("Check(%+v) accepted", adms)
+		}
+	}
+	if _, err := Check(Config{Limits: limits, Slack: -time.Second}, nil); err == nil {
+		t.Error("a negative slack was accepted")
+	}
+}
