@@ -1,11 +1,13 @@
 package regionsync
 
 import (
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/quotacoord/quota/internal/clock"
 	"github.com/quotacoord/quota/internal/etcdtest"
+	"github.com/quotacoord/quota/internal/faultproxy"
 )
 
 // TestLeaseAgeIgnoresWallClockSteps: the node's wall clock is stepped back
@@ -20,9 +22,19 @@ func TestLeaseAgeIgnoresWallClockSteps(t *testing.T) {
 	putJSON(t, c, lay.Alloc("p"), alloc("p", 1, map[string]float64{"eu": 0.7, "us": 0.3}, map[string]float64{"eu": 0.2, "us": 0.2}, nil))
 	clk := clock.NewManual(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
 	const ttl = 3 * time.Second
-	s, _ := start(t, srv, Config{LeaseTTL: ttl, Clock: clk})
+	// The node reaches etcd through a proxy that can cut it off (stopping
+	// an embedded etcd revokes the leases as it closes, which the node
+	// sees as its registration deleted, a lost lease of its own).
+	proxy, err := faultproxy.Start(faultproxy.Config{Target: strings.TrimPrefix(srv.Endpoints[0], "http://"), Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	s, _ := startOn(t, []string{"http://" + proxy.Addr()}, Config{LeaseTTL: ttl, Clock: clk})
 	waitFor(t, 5*time.Second, "never ready", s.Ready)
-	srv.Stop()
+	if err := proxy.SetMode(faultproxy.Blackhole); err != nil {
+		t.Fatal(err)
+	}
 	clk.Advance(-time.Hour)
 	if got := s.Share("p", "x"); got != 0.7 {
 		t.Fatalf("share %v right after the wall clock stepped back, want 0.7 (the lease is still young)", got)
@@ -41,7 +53,7 @@ func TestLeaseAgeIgnoresWallClockSteps(t *testing.T) {
 	}
 	// The check dropped the lease: once etcd is back, the node registers
 	// under a new one and enforces the published share again.
-	if err := srv.Restart(); err != nil {
+	if err := proxy.SetMode(faultproxy.Pass); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "published share not back after etcd returned", func() bool {

@@ -37,7 +37,11 @@ func (r *regionNodes) events(evs []*clientv3.Event) {
 	prefix := r.s.cfg.Layout.RegionNodes(r.s.cfg.Region)
 	for _, ev := range evs {
 		if ev.Type == clientv3.EventTypeDelete {
-			delete(r.names, etcdlayout.Name(prefix, string(ev.Kv.Key)))
+			name := etcdlayout.Name(prefix, string(ev.Kv.Key))
+			delete(r.names, name)
+			if name == r.s.cfg.Node {
+				r.s.registrationGone(ev.Kv.ModRevision)
+			}
 			continue
 		}
 		r.add(prefix, string(ev.Kv.Key))

@@ -76,7 +76,13 @@ const testNode = "n1"
 // start runs a Syncer for region against srv until the test ends.
 func start(t *testing.T, srv *etcdtest.Server, cfg Config) (*Syncer, context.CancelFunc) {
 	t.Helper()
-	c, err := Dial(srv.Endpoints)
+	return startOn(t, srv.Endpoints, cfg)
+}
+
+// startOn is start with the syncer's client dialed to endpoints.
+func startOn(t *testing.T, endpoints []string, cfg Config) (*Syncer, context.CancelFunc) {
+	t.Helper()
+	c, err := Dial(endpoints)
 	if err != nil {
 		t.Fatal(err)
 	}

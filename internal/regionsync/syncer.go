@@ -25,6 +25,12 @@ var ErrNoLease = errors.New("regionsync: no lease")
 // ErrRunning reports a second call of Run.
 var ErrRunning = errors.New("regionsync: already running")
 
+// ErrNodeIDTaken reports that another process holds this node's
+// registration: two processes with one node id would share its keys and
+// its acknowledgements, so the second does not register until the first's
+// lease ends.
+var ErrNodeIDTaken = errors.New("regionsync: node id registered by another process")
+
 // Syncer keeps one region in step with etcd. See the package doc.
 type Syncer struct {
 	cfg Config
@@ -62,6 +68,10 @@ type Syncer struct {
 	// etcd's settings.
 	followTTL bool
 
+	// regRev is the etcd revision at which this node's current
+	// registration was created: a deletion of its key at a later revision
+	// means the registration was taken away (regionNodes).
+	regRev atomic.Int64
 	// nodes is the region's registered node count for Nodes, 0 before
 	// the first read.
 	nodes         atomic.Int64
@@ -386,13 +396,57 @@ func (s *Syncer) establish(ctx context.Context) (clientv3.LeaseID, error) {
 	if err != nil {
 		return 0, fmt.Errorf("encode registration: %w", err)
 	}
-	if _, err := s.cfg.Client.Put(cctx, s.cfg.Layout.Node(s.cfg.Region, s.cfg.Node), string(reg), clientv3.WithLease(lr.ID)); err != nil {
+	// Create-only: a key already there is another live process with this
+	// node id (or this node's previous incarnation, whose lease has not
+	// ended yet); this one waits for that lease to end.
+	key := s.cfg.Layout.Node(s.cfg.Region, s.cfg.Node)
+	resp, err := s.cfg.Client.Txn(cctx).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, string(reg), clientv3.WithLease(lr.ID))).
+		Else(clientv3.OpGet(key)).
+		Commit()
+	if err == nil && !resp.Succeeded {
+		holder := int64(0)
+		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+			holder = kvs[0].Lease
+		}
+		err = fmt.Errorf("%w: %s/%s is held under lease %x; each process needs its own -node-id", ErrNodeIDTaken, s.cfg.Region, s.cfg.Node, holder)
+	}
+	if err != nil {
+		s.revokeQuietly(lr.ID)
 		return 0, fmt.Errorf("register under lease %x: %w", lr.ID, err)
 	}
+	s.regRev.Store(resp.Header.Revision)
 	s.lastOK.Store(int64(sentMono))
 	s.lease.Store(int64(lr.ID))
 	s.log.Info("registered", "lease", fmt.Sprintf("%x", lr.ID), "ttl", ttl)
 	return lr.ID, nil
+}
+
+// revokeQuietly revokes lease id, which holds nothing of this node's, in
+// the background; a failure leaves it to expire by its TTL.
+func (s *Syncer) revokeQuietly(id clientv3.LeaseID) {
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), s.requestTimeout())
+		defer cancel()
+		_, _ = s.cfg.Client.Revoke(ctx, id)
+	}()
+}
+
+// registrationGone handles the deletion of this node's registration at
+// etcd revision rev: when it is the current registration (created before
+// rev) and the lease is still held, someone took it away (an operator, a
+// process with the same node id after this one's lease ended), and the
+// coordinator may already count this node's region without it. That is a
+// lost lease: safe shares at once, the lease dropped, and a new
+// registration under a new one.
+func (s *Syncer) registrationGone(rev int64) {
+	id := clientv3.LeaseID(s.lease.Load())
+	if id == 0 || rev <= s.regRev.Load() {
+		return
+	}
+	s.markLost(id, "this node's registration was deleted")
+	s.revokeQuietly(id)
 }
 
 // publishedTTL reads the lease TTL of etcd's settings: 0 when none is
