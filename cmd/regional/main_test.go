@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -20,7 +21,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // a bad flag or QUOTA_* variable exits 2 with a message naming it.
 func TestUsage(t *testing.T) {
 	var out bytes.Buffer
-	if code := daemon.Exec(t.Context(), "regional", regional.Main, []string{"-h"}, nil, &out); code != daemon.ExitOK ||
+	if code := daemon.Exec(t.Context(), "regional", run, []string{"-h"}, nil, &out); code != daemon.ExitOK ||
 		!strings.Contains(out.String(), "Usage of regional") || !strings.Contains(out.String(), "-log-level") {
 		t.Fatalf("-h: exit %d, output:\n%s", code, out.String())
 	}
@@ -34,7 +35,7 @@ func TestUsage(t *testing.T) {
 		{[]string{"-policies", "x"}, []string{"QUOTA_BREAKER_THRESHOLD=many"}, "QUOTA_BREAKER_THRESHOLD"},
 	} {
 		out.Reset()
-		code := daemon.Exec(t.Context(), "regional", regional.Main, c.args, c.env, &out)
+		code := daemon.Exec(t.Context(), "regional", run, c.args, c.env, &out)
 		if code != daemon.ExitUsage || !strings.Contains(out.String(), "regional: ") || !strings.Contains(out.String(), c.names) {
 			t.Errorf("%v %v: exit %d, output:\n%s", c.args, c.env, code, out.String())
 		}
@@ -49,7 +50,7 @@ func TestServeAndStop(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
 	go func() {
-		done <- daemon.Exec(ctx, "regional", regional.Main, []string{"-policies", "../../examples/policies", "-region", "eu-west"},
+		done <- daemon.Exec(ctx, "regional", run, []string{"-policies", "../../examples/policies", "-region", "eu-west"},
 			[]string{"QUOTA_GRPC_ADDR=127.0.0.1:0", "QUOTA_HTTP_ADDR=127.0.0.1:0", "QUOTA_JSON_LOGS=true"}, &out)
 	}()
 	deadline := time.Now().Add(10 * time.Second)
@@ -71,5 +72,29 @@ func TestServeAndStop(t *testing.T) {
 	}
 	if logs := out.String(); !strings.Contains(logs, `"@message":"policies loaded"`) || !strings.Contains(logs, `"@message":"stopped"`) {
 		t.Fatalf("JSON logs missing from the stream:\n%s", logs)
+	}
+}
+
+// TestParse: flags and QUOTA_* variables reach the DaemonConfig (a flag
+// wins over its variable), lists are split, and the logger and the
+// listening lines go to stderr.
+func TestParse(t *testing.T) {
+	var out bytes.Buffer
+	c, err := parse([]string{"-etcd", "http://a:2379, http://b:2379", "-node-id", "eu-1.pod_7", "-redis-merge", "8",
+		"-envoy-plain-keys", "tenant,path", "-unknown-policy", "deny", "-store-timeout", "20ms"},
+		[]string{"QUOTA_REGION=eu-west", "QUOTA_NODE_ID=from-env", "QUOTA_RLS_HEADERS=draft", "QUOTA_REPORT_INTERVAL=2s"}, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Region != "eu-west" || c.NodeID != "eu-1.pod_7" || c.RedisMerge != 8 || c.UnknownPolicy != regional.UnknownDeny ||
+		c.Headers != regional.HeadersDraft || c.StoreTimeout != 20*time.Millisecond || c.ReportInterval != 2*time.Second ||
+		!slices.Equal(c.EtcdEndpoints, []string{"http://a:2379", "http://b:2379"}) || !slices.Equal(c.EnvoyPlainKeys, []string{"tenant", "path"}) {
+		t.Fatalf("parsed %+v", c)
+	}
+	if c.Announce != &out || c.Logger == nil {
+		t.Fatalf("logger %v and announce %v, want both on stderr", c.Logger, c.Announce)
+	}
+	if c, err := parse(nil, []string{"QUOTA_NODE_ID=from-env"}, &out); err != nil || c.NodeID != "from-env" {
+		t.Fatalf("QUOTA_NODE_ID: %q, %v", c.NodeID, err)
 	}
 }

@@ -116,9 +116,9 @@ type RedisTLS struct {
 	CAFile, CertFile, KeyFile, ServerName string
 }
 
-// maxRedisMerge bounds DaemonConfig.RedisMerge: a merged script call holds
+// MaxRedisMerge bounds DaemonConfig.RedisMerge: a merged script call holds
 // Redis for about 11 µs per bucket (bucket.DefaultMerge).
-const maxRedisMerge = 256
+const MaxRedisMerge = 256
 
 // withDefaults returns c with defaults filled in, or an ErrConfig naming
 // the first bad field by its flag.
@@ -141,8 +141,8 @@ func (c DaemonConfig) withDefaults() (DaemonConfig, error) {
 	if c.RedisTLS != (RedisTLS{}) && c.Redis == "" {
 		return bad("-redis-tls-* flags need -redis")
 	}
-	if c.RedisMerge < 0 || c.RedisMerge > maxRedisMerge {
-		return bad("-redis-merge %d, want 0 to %d", c.RedisMerge, maxRedisMerge)
+	if c.RedisMerge < 0 || c.RedisMerge > MaxRedisMerge {
+		return bad("-redis-merge %d, want 0 to %d", c.RedisMerge, MaxRedisMerge)
 	}
 	if (c.EtcdTLS.CertFile == "") != (c.EtcdTLS.KeyFile == "") {
 		return bad("-etcd-tls-cert and -etcd-tls-key go together")

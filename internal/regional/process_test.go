@@ -21,6 +21,9 @@ func TestDaemonConfigDefaults(t *testing.T) {
 		c.ShutdownTimeout != daemon.DefaultShutdownTimeout || c.Logger == nil || !etcdlayout.ValidName(c.NodeID) {
 		t.Fatalf("defaults: %+v", c)
 	}
+	if c, err := (DaemonConfig{EtcdEndpoints: []string{"127.0.0.1:1"}, NodeID: "eu-1.pod_7"}).withDefaults(); err != nil || c.NodeID != "eu-1.pod_7" {
+		t.Fatalf("node id %q, %v", c.NodeID, err)
+	}
 	etcd := []string{"http://127.0.0.1:2379"}
 	for _, tt := range []struct {
 		name string
@@ -36,6 +39,8 @@ func TestDaemonConfigDefaults(t *testing.T) {
 		{"etcd tls half", DaemonConfig{EtcdEndpoints: etcd, EtcdTLS: tlsconfig.Etcd{CertFile: "c"}}, "-etcd-tls-cert and -etcd-tls-key"},
 		{"etcd tls without etcd", DaemonConfig{Policies: "p", EtcdTLS: tlsconfig.Etcd{CAFile: "ca"}}, "need -etcd"},
 		{"node id", DaemonConfig{EtcdEndpoints: etcd, NodeID: "a b"}, "-node-id"},
+		{"node id with a slash", DaemonConfig{EtcdEndpoints: etcd, NodeID: "a/b"}, "-node-id"},
+		{"node id too long", DaemonConfig{EtcdEndpoints: etcd, NodeID: strings.Repeat("n", etcdlayout.MaxNameLen+1)}, "-node-id"},
 		{"local buckets", DaemonConfig{Policies: "p", LocalMaxBuckets: -1}, "-local-max-buckets"},
 		{"negative store timeout", DaemonConfig{Policies: "p", StoreTimeout: -time.Millisecond}, "-store-timeout -1ms is negative"},
 		{"negative shutdown timeout", DaemonConfig{Policies: "p", ShutdownTimeout: -time.Second}, "-shutdown-timeout"},
