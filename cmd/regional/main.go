@@ -73,6 +73,8 @@ func parse(args, env []string, stderr io.Writer) (regional.DaemonConfig, error) 
 	fs.StringVar(&c.TLSCert, "tls-cert", "", "PEM certificate for the gRPC server (with -tls-key)")
 	fs.StringVar(&c.TLSKey, "tls-key", "", "PEM private key for the gRPC server")
 	fs.StringVar(&c.TLSClientCA, "tls-client-ca", "", "PEM CA bundle: require and verify client certificates")
+	fs.StringVar(&c.RedisUsername, "redis-username", "", "Redis ACL user (with -redis-password-file or QUOTA_REDIS_PASSWORD); empty = the default user")
+	fs.StringVar(&c.RedisPasswordFile, "redis-password-file", "", "file holding the Redis password (one line); or set QUOTA_REDIS_PASSWORD, never a flag")
 	fs.StringVar(&c.RedisTLS.CAFile, "redis-tls-ca", "", "PEM CA bundle: connect to Redis over TLS and verify its certificate (reloaded on change)")
 	fs.StringVar(&c.RedisTLS.CertFile, "redis-tls-cert", "", "PEM client certificate for Redis (with -redis-tls-key; mutual TLS)")
 	fs.StringVar(&c.RedisTLS.KeyFile, "redis-tls-key", "", "PEM private key of -redis-tls-cert")
@@ -94,6 +96,7 @@ func parse(args, env []string, stderr io.Writer) (regional.DaemonConfig, error) 
 	if err := daemon.Parse(fs, args, env); err != nil {
 		return c, err
 	}
+	c.RedisPassword = daemon.Secret(env, "redis-password")
 	c.EtcdEndpoints = daemon.SplitList(etcd)
 	c.EnvoyPlainKeys = daemon.SplitList(envoyPlainKeys)
 	c.UnknownPolicy, c.Headers = regional.UnknownPolicy(unknownPolicy), regional.HeaderMode(headers)

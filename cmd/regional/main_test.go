@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"slices"
 	"strings"
 	"testing"
@@ -96,5 +97,15 @@ func TestParse(t *testing.T) {
 	}
 	if c, err := parse(nil, []string{"QUOTA_NODE_ID=from-env"}, &out); err != nil || c.NodeID != "from-env" {
 		t.Fatalf("QUOTA_NODE_ID: %q, %v", c.NodeID, err)
+	}
+	// Redis credentials: the user and the password file from flags or
+	// variables, the password itself only from QUOTA_REDIS_PASSWORD.
+	c, err = parse([]string{"-redis", "10.0.0.1:6379", "-redis-username", "limiter"},
+		[]string{"QUOTA_REDIS_PASSWORD=s3cret", "QUOTA_REDIS_PASSWORD_FILE=/run/secrets/redis"}, &out)
+	if err != nil || c.RedisUsername != "limiter" || c.RedisPassword != "s3cret" || c.RedisPasswordFile != "/run/secrets/redis" {
+		t.Fatalf("redis credentials: %q %q %q, %v", c.RedisUsername, c.RedisPassword, c.RedisPasswordFile, err)
+	}
+	if _, err := parse([]string{"-redis-password", "s3cret"}, nil, io.Discard); err == nil {
+		t.Fatal("-redis-password accepted: a password on the command line")
 	}
 }

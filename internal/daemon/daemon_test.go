@@ -88,6 +88,16 @@ func TestEnvName(t *testing.T) {
 	}
 }
 
+func TestSecret(t *testing.T) {
+	env := []string{"QUOTA_REDIS_PASSWORD_FILE=/f", "QUOTA_REDIS_PASSWORD=p=w", "REDIS_PASSWORD=x"}
+	if got := Secret(env, "redis-password"); got != "p=w" {
+		t.Fatalf("Secret = %q, want p=w", got)
+	}
+	if got := Secret(env[:1], "redis-password"); got != "" {
+		t.Fatalf("Secret of an unset variable = %q", got)
+	}
+}
+
 func TestSplitList(t *testing.T) {
 	for in, want := range map[string][]string{
 		"":                          nil,

@@ -75,6 +75,24 @@ func runNode(t *testing.T, c DaemonConfig) (grpcAddr, httpAddr string, out *logb
 	return grpcAddr, httpAddr, out, stop
 }
 
+// nodeAdmission runs a node with c (runNode), stopped at the end of the
+// test, and returns an Admission client of it and the node's log.
+func nodeAdmission(t *testing.T, c DaemonConfig) (quotav1.AdmissionClient, *logbuf.Buffer) {
+	t.Helper()
+	g, _, out, stop := runNode(t, c)
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	conn, err := grpc.NewClient(g, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return quotav1.NewAdmissionClient(conn), out
+}
+
 // TestMustShow6RunWithoutRedis: the node runs from the example policy
 // files with no Redis (the in-process store) and answers checks on both
 // APIs, health and HTTP endpoints; cancelling shuts it down cleanly.

@@ -62,6 +62,13 @@ type DaemonConfig struct {
 	// RedisTLS connects to Redis over TLS (files reloaded on change); it
 	// needs Redis.
 	RedisTLS RedisTLS
+	// RedisUsername is the Redis ACL user; empty means the default user.
+	// RedisPassword is its password, or RedisPasswordFile names a file
+	// holding it (one line; read at start), not both. They work with every
+	// form of Redis; a URL may carry credentials instead, not as well.
+	// Run sends a PING at start: Redis refusing the credentials is an
+	// error (Redis unreachable is not: the failure modes decide).
+	RedisUsername, RedisPassword, RedisPasswordFile string
 	// EtcdEndpoints join the region to the coordinator's etcd. Empty runs
 	// standalone: share 1, policies from Policies.
 	EtcdEndpoints []string
@@ -140,6 +147,12 @@ func (c DaemonConfig) withDefaults() (DaemonConfig, error) {
 	}
 	if c.RedisTLS != (RedisTLS{}) && c.Redis == "" {
 		return bad("-redis-tls-* flags need -redis")
+	}
+	if c.RedisPassword != "" && c.RedisPasswordFile != "" {
+		return bad("-redis-password-file and QUOTA_REDIS_PASSWORD both give the Redis password")
+	}
+	if (c.RedisUsername != "" || c.RedisPassword != "" || c.RedisPasswordFile != "") && c.Redis == "" {
+		return bad("-redis-username, -redis-password-file and QUOTA_REDIS_PASSWORD need -redis")
 	}
 	if c.RedisMerge < 0 || c.RedisMerge > MaxRedisMerge {
 		return bad("-redis-merge %d, want 0 to %d", c.RedisMerge, MaxRedisMerge)
@@ -238,7 +251,7 @@ func Run(ctx context.Context, c DaemonConfig) error {
 		if err != nil {
 			return err
 		}
-		rc, err := redisClient(c.Redis, c.StoreTimeout, rtls)
+		rc, err := openRedis(ctx, c, rtls, log)
 		if err != nil {
 			return err
 		}

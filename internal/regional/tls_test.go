@@ -10,7 +10,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/quotacoord/quota/internal/redistest"
 	"github.com/quotacoord/quota/internal/testca"
@@ -139,18 +138,8 @@ func TestRedisTLS(t *testing.T) {
 		{"wrong server name", tlsAddr, RedisTLS{CAFile: caFile, CertFile: ccert, KeyFile: ckey, ServerName: "redis.example"}, "closed"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			g, _, out, stop := runNode(t, DaemonConfig{Redis: tt.redis, RedisTLS: tt.tls, Policies: pol, StoreTimeout: 2 * time.Second})
-			defer func() {
-				if err := stop(); err != nil {
-					t.Error(err)
-				}
-			}()
-			conn, err := grpc.NewClient(g, grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
-			r, err := quotav1.NewAdmissionClient(conn).Check(ctxT(t), &quotav1.CheckRequest{Subject: subject, Policies: []string{"tls-closed"}})
+			adm, out := nodeAdmission(t, DaemonConfig{Redis: tt.redis, RedisTLS: tt.tls, Policies: pol, StoreTimeout: 2 * time.Second})
+			r, err := adm.Check(ctxT(t), &quotav1.CheckRequest{Subject: subject, Policies: []string{"tls-closed"}})
 			if err != nil {
 				t.Fatal(err)
 			}
