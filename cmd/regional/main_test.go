@@ -76,11 +76,20 @@ func TestServeAndStop(t *testing.T) {
 	}
 }
 
-// TestParse: flags and QUOTA_* variables reach the DaemonConfig (a flag
-// wins over its variable), lists are split, and the logger and the
+// TestParse: the defaults are safe (HTTP on loopback, no reflection,
+// traces over TLS); flags and QUOTA_* variables reach the DaemonConfig (a
+// flag wins over its variable), lists are split, and the logger and the
 // listening lines go to stderr.
 func TestParse(t *testing.T) {
 	var out bytes.Buffer
+	d, err := parse(nil, nil, &out)
+	if err != nil || d.HTTPAddr != "127.0.0.1:8080" || d.GRPCAddr != ":8081" || d.GRPCReflection || d.OTLPInsecure {
+		t.Fatalf("defaults: %+v, %v", d, err)
+	}
+	d, err = parse([]string{"-http-addr", ":8080", "-grpc-reflection", "-otlp-endpoint", "otel:4317", "-otlp-insecure"}, nil, &out)
+	if err != nil || d.HTTPAddr != ":8080" || !d.GRPCReflection || !d.OTLPInsecure || d.OTLPEndpoint != "otel:4317" {
+		t.Fatalf("opened: %+v, %v", d, err)
+	}
 	c, err := parse([]string{"-etcd", "http://a:2379, http://b:2379", "-node-id", "eu-1.pod_7", "-redis-merge", "8",
 		"-envoy-plain-keys", "tenant,path", "-unknown-policy", "deny", "-store-timeout", "20ms"},
 		[]string{"QUOTA_REGION=eu-west", "QUOTA_NODE_ID=from-env", "QUOTA_RLS_HEADERS=draft", "QUOTA_REPORT_INTERVAL=2s"}, &out)

@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
+	"google.golang.org/grpc/reflection"
 )
 
 // DefaultShutdownTimeout is Servers.ShutdownTimeout when zero.
@@ -43,6 +44,10 @@ type Servers struct {
 	// Health is GRPC's health service; when the daemon stops it reports
 	// NOT_SERVING for every service before connections drain. May be nil.
 	Health *health.Server
+	// Reflection registers gRPC server reflection on GRPC (the
+	// -grpc-reflection flag): it lists every service and message to
+	// anyone who reaches the port, so it is off unless asked for.
+	Reflection bool
 	// ShutdownTimeout bounds each graceful stop, gRPC's and HTTP's; then
 	// open connections are closed. Default DefaultShutdownTimeout.
 	ShutdownTimeout time.Duration
@@ -64,6 +69,9 @@ func Serve(ctx context.Context, s Servers) error {
 	}
 	if s.Logger == nil {
 		s.Logger = hclog.NewNullLogger()
+	}
+	if s.Reflection {
+		reflection.Register(s.GRPC)
 	}
 	if s.Announce != nil {
 		fmt.Fprintf(s.Announce, "grpc listening on %s\nhttp listening on %s\n", s.GRPCListener.Addr(), s.HTTPListener.Addr())

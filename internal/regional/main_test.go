@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -75,11 +76,18 @@ func runNode(t *testing.T, c DaemonConfig) (grpcAddr, httpAddr string, out *logb
 	return grpcAddr, httpAddr, out, stop
 }
 
-// nodeAdmission runs a node with c (runNode), stopped at the end of the
-// test, and returns an Admission client of it and the node's log.
-func nodeAdmission(t *testing.T, c DaemonConfig) (quotav1.AdmissionClient, *logbuf.Buffer) {
+// nodeAdmission runs a node with c (runNode) and returns an Admission
+// client of it, the node's log and a function that stops it earlier than
+// the end of the test and returns Run's error.
+func nodeAdmission(t *testing.T, c DaemonConfig) (quotav1.AdmissionClient, *logbuf.Buffer, func() error) {
 	t.Helper()
-	g, _, out, stop := runNode(t, c)
+	g, _, out, stopNode := runNode(t, c)
+	var once sync.Once
+	var stopErr error
+	stop := func() error {
+		once.Do(func() { stopErr = stopNode() })
+		return stopErr
+	}
 	t.Cleanup(func() {
 		if err := stop(); err != nil {
 			t.Error(err)
@@ -90,7 +98,7 @@ func nodeAdmission(t *testing.T, c DaemonConfig) (quotav1.AdmissionClient, *logb
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return quotav1.NewAdmissionClient(conn), out
+	return quotav1.NewAdmissionClient(conn), out, stop
 }
 
 // TestMustShow6RunWithoutRedis: the node runs from the example policy

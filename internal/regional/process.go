@@ -23,7 +23,6 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/reflection"
 
 	"github.com/quotacoord/quota/bucket"
 	"github.com/quotacoord/quota/internal/clock"
@@ -46,10 +45,14 @@ type DaemonConfig struct {
 	// Default regionsync.DefaultNodeID() (the host name plus a random
 	// suffix).
 	NodeID string
-	// GRPCAddr serves the Admission API, Envoy's RLS, health and
-	// reflection; default ":8081".
+	// GRPCAddr serves the Admission API, Envoy's RLS and health (and
+	// reflection with GRPCReflection); default ":8081".
 	GRPCAddr string
-	// HTTPAddr serves /metrics, /healthz and /readyz; default ":8080".
+	// GRPCReflection turns gRPC server reflection on; default off.
+	GRPCReflection bool
+	// HTTPAddr serves /metrics, /healthz and /readyz; default
+	// "127.0.0.1:8080", loopback: metrics are for the host's scraper
+	// unless an address is given (the deploy manifests give ":8080").
 	HTTPAddr string
 	// Redis is the primary store: host:port, a redis:// or rediss:// URL,
 	// or comma-separated cluster seeds. Empty uses the in-process store
@@ -93,9 +96,11 @@ type DaemonConfig struct {
 	SubjectSalt      string
 	EnvoyPlainKeys   []string
 	DecisionLogEvery int
-	// OTLPEndpoint (host:port) receives traces over OTLP gRPC; empty turns
+	// OTLPEndpoint (host:port) receives traces over OTLP gRPC with TLS
+	// (the system roots), or in plaintext with OTLPInsecure; empty turns
 	// tracing off.
 	OTLPEndpoint string
+	OTLPInsecure bool
 	// TLSCert and TLSKey serve gRPC over TLS; TLSClientCA then requires
 	// client certificates from it. Files are reloaded on change.
 	TLSCert, TLSKey, TLSClientCA string
@@ -163,6 +168,9 @@ func (c DaemonConfig) withDefaults() (DaemonConfig, error) {
 	if c.EtcdTLS.Enabled() && len(c.EtcdEndpoints) == 0 {
 		return bad("-etcd-tls-* flags need -etcd")
 	}
+	if c.OTLPInsecure && c.OTLPEndpoint == "" {
+		return bad("-otlp-insecure needs -otlp-endpoint")
+	}
 	if c.NodeID == "" {
 		c.NodeID = regionsync.DefaultNodeID()
 	}
@@ -197,7 +205,7 @@ func (c DaemonConfig) withDefaults() (DaemonConfig, error) {
 		c.GRPCAddr = ":8081"
 	}
 	if c.HTTPAddr == "" {
-		c.HTTPAddr = ":8080"
+		c.HTTPAddr = "127.0.0.1:8080"
 	}
 	if c.LocalMaxBuckets == 0 {
 		c.LocalMaxBuckets = 100000
@@ -207,6 +215,9 @@ func (c DaemonConfig) withDefaults() (DaemonConfig, error) {
 	}
 	return c, nil
 }
+
+// otlpExportTimeout bounds one export of spans to the OTLP collector.
+const otlpExportTimeout = 3 * time.Second
 
 // Run runs one regional node until ctx is done, then shuts down
 // gracefully: health turns NOT_SERVING, in-flight checks finish (within
@@ -227,16 +238,25 @@ func Run(ctx context.Context, c DaemonConfig) error {
 
 	var tp trace.TracerProvider = noop.NewTracerProvider()
 	if c.OTLPEndpoint != "" {
-		exp, err := otlptracegrpc.New(ctx, otlptracegrpc.WithEndpoint(c.OTLPEndpoint), otlptracegrpc.WithInsecure())
+		// An export (retries included) ends within otlpExportTimeout, so
+		// the flush at shutdown ends within its own budget and leaves no
+		// exporter goroutine behind, even when the collector never answers.
+		opts := []otlptracegrpc.Option{otlptracegrpc.WithEndpoint(c.OTLPEndpoint), otlptracegrpc.WithTimeout(otlpExportTimeout)}
+		if c.OTLPInsecure {
+			opts = append(opts, otlptracegrpc.WithInsecure())
+		}
+		exp, err := otlptracegrpc.New(ctx, opts...)
 		if err != nil {
 			return fmt.Errorf("regional: OTLP exporter: %w", err)
 		}
 		res, _ := sdkresource.Merge(sdkresource.Default(), sdkresource.NewSchemaless())
 		sdk := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
 		cleanup.Push(func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			sctx, cancel := context.WithTimeout(context.Background(), otlpExportTimeout+2*time.Second)
 			defer cancel()
-			_ = sdk.Shutdown(sctx)
+			if err := sdk.Shutdown(sctx); err != nil {
+				log.Warn("last trace export failed", "error", err)
+			}
 		})
 		tp = sdk
 	}
@@ -321,13 +341,12 @@ func Run(ctx context.Context, c DaemonConfig) error {
 	n.Register(gs)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
-	reflection.Register(gs)
 
 	gl, hl, err := daemon.Listen(c.GRPCAddr, c.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("regional: %w", err)
 	}
-	servers := daemon.Servers{GRPC: gs, GRPCListener: gl, HTTPListener: hl, Health: hs,
+	servers := daemon.Servers{GRPC: gs, GRPCListener: gl, HTTPListener: hl, Health: hs, Reflection: c.GRPCReflection,
 		HTTP:            &http.Server{Handler: n.Handler(reg), ReadHeaderTimeout: 5 * time.Second},
 		ShutdownTimeout: c.ShutdownTimeout, Announce: c.Announce, Logger: log}
 

@@ -16,7 +16,7 @@ func TestDaemonConfigDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Region != "local" || c.GRPCAddr != ":8081" || c.HTTPAddr != ":8080" || c.LocalMaxBuckets != 100000 ||
+	if c.Region != "local" || c.GRPCAddr != ":8081" || c.HTTPAddr != "127.0.0.1:8080" || c.GRPCReflection || c.OTLPInsecure || c.LocalMaxBuckets != 100000 ||
 		c.StoreTimeout != 5*time.Millisecond || c.ReportInterval != 5*time.Second || c.ReloadSettle != 200*time.Millisecond ||
 		c.ShutdownTimeout != daemon.DefaultShutdownTimeout || c.Logger == nil || !etcdlayout.ValidName(c.NodeID) {
 		t.Fatalf("defaults: %+v", c)
@@ -36,6 +36,7 @@ func TestDaemonConfigDefaults(t *testing.T) {
 		{"redis tls half", DaemonConfig{Policies: "p", Redis: "r:1", RedisTLS: RedisTLS{KeyFile: "k"}}, "-redis-tls-cert and -redis-tls-key"},
 		{"redis tls without redis", DaemonConfig{Policies: "p", RedisTLS: RedisTLS{ServerName: "r"}}, "need -redis"},
 		{"redis merge", DaemonConfig{Policies: "p", RedisMerge: 257}, "want 0 to 256"},
+		{"plaintext OTLP without OTLP", DaemonConfig{Policies: "p", OTLPInsecure: true}, "-otlp-insecure needs -otlp-endpoint"},
 		{"password twice", DaemonConfig{Policies: "p", Redis: "r:1", RedisPassword: "x", RedisPasswordFile: "f"}, "both give the Redis password"},
 		{"credentials without redis", DaemonConfig{Policies: "p", RedisUsername: "u"}, "need -redis"},
 		{"password without redis", DaemonConfig{Policies: "p", RedisPasswordFile: "f"}, "need -redis"},

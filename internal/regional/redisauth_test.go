@@ -42,7 +42,7 @@ func TestRedisAuth(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			tt.c.Policies, tt.c.StoreTimeout = pol, 2*time.Second
-			adm, out := nodeAdmission(t, tt.c)
+			adm, out, _ := nodeAdmission(t, tt.c)
 			r, err := adm.Check(ctxT(t), &quotav1.CheckRequest{Subject: redistest.Unique(t), Policies: []string{"auth-closed"}})
 			if err != nil || !r.Allowed || r.Degraded != "" {
 				t.Fatalf("check: %v, %v\n%s", r, err, out.String())

@@ -138,7 +138,7 @@ func TestRedisTLS(t *testing.T) {
 		{"wrong server name", tlsAddr, RedisTLS{CAFile: caFile, CertFile: ccert, KeyFile: ckey, ServerName: "redis.example"}, "closed"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			adm, out := nodeAdmission(t, DaemonConfig{Redis: tt.redis, RedisTLS: tt.tls, Policies: pol, StoreTimeout: 2 * time.Second})
+			adm, out, _ := nodeAdmission(t, DaemonConfig{Redis: tt.redis, RedisTLS: tt.tls, Policies: pol, StoreTimeout: 2 * time.Second})
 			r, err := adm.Check(ctxT(t), &quotav1.CheckRequest{Subject: subject, Policies: []string{"tls-closed"}})
 			if err != nil {
 				t.Fatal(err)
