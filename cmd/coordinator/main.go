@@ -86,6 +86,7 @@ func parse(args, env []string, stderr io.Writer) (coordinator.Config, error) {
 	fs.Float64Var(&alpha, "smoothing", 0.5, "demand smoothing factor in (0, 1]")
 	fs.IntVar(&maxOverrides, "max-overrides", 64, "subject overrides per policy")
 	fs.StringVar(&protocol, "protocol", string(rebalance.ProtocolTwoStep), "two-step or naive (unsafe, for comparison)")
+	fs.DurationVar(&cfg.Drain, "drain", 0, "on SIGTERM, how long to keep serving with gRPC health NOT_SERVING before the graceful stop")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", daemon.DefaultShutdownTimeout, "how long a graceful shutdown may take")
 	logs.Register(fs)
 	if err := daemon.Parse(fs, args, env); err != nil {

@@ -3,20 +3,39 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/quotacoord/quota/internal/daemon"
 	"github.com/quotacoord/quota/internal/logbuf"
 	"github.com/quotacoord/quota/internal/regional"
+	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// runMainEnv set to 1 makes the test binary run the command's main
+// instead of the tests (TestSIGTERMDrains starts it so).
+const runMainEnv = "REGIONAL_TEST_RUN_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(runMainEnv) == "1" {
+		main()
+		return
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // TestUsage runs the node as main does: -h prints the usage and exits 0,
 // a bad flag or QUOTA_* variable exits 2 with a message naming it.
@@ -52,7 +71,7 @@ func TestServeAndStop(t *testing.T) {
 	done := make(chan int, 1)
 	go func() {
 		done <- daemon.Exec(ctx, "regional", run, []string{"-policies", "../../examples/policies", "-region", "eu-west"},
-			[]string{"QUOTA_GRPC_ADDR=127.0.0.1:0", "QUOTA_HTTP_ADDR=127.0.0.1:0", "QUOTA_JSON_LOGS=true"}, &out)
+			[]string{"QUOTA_GRPC_ADDR=127.0.0.1:0", "QUOTA_HTTP_ADDR=127.0.0.1:0", "QUOTA_JSON_LOGS=true", "QUOTA_DRAIN=0s"}, &out)
 	}()
 	deadline := time.Now().Add(10 * time.Second)
 	for !strings.Contains(out.String(), "http listening on 127.0.0.1:") {
@@ -116,5 +135,92 @@ func TestParse(t *testing.T) {
 	}
 	if _, err := parse([]string{"-redis-password", "s3cret"}, nil, io.Discard); err == nil {
 		t.Fatal("-redis-password accepted: a password on the command line")
+	}
+}
+
+// TestSIGTERMDrains runs the command as a process and sends it SIGTERM:
+// /readyz turns 503 at once while checks on new connections still
+// succeed for -drain, and then the process exits 0, not before.
+func TestSIGTERMDrains(t *testing.T) {
+	const drain = 2 * time.Second
+	cmd := exec.Command(os.Args[0], "-policies", "../../examples/policies", "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0",
+		"-drain", drain.String())
+	cmd.Env = append(os.Environ(), runMainEnv+"=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	var out logbuf.Buffer
+	cmd.Stderr = &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+	addrs := map[string]string{}
+	listen := regexp.MustCompile(`(grpc|http) listening on (\S+)`)
+	for deadline := time.Now().Add(10 * time.Second); len(addrs) < 2; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("never listened:\n%s", out.String())
+		}
+		for _, m := range listen.FindAllStringSubmatch(out.String(), -1) {
+			addrs[m[1]] = m[2]
+		}
+	}
+	readyz := func() (int, string) {
+		resp, err := http.Get("http://" + addrs["http"] + "/readyz")
+		if err != nil {
+			t.Fatalf("/readyz: %v\n%s", err, out.String())
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	check := func() error {
+		conn, err := grpc.NewClient(addrs["grpc"], grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		r, err := quotav1.NewAdmissionClient(conn).Check(ctx, &quotav1.CheckRequest{Subject: "acme", Policies: []string{"exports"}})
+		if err == nil && !r.Allowed {
+			err = fmt.Errorf("denied: %v", r)
+		}
+		return err
+	}
+	if code, body := readyz(); code != http.StatusOK {
+		t.Fatalf("/readyz before SIGTERM: %d %q", code, body)
+	}
+	start := time.Now()
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		code, body := readyz()
+		if code == http.StatusServiceUnavailable && body == "draining\n" {
+			break
+		}
+		if time.Since(start) > drain/2 {
+			t.Fatalf("/readyz still %d %q %v after SIGTERM", code, body, time.Since(start))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := check(); err != nil {
+		t.Fatalf("check during the drain: %v", err)
+	}
+	if d := time.Since(start); d >= drain {
+		t.Fatalf("the drain checks took %v, the whole drain: the test proves nothing", d)
+	}
+	select {
+	case err := <-exited:
+		exited <- err // for the cleanup
+		if d := time.Since(start); err != nil || d < drain {
+			t.Fatalf("exit %v after %v; want status 0 after the drain of %v\n%s", err, d, drain, out.String())
+		}
+	case <-time.After(drain + 15*time.Second):
+		t.Fatalf("still running %v after SIGTERM\n%s", time.Since(start), out.String())
 	}
 }

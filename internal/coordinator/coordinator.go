@@ -88,6 +88,10 @@ type Config struct {
 	// Rebalance configures the loop; its Client, Name, Logger and
 	// Registerer are filled in.
 	Rebalance rebalance.Config
+	// Drain is how long the servers keep serving, gRPC health
+	// NOT_SERVING, once the context ends and before the graceful stop
+	// (daemon.Servers.Drain); zero stops at once.
+	Drain time.Duration
 	// ShutdownTimeout bounds the graceful stop of each server once the
 	// context ends. Default daemon.DefaultShutdownTimeout.
 	ShutdownTimeout time.Duration
@@ -131,6 +135,9 @@ func Start(ctx context.Context, cfg Config) (*Coordinator, error) {
 	}
 	if cfg.HTTPAddr == "" {
 		cfg.HTTPAddr = "127.0.0.1:8090"
+	}
+	if cfg.Drain < 0 {
+		return nil, fmt.Errorf("%w: -drain %v is negative", ErrConfig, cfg.Drain)
 	}
 	if cfg.AuditMax <= 0 {
 		cfg.AuditMax = 1000
@@ -244,7 +251,7 @@ func Start(ctx context.Context, cfg Config) (*Coordinator, error) {
 		fmt.Fprintf(w, "ok %s\n", role)
 	})
 	servers := daemon.Servers{GRPC: gs, GRPCListener: grpcLis, HTTPListener: httpLis, Health: hs, Reflection: cfg.GRPCReflection,
-		HTTP: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, ShutdownTimeout: cfg.ShutdownTimeout,
+		HTTP: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, Drain: cfg.Drain, ShutdownTimeout: cfg.ShutdownTimeout,
 		Announce: cfg.Announce, Logger: log}
 	var wg sync.WaitGroup
 	var mu sync.Mutex

@@ -109,6 +109,11 @@ type DaemonConfig struct {
 	// ReportInterval is the demand report interval (with etcd); default
 	// 5s.
 	ReportInterval time.Duration
+	// Drain is how long the node keeps serving, not ready (Node.Drain,
+	// gRPC health NOT_SERVING), once ctx ends and before the graceful stop
+	// (daemon.Servers.Drain); zero stops at once. cmd/regional's -drain
+	// defaults to 5s.
+	Drain time.Duration
 	// ShutdownTimeout bounds each graceful stop; default
 	// daemon.DefaultShutdownTimeout.
 	ShutdownTimeout time.Duration
@@ -180,6 +185,9 @@ func (c DaemonConfig) withDefaults() (DaemonConfig, error) {
 	if c.LocalMaxBuckets < 0 {
 		return bad("-local-max-buckets %d, want at least 1", c.LocalMaxBuckets)
 	}
+	if c.Drain < 0 {
+		return bad("-drain %v is negative", c.Drain)
+	}
 	defaults := []struct {
 		v    *time.Duration
 		def  time.Duration
@@ -220,7 +228,8 @@ func (c DaemonConfig) withDefaults() (DaemonConfig, error) {
 const otlpExportTimeout = 3 * time.Second
 
 // Run runs one regional node until ctx is done, then shuts down
-// gracefully: health turns NOT_SERVING, in-flight checks finish (within
+// gracefully: health turns NOT_SERVING and /readyz 503 while the node
+// keeps serving for Drain, then in-flight checks finish (within
 // ShutdownTimeout), the last demand report is flushed and the stores
 // close. It starts goroutines for the servers, the etcd side and the
 // policy watcher and waits for all of them before returning.
@@ -347,8 +356,8 @@ func Run(ctx context.Context, c DaemonConfig) error {
 		return fmt.Errorf("regional: %w", err)
 	}
 	servers := daemon.Servers{GRPC: gs, GRPCListener: gl, HTTPListener: hl, Health: hs, Reflection: c.GRPCReflection,
-		HTTP:            &http.Server{Handler: n.Handler(reg), ReadHeaderTimeout: 5 * time.Second},
-		ShutdownTimeout: c.ShutdownTimeout, Announce: c.Announce, Logger: log}
+		HTTP:  &http.Server{Handler: n.Handler(reg), ReadHeaderTimeout: 5 * time.Second},
+		Drain: c.Drain, OnDrain: n.Drain, ShutdownTimeout: c.ShutdownTimeout, Announce: c.Announce, Logger: log}
 
 	// The node's own goroutines run until the servers stopped.
 	nctx, stopNode := context.WithCancel(ctx)

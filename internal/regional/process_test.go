@@ -37,6 +37,7 @@ func TestDaemonConfigDefaults(t *testing.T) {
 		{"redis tls without redis", DaemonConfig{Policies: "p", RedisTLS: RedisTLS{ServerName: "r"}}, "need -redis"},
 		{"redis merge", DaemonConfig{Policies: "p", RedisMerge: 257}, "want 0 to 256"},
 		{"plaintext OTLP without OTLP", DaemonConfig{Policies: "p", OTLPInsecure: true}, "-otlp-insecure needs -otlp-endpoint"},
+		{"negative drain", DaemonConfig{Policies: "p", Drain: -time.Second}, "-drain -1s is negative"},
 		{"password twice", DaemonConfig{Policies: "p", Redis: "r:1", RedisPassword: "x", RedisPasswordFile: "f"}, "both give the Redis password"},
 		{"credentials without redis", DaemonConfig{Policies: "p", RedisUsername: "u"}, "need -redis"},
 		{"password without redis", DaemonConfig{Policies: "p", RedisPasswordFile: "f"}, "need -redis"},
