@@ -1,6 +1,7 @@
 package bucket
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -22,8 +23,31 @@ var ErrRedisSpec = errors.New("bucket: invalid redis address")
 // for concurrent use.
 type RedisConn interface {
 	RedisClient
+	// Ping sends PING (PingRedis reads its reply).
+	Ping(ctx context.Context) *redis.StatusCmd
 	// Close closes every connection of the client.
 	Close() error
+}
+
+// ErrRedisAuth reports Redis refusing the client's credentials: a wrong
+// password or user name, a disabled user, a password Redis does not
+// expect, or none where Redis requires one.
+var ErrRedisAuth = errors.New("bucket: redis refused the credentials")
+
+// PingRedis sends PING on c and reports how Redis took the client's
+// credentials: nil when it answers, an error wrapping ErrRedisAuth when it
+// refuses them (a configuration error: every later call would fail the
+// same way), and the connection's own error otherwise (Redis unreachable
+// or busy, which the failure modes handle).
+func PingRedis(ctx context.Context, c RedisConn) error {
+	err := c.Ping(ctx).Err()
+	switch {
+	case err == nil:
+		return nil
+	case redis.IsAuthError(err), redis.IsPermissionError(err), redis.HasErrorPrefix(err, "ERR AUTH"):
+		return fmt.Errorf("%w: %w", ErrRedisAuth, err)
+	}
+	return fmt.Errorf("bucket: ping redis: %w", err)
 }
 
 // DialOptions configure DialRedis. The zero value keeps go-redis's defaults
@@ -40,8 +64,10 @@ type DialOptions struct {
 	// and one write; 0 keeps the URL's value or go-redis's default (5 s,
 	// 3 s, 3 s). Context deadlines are honoured as well.
 	DialTimeout, ReadTimeout, WriteTimeout time.Duration
-	// Username and Password authenticate when the address does not carry
-	// credentials (host:port and cluster addresses; a URL's own win).
+	// Username and Password authenticate every form of address (an ACL
+	// user, or the default user when Username is empty). A URL may carry
+	// them instead; a URL's user name or password given here as well is
+	// ErrRedisSpec, so that a credential is never silently dropped.
 	Username, Password string
 }
 
@@ -80,8 +106,8 @@ func DialRedis(spec string, opt DialOptions) (RedisConn, error) {
 			}
 			return nil, fmt.Errorf("%w: %s: %w", ErrRedisSpec, redactSpec(spec), err)
 		}
-		if o.Username == "" && o.Password == "" {
-			o.Username, o.Password = opt.Username, opt.Password
+		if err := mergeCredentials(o, opt); err != nil {
+			return nil, fmt.Errorf("%w: %s: %w", ErrRedisSpec, redactSpec(spec), err)
 		}
 		o.ContextTimeoutEnabled, o.MaxRetries = true, -1
 		if o.Protocol == 0 { // the URL names none
@@ -128,6 +154,24 @@ func DialRedis(spec string, opt DialOptions) (RedisConn, error) {
 			Protocol: 2, MaintNotificationsConfig: noMaint(),
 		}), nil
 	}
+}
+
+// mergeCredentials fills the user name and password a URL left out from
+// opt, and refuses one given twice.
+func mergeCredentials(o *redis.Options, opt DialOptions) error {
+	if opt.Username != "" {
+		if o.Username != "" {
+			return errors.New("the URL names a user and DialOptions.Username another")
+		}
+		o.Username = opt.Username
+	}
+	if opt.Password != "" {
+		if o.Password != "" {
+			return errors.New("the URL carries a password and DialOptions.Password another")
+		}
+		o.Password = opt.Password
+	}
+	return nil
 }
 
 // noMaint turns go-redis's maintenance notifications off: they need RESP3

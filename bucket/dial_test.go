@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -134,4 +135,104 @@ func TestDialRedisTakes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestDialRedisAuth: every address form authenticates with the default
+// user's password or an ACL user, given in DialOptions (or, for a URL, in
+// the URL), against real redis-servers that require a password; a store
+// runs on the client. A wrong or missing password or user is ErrRedisAuth
+// at PingRedis, and a credential given both in a URL and in DialOptions is
+// ErrRedisSpec.
+func TestDialRedisAuth(t *testing.T) {
+	const userPW, defaultPW = "user-s3cret", "default-s3cret"
+	one := redistest.Start(t)
+	redistest.RequireAuth(t, one.Addr, "limiter", userPW, defaultPW)
+	cluster := redistest.StartCluster(t)
+	for _, a := range cluster.Addrs {
+		redistest.RequireAuth(t, a, "limiter", userPW, defaultPW)
+	}
+	seeds := strings.Join(cluster.Addrs, ",")
+	acl := bucket.DialOptions{Username: "limiter", Password: userPW}
+	for _, tc := range []struct {
+		name string
+		spec string
+		opt  bucket.DialOptions
+		auth bool // false: ErrRedisAuth
+	}{
+		{"host:port default user", one.Addr, bucket.DialOptions{Password: defaultPW}, true},
+		{"host:port ACL user", one.Addr, acl, true},
+		{"URL with options' ACL user", "redis://" + one.Addr + "/0", acl, true},
+		{"URL with its own ACL user", "redis://limiter:" + userPW + "@" + one.Addr, bucket.DialOptions{}, true},
+		{"URL with its user, options' password", "redis://limiter@" + one.Addr, bucket.DialOptions{Password: userPW}, true},
+		{"cluster seeds default user", seeds, bucket.DialOptions{Password: defaultPW}, true},
+		{"cluster seeds ACL user", seeds, acl, true},
+		{"host:port no password", one.Addr, bucket.DialOptions{}, false},
+		{"host:port wrong password", one.Addr, bucket.DialOptions{Password: "wrong"}, false},
+		{"host:port ACL user, default's password", one.Addr, bucket.DialOptions{Username: "limiter", Password: defaultPW}, false},
+		{"host:port unknown user", one.Addr, bucket.DialOptions{Username: "nobody", Password: userPW}, false},
+		{"URL wrong password", "redis://" + one.Addr, bucket.DialOptions{Username: "limiter", Password: "wrong"}, false},
+		{"cluster seeds wrong password", seeds, bucket.DialOptions{Username: "limiter", Password: "wrong"}, false},
+		{"cluster seeds no password", seeds, bucket.DialOptions{}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := bucket.DialRedis(tc.spec, tc.opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			err = bucket.PingRedis(context.Background(), c)
+			if !tc.auth {
+				if !errors.Is(err, bucket.ErrRedisAuth) {
+					t.Fatalf("PingRedis: %v, want ErrRedisAuth", err)
+				}
+				if strings.Contains(err.Error(), "s3cret") {
+					t.Fatalf("error shows a password: %v", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("PingRedis: %v", err)
+			}
+			r := newRedis(t, c)
+			k, _ := bucket.NewKey("auth", 1, redistest.Unique(t))
+			d, err := r.Take(context.Background(), bucket.Request{Key: k, Limits: bucket.Limits{Capacity: 1, IdleTTL: time.Minute}, Share: 1, Cost: 1})
+			if err != nil || !d.Allowed {
+				t.Fatalf("take: %+v, %v", d, err)
+			}
+			if err := r.Close(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	for _, opt := range []bucket.DialOptions{{Username: "other"}, {Password: "other"}} {
+		c, err := bucket.DialRedis("redis://limiter:"+userPW+"@"+one.Addr, opt)
+		if err == nil {
+			_ = c.Close()
+			t.Fatalf("%+v beside a URL's credentials accepted", opt)
+		}
+		if !errors.Is(err, bucket.ErrRedisSpec) || strings.Contains(err.Error(), "s3cret") {
+			t.Fatalf("%+v beside a URL's credentials: %v, want ErrRedisSpec without the password", opt, err)
+		}
+	}
+	// An unreachable server is not an authentication error.
+	c, err := bucket.DialRedis(freeAddr(t), bucket.DialOptions{Password: defaultPW})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := bucket.PingRedis(context.Background(), c); err == nil || errors.Is(err, bucket.ErrRedisAuth) {
+		t.Fatalf("PingRedis of nothing: %v, want a connection error", err)
+	}
+}
+
+// freeAddr is a loopback address nothing listens on.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
 }

@@ -58,7 +58,8 @@ func parse(args, env []string, stderr io.Writer) (coordinator.Config, error) {
 	fs.StringVar(&cfg.DataDir, "data-dir", "coordinator-data", "embedded etcd data and default token file")
 	fs.StringVar(&cfg.EmbeddedEtcdAddr, "embedded-etcd-addr", "127.0.0.1:2379", "client address of the embedded etcd")
 	fs.StringVar(&cfg.GRPCAddr, "grpc-addr", "127.0.0.1:8091", "operator gRPC API address (off loopback it needs -tls-cert/-tls-key or -insecure-operator-plaintext)")
-	fs.StringVar(&cfg.HTTPAddr, "http-addr", ":8090", "/metrics and /healthz address")
+	fs.StringVar(&cfg.HTTPAddr, "http-addr", "127.0.0.1:8090", "/metrics and /healthz address; loopback unless given, e.g. :8090")
+	fs.BoolVar(&cfg.GRPCReflection, "grpc-reflection", false, "serve gRPC reflection on -grpc-addr (lists every service to anyone who reaches it)")
 	fs.StringVar(&cfg.TokenFile, "operator-token-file", "", "operator tokens, one read:TOKEN or write:TOKEN per line; created with a random write token when absent (default DATA_DIR/operator-tokens)")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "operator API TLS certificate")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "operator API TLS key")
@@ -85,6 +86,7 @@ func parse(args, env []string, stderr io.Writer) (coordinator.Config, error) {
 	fs.Float64Var(&alpha, "smoothing", 0.5, "demand smoothing factor in (0, 1]")
 	fs.IntVar(&maxOverrides, "max-overrides", 64, "subject overrides per policy")
 	fs.StringVar(&protocol, "protocol", string(rebalance.ProtocolTwoStep), "two-step or naive (unsafe, for comparison)")
+	fs.DurationVar(&cfg.Drain, "drain", 0, "on SIGTERM, how long to keep serving with gRPC health NOT_SERVING before the graceful stop")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", daemon.DefaultShutdownTimeout, "how long a graceful shutdown may take")
 	logs.Register(fs)
 	if err := daemon.Parse(fs, args, env); err != nil {

@@ -16,14 +16,16 @@ func TestParse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.GRPCAddr != "127.0.0.1:8091" || cfg.HTTPAddr != ":8090" || cfg.EmbeddedEtcdAddrOrDefault() != "127.0.0.1:2379" || len(cfg.EtcdEndpoints) != 0 {
+	// Safe defaults: both listeners on loopback, no reflection.
+	if cfg.GRPCAddr != "127.0.0.1:8091" || cfg.HTTPAddr != "127.0.0.1:8090" || cfg.GRPCReflection || cfg.EmbeddedEtcdAddrOrDefault() != "127.0.0.1:2379" || len(cfg.EtcdEndpoints) != 0 {
 		t.Fatalf("defaults: %+v", cfg)
 	}
 	if cfg.Rebalance.Interval != 5*time.Second || cfg.Rebalance.Protocol != rebalance.ProtocolTwoStep {
 		t.Fatalf("rebalance defaults: %+v", cfg.Rebalance)
 	}
-	cfg, err = parse([]string{"-etcd", "http://a:2379, http://b:2379", "-protocol", "naive", "-rebalance-interval", "1s"}, nil, io.Discard)
-	if err != nil || len(cfg.EtcdEndpoints) != 2 || cfg.Rebalance.Protocol != rebalance.ProtocolNaive {
+	cfg, err = parse([]string{"-etcd", "http://a:2379, http://b:2379", "-protocol", "naive", "-rebalance-interval", "1s",
+		"-http-addr", ":8090", "-grpc-reflection"}, nil, io.Discard)
+	if err != nil || len(cfg.EtcdEndpoints) != 2 || cfg.Rebalance.Protocol != rebalance.ProtocolNaive || cfg.HTTPAddr != ":8090" || !cfg.GRPCReflection {
 		t.Fatalf("flags: %+v %v", cfg, err)
 	}
 	for _, bad := range [][]string{{"-log-level", "loud"}, {"extra"}, {"-max-step", "x"}} {

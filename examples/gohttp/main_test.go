@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"go.uber.org/goleak"
 
 	"github.com/quotacoord/quota/internal/logbuf"
@@ -61,7 +62,7 @@ func start(t *testing.T, name string, re *regexp.Regexp, fn func(ctx context.Con
 	}
 }
 
-// startNode runs a real regional node (regional.Main, standalone, the
+// startNode runs a real regional node (regional.Run, standalone, the
 // in-process store) with one policy: exports, burst 3, refill 0.5/s.
 func startNode(t *testing.T) string {
 	t.Helper()
@@ -78,9 +79,9 @@ func startNode(t *testing.T) string {
 	if err := os.WriteFile(pol, []byte(doc), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	args := []string{"-region", "test", "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0", "-policies", pol, "-log-level", "warn"}
 	return start(t, "regional node", regexp.MustCompile(`grpc listening on (\S+)`), func(ctx context.Context, out io.Writer) error {
-		return regional.Main(ctx, args, nil, out)
+		return regional.Run(ctx, regional.DaemonConfig{Region: "test", GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Policies: pol,
+			Logger: hclog.New(&hclog.LoggerOptions{Name: "regional", Output: out, Level: hclog.Warn}), Announce: out})
 	})
 }
 

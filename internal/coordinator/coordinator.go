@@ -33,7 +33,6 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/reflection"
 )
 
 // ErrConfig wraps configuration errors.
@@ -62,11 +61,16 @@ type Config struct {
 	// EtcdEndpoints or the embedded etcd; its files are reloaded when they
 	// change. The zero value means plaintext.
 	EtcdTLS tlsconfig.Etcd
-	// GRPCAddr serves the operator API, health and reflection. Default
+	// GRPCAddr serves the operator API and health (and reflection with
+	// GRPCReflection). Default
 	// 127.0.0.1:8091: loopback, because without TLS bearer tokens travel
 	// in plaintext (see checkOperatorTransport).
 	GRPCAddr string
-	// HTTPAddr serves /metrics and /healthz. Default :8090.
+	// GRPCReflection turns gRPC server reflection on; default off.
+	GRPCReflection bool
+	// HTTPAddr serves /metrics and /healthz. Default 127.0.0.1:8090,
+	// loopback: an address must be given to serve other hosts (the
+	// deploy manifests give ":8090").
 	HTTPAddr string
 	// TokenFile holds the operator tokens; created when absent. Default
 	// "operator-tokens" in DataDir (or the working directory with
@@ -84,6 +88,10 @@ type Config struct {
 	// Rebalance configures the loop; its Client, Name, Logger and
 	// Registerer are filled in.
 	Rebalance rebalance.Config
+	// Drain is how long the servers keep serving, gRPC health
+	// NOT_SERVING, once the context ends and before the graceful stop
+	// (daemon.Servers.Drain); zero stops at once.
+	Drain time.Duration
 	// ShutdownTimeout bounds the graceful stop of each server once the
 	// context ends. Default daemon.DefaultShutdownTimeout.
 	ShutdownTimeout time.Duration
@@ -126,7 +134,10 @@ func Start(ctx context.Context, cfg Config) (*Coordinator, error) {
 		cfg.GRPCAddr = "127.0.0.1:8091"
 	}
 	if cfg.HTTPAddr == "" {
-		cfg.HTTPAddr = ":8090"
+		cfg.HTTPAddr = "127.0.0.1:8090"
+	}
+	if cfg.Drain < 0 {
+		return nil, fmt.Errorf("%w: -drain %v is negative", ErrConfig, cfg.Drain)
 	}
 	if cfg.AuditMax <= 0 {
 		cfg.AuditMax = 1000
@@ -221,14 +232,16 @@ func Start(ctx context.Context, cfg Config) (*Coordinator, error) {
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(quotav1.Operator_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(gs, hs)
-	reflection.Register(gs)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		hctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
 		if _, err := cli.Get(hctx, etcdlayout.Layout{Prefix: rc.Prefix}.Settings()); err != nil {
-			http.Error(w, "etcd unreachable: "+err.Error(), http.StatusServiceUnavailable)
+			// The endpoint is unauthenticated: the error (endpoints,
+			// TLS details) goes to the log only.
+			log.Warn("/healthz: etcd unreachable", "error", err)
+			http.Error(w, "etcd unreachable", http.StatusServiceUnavailable)
 			return
 		}
 		role := "follower"
@@ -237,8 +250,8 @@ func Start(ctx context.Context, cfg Config) (*Coordinator, error) {
 		}
 		fmt.Fprintf(w, "ok %s\n", role)
 	})
-	servers := daemon.Servers{GRPC: gs, GRPCListener: grpcLis, HTTPListener: httpLis, Health: hs,
-		HTTP: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, ShutdownTimeout: cfg.ShutdownTimeout,
+	servers := daemon.Servers{GRPC: gs, GRPCListener: grpcLis, HTTPListener: httpLis, Health: hs, Reflection: cfg.GRPCReflection,
+		HTTP: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, Drain: cfg.Drain, ShutdownTimeout: cfg.ShutdownTimeout,
 		Announce: cfg.Announce, Logger: log}
 	var wg sync.WaitGroup
 	var mu sync.Mutex

@@ -1,7 +1,9 @@
 // Package coordinator wires one coordinator process: an etcd client (or an
 // embedded etcd server in a data directory that regional nodes can join),
-// the rebalance loop, the operator gRPC API with health checking and
-// reflection, and an HTTP server for /metrics and /healthz.
+// the rebalance loop, the operator gRPC API with health checking (and
+// reflection when asked for), and an HTTP server for /metrics and /healthz
+// (loopback by default; /healthz logs etcd's error rather than answering
+// with it).
 //
 // # Authentication
 //

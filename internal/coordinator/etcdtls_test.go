@@ -28,7 +28,10 @@ func startCoordinator(t *testing.T, cfg Config) (*Coordinator, func() error) {
 	if cfg.DataDir == "" {
 		cfg.DataDir = t.TempDir()
 	}
-	cfg.GRPCAddr, cfg.HTTPAddr, cfg.Logger = "127.0.0.1:0", "127.0.0.1:0", hclog.NewNullLogger()
+	cfg.GRPCAddr, cfg.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0"
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
 	cfg.Rebalance = rebalance.Config{Interval: time.Hour, SessionTTL: time.Second}
 	ctx, cancel := context.WithCancel(context.Background())
 	c, err := Start(ctx, cfg)

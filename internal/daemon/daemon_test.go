@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -85,6 +86,16 @@ func TestParse(t *testing.T) {
 func TestEnvName(t *testing.T) {
 	if got := EnvName("redis-tls-server-name"); got != "QUOTA_REDIS_TLS_SERVER_NAME" {
 		t.Fatal(got)
+	}
+}
+
+func TestSecret(t *testing.T) {
+	env := []string{"QUOTA_REDIS_PASSWORD_FILE=/f", "QUOTA_REDIS_PASSWORD=p=w", "REDIS_PASSWORD=x"}
+	if got := Secret(env, "redis-password"); got != "p=w" {
+		t.Fatalf("Secret = %q, want p=w", got)
+	}
+	if got := Secret(env[:1], "redis-password"); got != "" {
+		t.Fatalf("Secret of an unset variable = %q", got)
 	}
 }
 
@@ -311,5 +322,69 @@ func TestCleanup(t *testing.T) {
 	c.Run()
 	if !slices.Equal(got, []int{2, 1, 0}) {
 		t.Fatalf("order %v, want newest first, once", got)
+	}
+}
+
+// TestServeDrain: once ctx ends, health turns NOT_SERVING and OnDrain runs
+// at once, while both servers keep answering new connections for Drain;
+// then Serve stops them and returns.
+func TestServeDrain(t *testing.T) {
+	const drain = 700 * time.Millisecond
+	gl, hl, gs, hs := healthServer(t)
+	mux := http.NewServeMux()
+	mux.HandleFunc("/ping", func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("pong")) })
+	var drained atomic.Int32
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- Serve(ctx, Servers{GRPC: gs, GRPCListener: gl, HTTP: &http.Server{Handler: mux}, HTTPListener: hl, Health: hs,
+			Drain: drain, OnDrain: func() { drained.Add(1) }})
+	}()
+	health := func() (healthpb.HealthCheckResponse_ServingStatus, error) {
+		conn, err := grpc.NewClient(gl.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		r, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{})
+		return r.GetStatus(), err
+	}
+	if st, err := health(); err != nil || st != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health before: %v %v", st, err)
+	}
+	start := time.Now()
+	cancel()
+	for drained.Load() == 0 {
+		if time.Since(start) > drain/2 {
+			t.Fatal("OnDrain not called at once")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// New connections during the drain: both servers answer, health says
+	// NOT_SERVING.
+	if st, err := health(); err != nil || st != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("health during the drain: %v %v", st, err)
+	}
+	resp, err := http.Get("http://" + hl.Addr().String() + "/ping")
+	if err != nil {
+		t.Fatalf("HTTP during the drain: %v", err)
+	}
+	resp.Body.Close()
+	if time.Since(start) >= drain {
+		t.Fatalf("the checks took the whole drain (%v); the test proves nothing", time.Since(start))
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(drain + 5*time.Second):
+		t.Fatal("Serve did not return after the drain")
+	}
+	if d := time.Since(start); d < drain {
+		t.Fatalf("Serve returned after %v, before the drain of %v", d, drain)
+	}
+	if drained.Load() != 1 {
+		t.Fatalf("OnDrain called %d times", drained.Load())
 	}
 }

@@ -14,7 +14,9 @@
 //     (SplitList).
 //   - Serving: a gRPC server with gRPC health checking and an HTTP server,
 //     each on its own listener, stopped gracefully when the context ends:
-//     health reports NOT_SERVING, gRPC lets calls in flight finish and
+//     health reports NOT_SERVING (and the daemon's readiness turns off),
+//     both keep serving for a drain period (-drain) so that proxies move
+//     away first, then gRPC lets calls in flight finish and
 //     HTTP lets requests finish, each within a shutdown timeout after
 //     which connections are closed (Serve). Cleanup undoes what a start
 //     built, newest first.

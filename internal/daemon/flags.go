@@ -70,6 +70,20 @@ func Parse(fs *flag.FlagSet, args, env []string) error {
 	return nil
 }
 
+// Secret is the value of the variable QUOTA_<NAME> (EnvName) in env
+// (os.Environ()-style), "" when unset. A secret such as the Redis password
+// comes from the environment or from a file named by a flag, never from a
+// flag of its own: every user of the host can read a command line (ps).
+func Secret(env []string, name string) string {
+	k := EnvName(name) + "="
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, k); ok {
+			return v
+		}
+	}
+	return ""
+}
+
 // SplitList splits a comma-separated flag value, trimming blanks around
 // each element and dropping empty ones.
 func SplitList(s string) []string {

@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
+	"google.golang.org/grpc/reflection"
 )
 
 // DefaultShutdownTimeout is Servers.ShutdownTimeout when zero.
@@ -43,6 +44,19 @@ type Servers struct {
 	// Health is GRPC's health service; when the daemon stops it reports
 	// NOT_SERVING for every service before connections drain. May be nil.
 	Health *health.Server
+	// Reflection registers gRPC server reflection on GRPC (the
+	// -grpc-reflection flag): it lists every service and message to
+	// anyone who reaches the port, so it is off unless asked for.
+	Reflection bool
+	// Drain is how long the daemon keeps serving, not ready, once ctx
+	// ends and before the graceful stop: Health reports NOT_SERVING and
+	// OnDrain runs at once, so that load balancers and proxies (Envoy)
+	// move their traffic away while calls still succeed, rather than
+	// meeting closed connections. Zero stops at once.
+	Drain time.Duration
+	// OnDrain, when set, is called once when ctx ends, before the drain
+	// (the daemon turns its HTTP readiness off there).
+	OnDrain func()
 	// ShutdownTimeout bounds each graceful stop, gRPC's and HTTP's; then
 	// open connections are closed. Default DefaultShutdownTimeout.
 	ShutdownTimeout time.Duration
@@ -64,6 +78,9 @@ func Serve(ctx context.Context, s Servers) error {
 	}
 	if s.Logger == nil {
 		s.Logger = hclog.NewNullLogger()
+	}
+	if s.Reflection {
+		reflection.Register(s.GRPC)
 	}
 	if s.Announce != nil {
 		fmt.Fprintf(s.Announce, "grpc listening on %s\nhttp listening on %s\n", s.GRPCListener.Addr(), s.HTTPListener.Addr())
@@ -90,10 +107,23 @@ func Serve(ctx context.Context, s Servers) error {
 	case err = <-errc:
 		pending--
 	}
-	s.Logger.Info("shutting down")
 	if s.Health != nil {
 		s.Health.Shutdown()
 	}
+	if s.OnDrain != nil {
+		s.OnDrain()
+	}
+	if err == nil && s.Drain > 0 {
+		s.Logger.Info("draining: not ready, still serving", "drain", s.Drain)
+		drain := time.NewTimer(s.Drain)
+		select {
+		case <-drain.C:
+		case err = <-errc:
+			pending--
+			drain.Stop()
+		}
+	}
+	s.Logger.Info("shutting down")
 	stopped := make(chan struct{})
 	go func() { s.GRPC.GracefulStop(); close(stopped) }()
 	timer := time.NewTimer(s.ShutdownTimeout)

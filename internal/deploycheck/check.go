@@ -18,6 +18,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/quotacoord/quota/internal/operatortoken"
 	"github.com/quotacoord/quota/internal/policy"
 )
 
@@ -370,7 +371,8 @@ func (c *checker) args(file, where, cmd string, args []any, ports portSet, check
 			c.add(file, "%s: flag -%s is not defined by cmd/%s", where, name, cmd)
 			continue
 		}
-		if strings.HasSuffix(name, "-addr") && m[2] != "" {
+		// A loopback address serves no container port.
+		if strings.HasSuffix(name, "-addr") && m[2] != "" && !operatortoken.LoopbackAddr(m[3]) {
 			if n, ok := addrPort(m[3]); ok {
 				served[n] = true
 				if checkPorts && !ports.numbers[n] {
@@ -383,7 +385,7 @@ func (c *checker) args(file, where, cmd string, args []any, ports portSet, check
 		return
 	}
 	for name, def := range flags {
-		if strings.HasSuffix(name, "-addr") && !given[name] {
+		if strings.HasSuffix(name, "-addr") && !given[name] && !operatortoken.LoopbackAddr(def) {
 			if n, ok := addrPort(def); ok {
 				served[n] = true
 			}

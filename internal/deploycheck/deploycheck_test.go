@@ -76,6 +76,8 @@ func TestCheckFindsRot(t *testing.T) {
 		{"unlisted image", "deploy/try/redis.yaml", "redis:7.4-alpine", "example.com/redis:7", `image "example.com/redis:7"`},
 		{"listen port not declared", "deploy/kubernetes/base/regional/deployment.yaml", "containerPort: 8081", "containerPort: 8082", "listens on port 8081, which is not a declared container port"},
 		{"declared port nobody serves", "deploy/kubernetes/base/coordinator/deployment.yaml", "- -http-addr=:8090", "- -http-addr=:8099", "container port 8090 is not where any"},
+		{"metrics left on the loopback default", "deploy/kubernetes/base/regional/deployment.yaml", "- -http-addr=:8080\n", "", "container port 8080 is not where any"},
+		{"metrics on loopback", "deploy/kubernetes/base/coordinator/deployment.yaml", "- -http-addr=:8090", "- -http-addr=127.0.0.1:8090", "container port 8090 is not where any"},
 		{"probe path not served", "deploy/kubernetes/base/regional/deployment.yaml", "path: /readyz", "path: /ready", `path "/ready" is not served by cmd/regional`},
 		{"probe port not declared", "deploy/kubernetes/base/regional/deployment.yaml", "port: http\n", "port: metrics\n", "port metrics is not a declared container port"},
 		{"service target port", "deploy/kubernetes/base/regional/service.yaml", "targetPort: grpc", "targetPort: grpcs", "targetPort grpcs is not declared"},

@@ -7,7 +7,7 @@
 // Each test starts, on loopback: an embedded etcd (internal/etcdtest); one
 // or two coordinators (internal/coordinator, the same code cmd/coordinator
 // runs: rebalance loop, operator API, metrics), each reaching etcd through
-// its own internal/faultproxy; three regional nodes through regional.Main
+// its own internal/faultproxy; three regional nodes through regional.Run
 // (the same code cmd/regional runs), each on its own redis-server process
 // (internal/redistest.Start) and reaching etcd through its own proxy. The
 // policy (600 per minute) is applied through the operator gRPC API with a

@@ -367,28 +367,29 @@ func (e *env) startRegion(name string) *region {
 	return r
 }
 
-// start runs regional.Main for the region (the node must be stopped).
+// start runs regional.Run for the region (the node must be stopped).
 func (r *region) start() {
 	t := r.e.t
 	t.Helper()
-	args := []string{
-		"-region", r.name, "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0",
-		"-redis", r.redis.Addr, "-etcd", "http://" + r.proxy.Addr(),
+	out := newAddrWriter(r.e.logs, r.name)
+	node := regional.DaemonConfig{
+		Region: r.name, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
+		Redis: r.redis.Addr, EtcdEndpoints: []string{"http://" + r.proxy.Addr()},
 		// A loaded machine under -race takes longer than 5 ms per Redis
 		// call; these tests show coordination, not the failure mode.
-		"-store-timeout", "250ms", "-shutdown-timeout", "3s", "-report-interval", reportIv.String(),
+		StoreTimeout: 250 * time.Millisecond, ShutdownTimeout: 3 * time.Second, ReportInterval: reportIv,
+		Logger: hclog.New(&hclog.LoggerOptions{Name: "regional", Output: out}), Announce: out,
 	}
-	out := newAddrWriter(r.e.logs, r.name)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- regional.Main(ctx, args, nil, out) }()
+	go func() { done <- regional.Run(ctx, node) }()
 	var grpcAddr, httpAddr string
 	select {
 	case a := <-out.addrs:
 		grpcAddr, httpAddr = a[0], a[1]
 	case err := <-done:
 		cancel()
-		t.Fatalf("region %s: regional.Main: %v", r.name, err)
+		t.Fatalf("region %s: regional.Run: %v", r.name, err)
 	case <-time.After(15 * time.Second):
 		cancel()
 		t.Fatalf("region %s: no listening addresses", r.name)
@@ -419,10 +420,10 @@ func (r *region) stop() {
 	select {
 	case err := <-done:
 		if err != nil {
-			r.e.t.Errorf("region %s: regional.Main: %v", r.name, err)
+			r.e.t.Errorf("region %s: regional.Run: %v", r.name, err)
 		}
 	case <-time.After(20 * time.Second):
-		r.e.t.Errorf("region %s: regional.Main did not return", r.name)
+		r.e.t.Errorf("region %s: regional.Run did not return", r.name)
 	}
 	_ = conn.Close()
 }
@@ -688,7 +689,7 @@ func (l *lineLog) logger(name string) hclog.Logger {
 }
 
 // addrWriter is a node's stdout: it passes every line to the log and
-// reports the addresses regional.Main prints when it listens.
+// reports the addresses regional.Run prints when it listens.
 type addrWriter struct {
 	log    io.Writer
 	prefix string

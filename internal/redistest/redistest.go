@@ -220,3 +220,21 @@ func ScriptCalls(tb testing.TB, c *redis.Client) int {
 	}
 	return n
 }
+
+// RequireAuth makes the Redis server at addr require credentials: the
+// default user gets the password defaultPW, and an ACL user named user
+// (all keys, channels and commands) the password userPW. Clients without
+// them are refused (NOAUTH); clients of Server.Client no longer work.
+func RequireAuth(tb testing.TB, addr, user, userPW, defaultPW string) {
+	tb.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 1})
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Do(ctx, "ACL", "SETUSER", user, "on", ">"+userPW, "~*", "&*", "+@all").Err(); err != nil {
+		tb.Fatalf("redistest: ACL SETUSER on %s: %v", addr, err)
+	}
+	if err := c.ConfigSet(ctx, "requirepass", defaultPW).Err(); err != nil {
+		tb.Fatalf("redistest: CONFIG SET requirepass on %s: %v", addr, err)
+	}
+}

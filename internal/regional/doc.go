@@ -118,8 +118,9 @@
 //
 // Run serves a Node from a DaemonConfig (validated by Run, zero fields
 // defaulted): the stores, the etcd side (internal/regionsync), the gRPC and
-// HTTP servers with internal/daemon's lifecycle. Main is Run from the
-// command line (cmd/regional): flags, QUOTA_* variables, logs on stderr.
+// HTTP servers with internal/daemon's lifecycle. cmd/regional parses the
+// command line (flags, QUOTA_* variables, logs on stderr) into a
+// DaemonConfig and calls Run; tests and embedders fill one themselves.
 //
 // # TLS
 //
@@ -142,7 +143,7 @@
 //
 // # Concurrency and zero values
 //
-// A Node is safe for concurrent use; New starts no goroutines. Run, Main
-// and WatchPolicies start goroutines and say so. The zero Node and the zero
+// A Node is safe for concurrent use; New starts no goroutines. Run and
+// WatchPolicies start goroutines and say so. The zero Node and the zero
 // Config are not usable: build a Node with New, which fills defaults.
 package regional

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -34,8 +33,7 @@ func TestMainWithEtcd(t *testing.T) {
 	if _, err := cli.Put(ctx, l.PolicyDoc("own"), string(doc)); err != nil {
 		t.Fatal(err)
 	}
-	g, hAddr, out, stop := runMain(t, []string{"-etcd", strings.Join(srv.Endpoints, ","), "-region", "eu-west",
-		"-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0", "-report-interval", "100ms"}, nil)
+	g, hAddr, out, stop := runNode(t, DaemonConfig{EtcdEndpoints: srv.Endpoints, Region: "eu-west", ReportInterval: 100 * time.Millisecond})
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		resp, err := http.Get("http://" + hAddr + "/readyz")

@@ -12,10 +12,10 @@ import (
 	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/internal/etcdtest"
 	"github.com/quotacoord/quota/internal/testca"
+	"github.com/quotacoord/quota/internal/tlsconfig"
 )
 
-// TestMainEtcdTLS: a node given -etcd-tls-* (the CA through QUOTA_ env)
-// reaches an etcd that requires client certificates: it loads its
+// TestMainEtcdTLS: a node given etcd TLS (-etcd-tls-*) reaches an etcd that requires client certificates: it loads its
 // policies, becomes ready and registers under its node id.
 func TestMainEtcdTLS(t *testing.T) {
 	ca := testca.New(t, "etcd-ca")
@@ -31,9 +31,8 @@ func TestMainEtcdTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	cert, key, _ := ca.IssueFiles(t, t.TempDir(), "eu-node")
-	_, hAddr, out, stop := runMain(t, []string{"-etcd", strings.Join(srv.Endpoints, ","), "-region", "eu-west", "-node-id", "n-tls",
-		"-etcd-tls-cert", cert, "-etcd-tls-key", key, "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0"},
-		[]string{"QUOTA_ETCD_TLS_CA=" + ca.File})
+	_, hAddr, out, stop := runNode(t, DaemonConfig{EtcdEndpoints: srv.Endpoints, Region: "eu-west", NodeID: "n-tls",
+		EtcdTLS: tlsconfig.Etcd{CAFile: ca.File, CertFile: cert, KeyFile: key}})
 	stopped := false
 	defer func() {
 		if !stopped {
@@ -65,25 +64,24 @@ func TestMainEtcdTLS(t *testing.T) {
 	}
 }
 
-// TestMainEtcdTLSFlags: etcd TLS settings that cannot work stop Main with
+// TestMainEtcdTLSFlags: etcd TLS settings that cannot work stop Run with
 // an error naming the problem.
 func TestMainEtcdTLSFlags(t *testing.T) {
 	ca := testca.New(t, "etcd-ca")
-	base := []string{"-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0"}
 	tests := []struct {
 		name string
-		args []string
-		env  []string
+		c    DaemonConfig
 		err  string
 	}{
-		{"certificate without key", []string{"-etcd", "https://127.0.0.1:1", "-etcd-tls-cert", "c"}, nil, "-etcd-tls-cert and -etcd-tls-key"},
-		{"TLS without etcd", []string{"-policies", "x", "-etcd-tls-ca", ca.File}, nil, "need -etcd"},
-		{"plaintext endpoint", []string{"-etcd", "http://127.0.0.1:1"}, []string{"QUOTA_ETCD_TLS_CA=" + ca.File}, "https"},
-		{"missing CA file", []string{"-etcd", "https://127.0.0.1:1", "-etcd-tls-ca", "/nonexistent/ca.pem"}, nil, "/nonexistent/ca.pem"},
+		{"certificate without key", DaemonConfig{EtcdEndpoints: []string{"https://127.0.0.1:1"}, EtcdTLS: tlsconfig.Etcd{CertFile: "c"}}, "-etcd-tls-cert and -etcd-tls-key"},
+		{"TLS without etcd", DaemonConfig{Policies: "x", EtcdTLS: tlsconfig.Etcd{CAFile: ca.File}}, "need -etcd"},
+		{"plaintext endpoint", DaemonConfig{EtcdEndpoints: []string{"http://127.0.0.1:1"}, EtcdTLS: tlsconfig.Etcd{CAFile: ca.File}}, "https"},
+		{"missing CA file", DaemonConfig{EtcdEndpoints: []string{"https://127.0.0.1:1"}, EtcdTLS: tlsconfig.Etcd{CAFile: "/nonexistent/ca.pem"}}, "/nonexistent/ca.pem"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := Main(context.Background(), append(tt.args, base...), tt.env, io.Discard)
+			tt.c.GRPCAddr, tt.c.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0"
+			err := Run(context.Background(), tt.c)
 			if err == nil || !strings.Contains(err.Error(), tt.err) {
 				t.Fatalf("err = %v, want one containing %q", err, tt.err)
 			}

@@ -8,6 +8,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/quotacoord/quota/bucket"
 	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/internal/etcdtest"
 	"github.com/quotacoord/quota/internal/redistest"
@@ -40,7 +41,7 @@ func TestLocalFallbackDividesShareAmongNodes(t *testing.T) {
 	sync := runRegionSync(t, srv, regionsync.Config{Region: "eu", Node: "n1", LeaseTTL: 3 * time.Second})
 
 	rs := redistest.Start(t)
-	rc, err := redisClient(rs.Addr, 20*time.Millisecond, nil)
+	rc, err := redisClient(rs.Addr, 20*time.Millisecond, bucket.DialOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,9 @@
 package regional
 
 import (
+	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -24,13 +26,44 @@ func (n *Node) Register(s grpc.ServiceRegistrar) {
 	rlsv3.RegisterRateLimitServiceServer(s, &rls{n: n})
 }
 
-// redisClient dials the store's Redis. The client honours context
-// deadlines (the store time budget) and never retries: the failure mode is
-// faster than a retry. Its own timeouts are a backstop at ten times the
-// budget, at least 100 ms.
-func redisClient(spec string, budget time.Duration, tc *tls.Config) (bucket.RedisConn, error) {
+// openRedis dials the store's Redis (redisClient) with c's TLS and
+// credentials and PINGs it: Redis refusing the credentials is an error,
+// Redis not answering is logged (the failure modes decide until it does).
+func openRedis(ctx context.Context, c DaemonConfig, tc *tls.Config, log hclog.Logger) (bucket.RedisConn, error) {
+	password := c.RedisPassword
+	if c.RedisPasswordFile != "" {
+		b, err := os.ReadFile(c.RedisPasswordFile)
+		if err != nil {
+			return nil, fmt.Errorf("regional: -redis-password-file: %w", err)
+		}
+		if password = strings.TrimRight(string(b), "\r\n"); password == "" {
+			return nil, fmt.Errorf("regional: -redis-password-file %s is empty", c.RedisPasswordFile)
+		}
+	}
+	rc, err := redisClient(c.Redis, c.StoreTimeout, bucket.DialOptions{TLS: tc, Username: c.RedisUsername, Password: password})
+	if err != nil {
+		return nil, err
+	}
+	pctx, cancel := context.WithTimeout(ctx, max(10*c.StoreTimeout, time.Second))
+	defer cancel()
+	switch err := bucket.PingRedis(pctx, rc); {
+	case errors.Is(err, bucket.ErrRedisAuth):
+		_ = rc.Close()
+		return nil, fmt.Errorf("regional: -redis %s: %w (see -redis-username, -redis-password-file, QUOTA_REDIS_PASSWORD)", redactURL(c.Redis), err)
+	case err != nil:
+		log.Warn("redis does not answer yet; the policies' failure modes decide", "error", err)
+	}
+	return rc, nil
+}
+
+// redisClient dials spec with opt's TLS and credentials. The client
+// honours context deadlines (the store time budget) and never retries:
+// the failure mode is faster than a retry. Its own timeouts are a
+// backstop at ten times the budget, at least 100 ms.
+func redisClient(spec string, budget time.Duration, opt bucket.DialOptions) (bucket.RedisConn, error) {
 	timeout := max(10*budget, 100*time.Millisecond)
-	rc, err := bucket.DialRedis(spec, bucket.DialOptions{TLS: tc, DialTimeout: timeout, ReadTimeout: timeout, WriteTimeout: timeout})
+	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = timeout, timeout, timeout
+	rc, err := bucket.DialRedis(spec, opt)
 	if err != nil {
 		return nil, fmt.Errorf("regional: -redis: %w", err)
 	}

@@ -6,11 +6,13 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -21,21 +23,33 @@ import (
 
 var listenRE = regexp.MustCompile(`(grpc|http) listening on (\S+)`)
 
-// runMain starts Main and returns the gRPC and HTTP addresses and a stop
-// function that cancels it and returns its error.
-func runMain(t *testing.T, args []string, env []string) (grpcAddr, httpAddr string, out *logbuf.Buffer, stop func() error) {
+// runNode starts Run with c, on loopback listeners unless c names its
+// own, logging JSON lines and the listening lines to out, and returns the
+// gRPC and HTTP addresses and a stop function that cancels it and returns
+// its error.
+func runNode(t *testing.T, c DaemonConfig) (grpcAddr, httpAddr string, out *logbuf.Buffer, stop func() error) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
 	out = &logbuf.Buffer{}
+	if c.GRPCAddr == "" {
+		c.GRPCAddr = "127.0.0.1:0"
+	}
+	if c.HTTPAddr == "" {
+		c.HTTPAddr = "127.0.0.1:0"
+	}
+	if c.Logger == nil {
+		c.Logger = hclog.New(&hclog.LoggerOptions{Name: "regional", Output: out, JSONFormat: true})
+	}
+	c.Announce = out
+	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
-	go func() { errc <- Main(ctx, args, env, out) }()
+	go func() { errc <- Run(ctx, c) }()
 	stop = func() error {
 		cancel()
 		select {
 		case err := <-errc:
 			return err
 		case <-time.After(20 * time.Second):
-			t.Fatal("Main did not return after cancel")
+			t.Fatal("Run did not return after cancel")
 			return nil
 		}
 	}
@@ -43,12 +57,12 @@ func runMain(t *testing.T, args []string, env []string) (grpcAddr, httpAddr stri
 	for grpcAddr == "" || httpAddr == "" {
 		select {
 		case err := <-errc:
-			t.Fatalf("Main returned early: %v\n%s", err, out.String())
+			t.Fatalf("Run returned early: %v\n%s", err, out.String())
 		default:
 		}
 		if time.Now().After(deadline) {
 			stop()
-			t.Fatalf("Main never listened:\n%s", out.String())
+			t.Fatalf("Run never listened:\n%s", out.String())
 		}
 		for _, m := range listenRE.FindAllStringSubmatch(out.String(), -1) {
 			if m[1] == "grpc" {
@@ -62,12 +76,36 @@ func runMain(t *testing.T, args []string, env []string) (grpcAddr, httpAddr stri
 	return grpcAddr, httpAddr, out, stop
 }
 
+// nodeAdmission runs a node with c (runNode) and returns an Admission
+// client of it, the node's log and a function that stops it earlier than
+// the end of the test and returns Run's error.
+func nodeAdmission(t *testing.T, c DaemonConfig) (quotav1.AdmissionClient, *logbuf.Buffer, func() error) {
+	t.Helper()
+	g, _, out, stopNode := runNode(t, c)
+	var once sync.Once
+	var stopErr error
+	stop := func() error {
+		once.Do(func() { stopErr = stopNode() })
+		return stopErr
+	}
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	conn, err := grpc.NewClient(g, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return quotav1.NewAdmissionClient(conn), out, stop
+}
+
 // TestMustShow6RunWithoutRedis: the node runs from the example policy
 // files with no Redis (the in-process store) and answers checks on both
 // APIs, health and HTTP endpoints; cancelling shuts it down cleanly.
 func TestMustShow6RunWithoutRedis(t *testing.T) {
-	g, hAddr, out, stop := runMain(t, []string{"-policies", "../../examples/policies", "-grpc-addr", "127.0.0.1:0",
-		"-http-addr", "127.0.0.1:0", "-region", "eu-west", "-json-logs"}, []string{"QUOTA_DECISION_LOG_EVERY=1"})
+	g, hAddr, out, stop := runNode(t, DaemonConfig{Policies: "../../examples/policies", Region: "eu-west", DecisionLogEvery: 1})
 	conn, err := grpc.NewClient(g, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -108,31 +146,29 @@ func TestMustShow6RunWithoutRedis(t *testing.T) {
 	}
 }
 
-func TestMainFlags(t *testing.T) {
+// TestRunRefuses: a DaemonConfig that passes validation (process_test.go)
+// but names files or settings Run cannot use stops Run with an error
+// naming the flag or field at fault.
+func TestRunRefuses(t *testing.T) {
+	served := func(c DaemonConfig) DaemonConfig {
+		c.GRPCAddr, c.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0"
+		return c
+	}
+	const pols = "../../examples/policies"
 	tests := []struct {
 		name string
-		args []string
-		env  []string
+		c    DaemonConfig
 		err  string
 	}{
-		{"nothing to serve", nil, nil, "-policies"},
-		{"unknown flag", []string{"-nope"}, nil, "flag provided but not defined"},
-		{"tls half", []string{"-policies", "x", "-tls-cert", "c"}, nil, "-tls-cert and -tls-key"},
-		{"bad env", []string{"-policies", "x"}, []string{"QUOTA_STORE_TIMEOUT=soon"}, "QUOTA_STORE_TIMEOUT"},
-		{"missing file", []string{"-policies", "/nonexistent/p.yaml", "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0"}, nil, "load policies"},
-		{"redis tls half", []string{"-policies", "x", "-redis", "127.0.0.1:1", "-redis-tls-cert", "c"}, nil, "-redis-tls-cert and -redis-tls-key"},
-		{"redis tls without redis", []string{"-policies", "x", "-redis-tls-ca", "ca.pem"}, nil, "need -redis"},
-		{"redis tls missing CA", []string{"-policies", "../../examples/policies", "-redis", "127.0.0.1:1", "-redis-tls-ca", "/nonexistent/ca.pem"}, nil, "Redis TLS"},
-		{"grpc tls missing files", []string{"-policies", "../../examples/policies", "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0",
-			"-tls-cert", "/nonexistent/c", "-tls-key", "/nonexistent/k"}, nil, "gRPC TLS"},
-		{"bad envoy plain key", []string{"-policies", "../../examples/policies", "-envoy-plain-keys", strings.Repeat("k", 2000)}, nil, "EnvoyPlainKeys"},
-		{"negative redis merge", []string{"-policies", "x", "-redis-merge", "-1"}, nil, "-redis-merge -1"},
-		{"redis merge too large", []string{"-policies", "x", "-redis-merge", "100000"}, nil, "want 0 to 256"},
-		{"bad unknown-policy", []string{"-policies", "../../examples/policies", "-unknown-policy", "maybe"}, nil, "UnknownPolicy"},
+		{"missing file", served(DaemonConfig{Policies: "/nonexistent/p.yaml"}), "load policies"},
+		{"redis tls missing CA", DaemonConfig{Policies: pols, Redis: "127.0.0.1:1", RedisTLS: RedisTLS{CAFile: "/nonexistent/ca.pem"}}, "Redis TLS"},
+		{"grpc tls missing files", served(DaemonConfig{Policies: pols, TLSCert: "/nonexistent/c", TLSKey: "/nonexistent/k"}), "gRPC TLS"},
+		{"bad envoy plain key", DaemonConfig{Policies: pols, EnvoyPlainKeys: []string{strings.Repeat("k", 2000)}}, "EnvoyPlainKeys"},
+		{"bad unknown-policy", DaemonConfig{Policies: pols, UnknownPolicy: "maybe"}, "UnknownPolicy"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := Main(context.Background(), tt.args, tt.env, io.Discard)
+			err := Run(context.Background(), tt.c)
 			if err == nil || !strings.Contains(err.Error(), tt.err) {
 				t.Fatalf("err = %v, want one containing %q", err, tt.err)
 			}

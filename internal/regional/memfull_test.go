@@ -27,7 +27,7 @@ func cappedMemory(t testing.TB, maxBuckets int) *bucket.Memory {
 func TestLocalStoreFullDenies(t *testing.T) {
 	const localCap = 4
 	srv := redistest.Start(t)
-	rc, err := redisClient(srv.Addr, 20*time.Millisecond, nil)
+	rc, err := redisClient(srv.Addr, 20*time.Millisecond, bucket.DialOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

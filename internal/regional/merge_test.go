@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -18,17 +19,17 @@ import (
 func TestMainRedisMerge(t *testing.T) {
 	const callers, each = 64, 5
 	for _, tc := range []struct {
-		merge  string
+		merge  int
 		merged bool
-	}{{"1", false}, {"0", true}} {
-		t.Run("merge="+tc.merge, func(t *testing.T) {
+	}{{1, false}, {0, true}} {
+		t.Run(fmt.Sprint("merge=", tc.merge), func(t *testing.T) {
 			srv := redistest.Start(t)
 			rc := srv.Client(t)
-			g, _, out, stop := runMain(t, []string{"-policies", "../../examples/policies", "-redis", srv.Addr,
-				"-redis-merge", tc.merge, "-store-timeout", "5s", "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0"}, nil)
+			g, _, out, stop := runNode(t, DaemonConfig{Policies: "../../examples/policies", Redis: srv.Addr,
+				RedisMerge: tc.merge, StoreTimeout: 5 * time.Second})
 			defer func() {
 				if err := stop(); err != nil {
-					t.Errorf("Main: %v\n%s", err, out.String())
+					t.Errorf("Run: %v\n%s", err, out.String())
 				}
 			}()
 			conn, err := grpc.NewClient(g, grpc.WithTransportCredentials(insecure.NewCredentials()))

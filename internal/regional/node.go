@@ -61,6 +61,7 @@ type Node struct {
 	decisionN  atomic.Uint64
 	lastDegLog atomic.Int64
 	degSkipped atomic.Int64
+	draining   atomic.Bool // see Drain
 }
 
 // New validates cfg, fills in its defaults and returns a Node without
@@ -129,7 +130,9 @@ func (n *Node) RefreshShareGauges() {
 
 // Ready reports whether the node can decide: policies are loaded and the
 // share source is ready.
-func (n *Node) Ready() bool { return n.set.Load() != nil && n.cfg.Shares.Ready() }
+func (n *Node) Ready() bool {
+	return !n.draining.Load() && n.set.Load() != nil && n.cfg.Shares.Ready()
+}
 
 // item is one bucket decision within a check.
 type item struct {

@@ -23,7 +23,6 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/reflection"
 
 	"github.com/quotacoord/quota/bucket"
 	"github.com/quotacoord/quota/internal/clock"
@@ -46,10 +45,14 @@ type DaemonConfig struct {
 	// Default regionsync.DefaultNodeID() (the host name plus a random
 	// suffix).
 	NodeID string
-	// GRPCAddr serves the Admission API, Envoy's RLS, health and
-	// reflection; default ":8081".
+	// GRPCAddr serves the Admission API, Envoy's RLS and health (and
+	// reflection with GRPCReflection); default ":8081".
 	GRPCAddr string
-	// HTTPAddr serves /metrics, /healthz and /readyz; default ":8080".
+	// GRPCReflection turns gRPC server reflection on; default off.
+	GRPCReflection bool
+	// HTTPAddr serves /metrics, /healthz and /readyz; default
+	// "127.0.0.1:8080", loopback: metrics are for the host's scraper
+	// unless an address is given (the deploy manifests give ":8080").
 	HTTPAddr string
 	// Redis is the primary store: host:port, a redis:// or rediss:// URL,
 	// or comma-separated cluster seeds. Empty uses the in-process store
@@ -62,6 +65,13 @@ type DaemonConfig struct {
 	// RedisTLS connects to Redis over TLS (files reloaded on change); it
 	// needs Redis.
 	RedisTLS RedisTLS
+	// RedisUsername is the Redis ACL user; empty means the default user.
+	// RedisPassword is its password, or RedisPasswordFile names a file
+	// holding it (one line; read at start), not both. They work with every
+	// form of Redis; a URL may carry credentials instead, not as well.
+	// Run sends a PING at start: Redis refusing the credentials is an
+	// error (Redis unreachable is not: the failure modes decide).
+	RedisUsername, RedisPassword, RedisPasswordFile string
 	// EtcdEndpoints join the region to the coordinator's etcd. Empty runs
 	// standalone: share 1, policies from Policies.
 	EtcdEndpoints []string
@@ -86,9 +96,11 @@ type DaemonConfig struct {
 	SubjectSalt      string
 	EnvoyPlainKeys   []string
 	DecisionLogEvery int
-	// OTLPEndpoint (host:port) receives traces over OTLP gRPC; empty turns
+	// OTLPEndpoint (host:port) receives traces over OTLP gRPC with TLS
+	// (the system roots), or in plaintext with OTLPInsecure; empty turns
 	// tracing off.
 	OTLPEndpoint string
+	OTLPInsecure bool
 	// TLSCert and TLSKey serve gRPC over TLS; TLSClientCA then requires
 	// client certificates from it. Files are reloaded on change.
 	TLSCert, TLSKey, TLSClientCA string
@@ -97,6 +109,11 @@ type DaemonConfig struct {
 	// ReportInterval is the demand report interval (with etcd); default
 	// 5s.
 	ReportInterval time.Duration
+	// Drain is how long the node keeps serving, not ready (Node.Drain,
+	// gRPC health NOT_SERVING), once ctx ends and before the graceful stop
+	// (daemon.Servers.Drain); zero stops at once. cmd/regional's -drain
+	// defaults to 5s.
+	Drain time.Duration
 	// ShutdownTimeout bounds each graceful stop; default
 	// daemon.DefaultShutdownTimeout.
 	ShutdownTimeout time.Duration
@@ -116,10 +133,10 @@ type RedisTLS struct {
 	CAFile, CertFile, KeyFile, ServerName string
 }
 
-// maxRedisMerge bounds DaemonConfig.RedisMerge: a merged script call holds
+// MaxRedisMerge bounds DaemonConfig.RedisMerge: a merged script call holds
 // single-threaded Redis for the time of every bucket in it
 // (bucket.DefaultMerge).
-const maxRedisMerge = 256
+const MaxRedisMerge = 256
 
 // withDefaults returns c with defaults filled in, or an ErrConfig naming
 // the first bad field by its flag.
@@ -142,14 +159,23 @@ func (c DaemonConfig) withDefaults() (DaemonConfig, error) {
 	if c.RedisTLS != (RedisTLS{}) && c.Redis == "" {
 		return bad("-redis-tls-* flags need -redis")
 	}
-	if c.RedisMerge < 0 || c.RedisMerge > maxRedisMerge {
-		return bad("-redis-merge %d, want 0 to %d", c.RedisMerge, maxRedisMerge)
+	if c.RedisPassword != "" && c.RedisPasswordFile != "" {
+		return bad("-redis-password-file and QUOTA_REDIS_PASSWORD both give the Redis password")
+	}
+	if (c.RedisUsername != "" || c.RedisPassword != "" || c.RedisPasswordFile != "") && c.Redis == "" {
+		return bad("-redis-username, -redis-password-file and QUOTA_REDIS_PASSWORD need -redis")
+	}
+	if c.RedisMerge < 0 || c.RedisMerge > MaxRedisMerge {
+		return bad("-redis-merge %d, want 0 to %d", c.RedisMerge, MaxRedisMerge)
 	}
 	if (c.EtcdTLS.CertFile == "") != (c.EtcdTLS.KeyFile == "") {
 		return bad("-etcd-tls-cert and -etcd-tls-key go together")
 	}
 	if c.EtcdTLS.Enabled() && len(c.EtcdEndpoints) == 0 {
 		return bad("-etcd-tls-* flags need -etcd")
+	}
+	if c.OTLPInsecure && c.OTLPEndpoint == "" {
+		return bad("-otlp-insecure needs -otlp-endpoint")
 	}
 	if c.NodeID == "" {
 		c.NodeID = regionsync.DefaultNodeID()
@@ -159,6 +185,9 @@ func (c DaemonConfig) withDefaults() (DaemonConfig, error) {
 	}
 	if c.LocalMaxBuckets < 0 {
 		return bad("-local-max-buckets %d, want at least 1", c.LocalMaxBuckets)
+	}
+	if c.Drain < 0 {
+		return bad("-drain %v is negative", c.Drain)
 	}
 	defaults := []struct {
 		v    *time.Duration
@@ -185,7 +214,7 @@ func (c DaemonConfig) withDefaults() (DaemonConfig, error) {
 		c.GRPCAddr = ":8081"
 	}
 	if c.HTTPAddr == "" {
-		c.HTTPAddr = ":8080"
+		c.HTTPAddr = "127.0.0.1:8080"
 	}
 	if c.LocalMaxBuckets == 0 {
 		c.LocalMaxBuckets = 100000
@@ -196,8 +225,12 @@ func (c DaemonConfig) withDefaults() (DaemonConfig, error) {
 	return c, nil
 }
 
+// otlpExportTimeout bounds one export of spans to the OTLP collector.
+const otlpExportTimeout = 3 * time.Second
+
 // Run runs one regional node until ctx is done, then shuts down
-// gracefully: health turns NOT_SERVING, in-flight checks finish (within
+// gracefully: health turns NOT_SERVING and /readyz 503 while the node
+// keeps serving for Drain, then in-flight checks finish (within
 // ShutdownTimeout), the last demand report is flushed and the stores
 // close. It starts goroutines for the servers, the etcd side and the
 // policy watcher and waits for all of them before returning.
@@ -215,16 +248,25 @@ func Run(ctx context.Context, c DaemonConfig) error {
 
 	var tp trace.TracerProvider = noop.NewTracerProvider()
 	if c.OTLPEndpoint != "" {
-		exp, err := otlptracegrpc.New(ctx, otlptracegrpc.WithEndpoint(c.OTLPEndpoint), otlptracegrpc.WithInsecure())
+		// An export (retries included) ends within otlpExportTimeout, so
+		// the flush at shutdown ends within its own budget and leaves no
+		// exporter goroutine behind, even when the collector never answers.
+		opts := []otlptracegrpc.Option{otlptracegrpc.WithEndpoint(c.OTLPEndpoint), otlptracegrpc.WithTimeout(otlpExportTimeout)}
+		if c.OTLPInsecure {
+			opts = append(opts, otlptracegrpc.WithInsecure())
+		}
+		exp, err := otlptracegrpc.New(ctx, opts...)
 		if err != nil {
 			return fmt.Errorf("regional: OTLP exporter: %w", err)
 		}
 		res, _ := sdkresource.Merge(sdkresource.Default(), sdkresource.NewSchemaless())
 		sdk := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
 		cleanup.Push(func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			sctx, cancel := context.WithTimeout(context.Background(), otlpExportTimeout+2*time.Second)
 			defer cancel()
-			_ = sdk.Shutdown(sctx)
+			if err := sdk.Shutdown(sctx); err != nil {
+				log.Warn("last trace export failed", "error", err)
+			}
 		})
 		tp = sdk
 	}
@@ -239,7 +281,7 @@ func Run(ctx context.Context, c DaemonConfig) error {
 		if err != nil {
 			return err
 		}
-		rc, err := redisClient(c.Redis, c.StoreTimeout, rtls)
+		rc, err := openRedis(ctx, c, rtls, log)
 		if err != nil {
 			return err
 		}
@@ -309,15 +351,14 @@ func Run(ctx context.Context, c DaemonConfig) error {
 	n.Register(gs)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
-	reflection.Register(gs)
 
 	gl, hl, err := daemon.Listen(c.GRPCAddr, c.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("regional: %w", err)
 	}
-	servers := daemon.Servers{GRPC: gs, GRPCListener: gl, HTTPListener: hl, Health: hs,
-		HTTP:            &http.Server{Handler: n.Handler(reg), ReadHeaderTimeout: 5 * time.Second},
-		ShutdownTimeout: c.ShutdownTimeout, Announce: c.Announce, Logger: log}
+	servers := daemon.Servers{GRPC: gs, GRPCListener: gl, HTTPListener: hl, Health: hs, Reflection: c.GRPCReflection,
+		HTTP:  &http.Server{Handler: n.Handler(reg), ReadHeaderTimeout: 5 * time.Second},
+		Drain: c.Drain, OnDrain: n.Drain, ShutdownTimeout: c.ShutdownTimeout, Announce: c.Announce, Logger: log}
 
 	// The node's own goroutines run until the servers stopped.
 	nctx, stopNode := context.WithCancel(ctx)

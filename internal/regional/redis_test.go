@@ -120,7 +120,7 @@ func TestMustShow1ExactUnderConcurrency(t *testing.T) {
 // breaker is open; after a restart normal decisions resume.
 func TestMustShow3RedisOutage(t *testing.T) {
 	srv := redistest.Start(t)
-	rc, err := redisClient(srv.Addr, 20*time.Millisecond, nil)
+	rc, err := redisClient(srv.Addr, 20*time.Millisecond, bucket.DialOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -297,7 +297,7 @@ func TestMustShow5VersionMigration(t *testing.T) {
 
 func BenchmarkCheckBreakerOpen(b *testing.B) {
 	srv := redistest.Start(b)
-	rc, err := redisClient(srv.Addr, 5*time.Millisecond, nil)
+	rc, err := redisClient(srv.Addr, 5*time.Millisecond, bucket.DialOptions{})
 	if err != nil {
 		b.Fatal(err)
 	}

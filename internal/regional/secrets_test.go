@@ -8,6 +8,7 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
+	"github.com/quotacoord/quota/bucket"
 	"github.com/quotacoord/quota/internal/redistest"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
 )
@@ -19,7 +20,7 @@ import (
 // under a key listed in EnvoyPlainKeys stays readable.
 func TestNoRawDescriptorValuesInRedis(t *testing.T) {
 	srv := redistest.Start(t)
-	rc, err := redisClient(srv.Addr, 100*time.Millisecond, nil)
+	rc, err := redisClient(srv.Addr, 100*time.Millisecond, bucket.DialOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

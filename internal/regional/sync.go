@@ -14,7 +14,7 @@ import (
 	"github.com/quotacoord/quota/internal/regionsync"
 )
 
-// syncer is what Main needs from the etcd side: shares, a demand sink, a
+// syncer is what Run needs from the etcd side: shares, a demand sink, a
 // way to hand it the node once built, a last flush and a stop.
 type syncer struct {
 	shares ShareSource

@@ -10,7 +10,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/quotacoord/quota/internal/redistest"
 	"github.com/quotacoord/quota/internal/testca"
@@ -40,8 +39,8 @@ func TestGRPCTLSReload(t *testing.T) {
 	scert, skey, first := ca.IssueFiles(t, dir, "server")
 	ccert, ckey, _ := ca.IssueFiles(t, dir, "client")
 	ocert, okey, _ := other.IssueFiles(t, t.TempDir(), "client")
-	g, _, _, stop := runMain(t, []string{"-policies", "../../examples/policies", "-grpc-addr", "127.0.0.1:0",
-		"-http-addr", "127.0.0.1:0", "-tls-cert", scert, "-tls-key", skey, "-tls-client-ca", ca.WriteFile(t, dir)}, nil)
+	g, _, _, stop := runNode(t, DaemonConfig{Policies: "../../examples/policies",
+		TLSCert: scert, TLSKey: skey, TLSClientCA: ca.WriteFile(t, dir)})
 	defer func() {
 		if err := stop(); err != nil {
 			t.Error(err)
@@ -125,32 +124,22 @@ func TestRedisTLS(t *testing.T) {
 	tlsAddr := "127.0.0.1:" + port
 	pol := writePolicies(t, map[string]string{"p.yaml": "policies:\n  - {name: tls-closed, capacity: 5, rate: 5/hour, failure_mode: closed}\n"})
 	subject := redistest.Unique(t)
+	mutual := RedisTLS{CAFile: caFile, CertFile: ccert, KeyFile: ckey}
 	for _, tt := range []struct {
 		name     string
-		args     []string
+		redis    string
+		tls      RedisTLS
 		degraded string
 	}{
-		{"mutual TLS", []string{"-redis-tls-ca", caFile, "-redis-tls-cert", ccert, "-redis-tls-key", ckey}, ""},
-		{"URL form", []string{"-redis-tls-ca", caFile, "-redis-tls-cert", ccert, "-redis-tls-key", ckey, "-redis", "rediss://" + tlsAddr}, ""},
-		{"no client certificate", []string{"-redis-tls-ca", caFile}, "closed"},
-		{"another CA", []string{"-redis-tls-ca", otherCA, "-redis-tls-cert", ccert, "-redis-tls-key", ckey}, "closed"},
-		{"wrong server name", []string{"-redis-tls-ca", caFile, "-redis-tls-cert", ccert, "-redis-tls-key", ckey, "-redis-tls-server-name", "redis.example"}, "closed"},
+		{"mutual TLS", tlsAddr, mutual, ""},
+		{"URL form", "rediss://" + tlsAddr, mutual, ""},
+		{"no client certificate", tlsAddr, RedisTLS{CAFile: caFile}, "closed"},
+		{"another CA", tlsAddr, RedisTLS{CAFile: otherCA, CertFile: ccert, KeyFile: ckey}, "closed"},
+		{"wrong server name", tlsAddr, RedisTLS{CAFile: caFile, CertFile: ccert, KeyFile: ckey, ServerName: "redis.example"}, "closed"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			args := append([]string{"-redis", tlsAddr, "-policies", pol, "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0",
-				"-store-timeout", "2s"}, tt.args...)
-			g, _, out, stop := runMain(t, args, nil)
-			defer func() {
-				if err := stop(); err != nil {
-					t.Error(err)
-				}
-			}()
-			conn, err := grpc.NewClient(g, grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
-			r, err := quotav1.NewAdmissionClient(conn).Check(ctxT(t), &quotav1.CheckRequest{Subject: subject, Policies: []string{"tls-closed"}})
+			adm, out, _ := nodeAdmission(t, DaemonConfig{Redis: tt.redis, RedisTLS: tt.tls, Policies: pol, StoreTimeout: 2 * time.Second})
+			r, err := adm.Check(ctxT(t), &quotav1.CheckRequest{Subject: subject, Policies: []string{"tls-closed"}})
 			if err != nil {
 				t.Fatal(err)
 			}

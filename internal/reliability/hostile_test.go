@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/quotacoord/quota/internal/redistest"
+	"github.com/quotacoord/quota/internal/regional"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
 )
 
@@ -20,10 +21,10 @@ func TestHostileIdentityFlood(t *testing.T) {
 	const localCap = 200
 	srv := redistest.Start(t, "--maxmemory", "1400kb", "--maxmemory-policy", "noeviction")
 	rc := srv.Client(t)
-	n := startNode(t, []string{"-redis", srv.Addr, "-policies", writePolicies(t, `policies:
+	n := startNode(t, regional.DaemonConfig{Redis: srv.Addr, Policies: writePolicies(t, `policies:
   - {name: fl-closed, capacity: 5, rate: 5/second, failure_mode: closed}
   - {name: fl-local, capacity: 5, rate: 5/second, failure_mode: local}
-`), "-store-timeout", "250ms", "-breaker-cooldown", "100ms", "-local-max-buckets", fmt.Sprint(localCap)}, nil)
+`), StoreTimeout: 250 * time.Millisecond, BreakerCooldown: 100 * time.Millisecond, LocalMaxBuckets: localCap}, nil)
 	ctx := context.Background()
 	kinds := counter{}
 	var lost int64
@@ -90,8 +91,8 @@ func TestHostileIdentityFlood(t *testing.T) {
 // breaker opens and a fail-open policy admits a subject it had denied.
 func TestFloodCannotOpenTheBreaker(t *testing.T) {
 	const localCap = 100
-	n := startNode(t, []string{"-policies", writePolicies(t, "policies:\n  - {name: sa-open, capacity: 2, rate: 2/hour, failure_mode: open}\n"),
-		"-local-max-buckets", fmt.Sprint(localCap), "-breaker-cooldown", "10s"}, nil)
+	n := startNode(t, regional.DaemonConfig{Policies: writePolicies(t, "policies:\n  - {name: sa-open, capacity: 2, rate: 2/hour, failure_mode: open}\n"),
+		LocalMaxBuckets: localCap, BreakerCooldown: 10 * time.Second}, nil)
 	ctx := context.Background()
 	checkCost := func(subject string, cost int64) (*quotav1.CheckResponse, error) {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)

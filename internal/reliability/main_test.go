@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -60,7 +61,7 @@ func record(t testing.TB, e Entry) {
 	}
 }
 
-// node is a regional node run in-process through regional.Main, the same
+// node is a regional node run in-process through regional.Run, the same
 // wiring as cmd/regional.
 type node struct {
 	grpcAddr, httpAddr string
@@ -72,16 +73,18 @@ type node struct {
 
 var listenRE = regexp.MustCompile(`(grpc|http) listening on (\S+)`)
 
-// startNode runs regional.Main with args plus loopback listeners; it is
+// startNode runs regional.Run with c on loopback listeners, logging every
+// level as JSON lines to n.out (the leak tests read all of it); it is
 // stopped at cleanup. dial, when not nil, replaces the insecure client.
-func startNode(t testing.TB, args []string, dial func(addr string) (*grpc.ClientConn, error)) *node {
+func startNode(t testing.TB, c regional.DaemonConfig, dial func(addr string) (*grpc.ClientConn, error)) *node {
 	t.Helper()
 	n := &node{out: &logbuf.Buffer{Max: 64 << 20}}
-	args = append([]string{"-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0", "-json-logs",
-		"-shutdown-timeout", "5s"}, args...)
+	c.GRPCAddr, c.HTTPAddr, c.ShutdownTimeout = "127.0.0.1:0", "127.0.0.1:0", 5*time.Second
+	c.Logger = hclog.New(&hclog.LoggerOptions{Name: "regional", Output: n.out, Level: hclog.Trace, JSONFormat: true})
+	c.Announce = n.out
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- regional.Main(ctx, args, nil, n.out) }()
+	go func() { done <- regional.Run(ctx, c) }()
 	var once sync.Once
 	var stopErr error
 	n.stop = func() error {
@@ -90,7 +93,7 @@ func startNode(t testing.TB, args []string, dial func(addr string) (*grpc.Client
 			select {
 			case stopErr = <-done:
 			case <-time.After(30 * time.Second):
-				stopErr = fmt.Errorf("regional.Main did not return 30s after cancel")
+				stopErr = fmt.Errorf("regional.Run did not return 30s after cancel")
 			}
 			if n.conn != nil {
 				n.conn.Close()
@@ -107,7 +110,7 @@ func startNode(t testing.TB, args []string, dial func(addr string) (*grpc.Client
 	for n.grpcAddr == "" || n.httpAddr == "" {
 		select {
 		case err := <-done:
-			t.Fatalf("regional.Main returned at start: %v\n%s", err, n.out.String())
+			t.Fatalf("regional.Run returned at start: %v\n%s", err, n.out.String())
 		default:
 		}
 		if time.Now().After(deadline) {

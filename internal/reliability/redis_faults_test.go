@@ -10,6 +10,7 @@ import (
 
 	"github.com/quotacoord/quota/internal/faultproxy"
 	"github.com/quotacoord/quota/internal/redistest"
+	"github.com/quotacoord/quota/internal/regional"
 )
 
 // redisEnv is a private redis-server reached by the node through a fault
@@ -111,7 +112,7 @@ func restart(t *testing.T, s *redistest.Server) {
 }
 
 // TestRedisFaults injects every Redis fault under load into a node run
-// through regional.Main and checks that each decision follows its
+// through regional.Run and checks that each decision follows its
 // policy's failure mode, none is lost, fail-closed admissions stay within
 // budget, and normal decisions resume by themselves.
 func TestRedisFaults(t *testing.T) {
@@ -128,9 +129,9 @@ func TestRedisFaults(t *testing.T) {
 			}
 			t.Cleanup(func() { p.Close() })
 			e.proxy = p
-			n := startNode(t, []string{"-redis", p.Addr(), "-policies", writePolicies(t, faultPolicies),
-				"-store-timeout", "250ms", "-breaker-threshold", "3", "-breaker-cooldown", "200ms",
-				"-region", "r1"}, nil)
+			n := startNode(t, regional.DaemonConfig{Redis: p.Addr(), Policies: writePolicies(t, faultPolicies),
+				StoreTimeout: 250 * time.Millisecond, BreakerThreshold: 3, BreakerCooldown: 200 * time.Millisecond,
+				Region: "r1"}, nil)
 			d := newDriver(n.adm, redistest.Unique(t))
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan struct{})

@@ -31,6 +31,7 @@ import (
 	"github.com/quotacoord/quota/internal/etcdtest"
 	"github.com/quotacoord/quota/internal/logbuf"
 	"github.com/quotacoord/quota/internal/redistest"
+	"github.com/quotacoord/quota/internal/regional"
 	"github.com/quotacoord/quota/internal/testca"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
 	"github.com/quotacoord/quota/rebalance"
@@ -71,15 +72,15 @@ func TestRegionalTLS(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name    string
-		args    []string
+		node    regional.DaemonConfig
 		clients []client
 	}{
-		{"tls", []string{"-tls-cert", scert, "-tls-key", skey}, []client{
+		{"tls", regional.DaemonConfig{TLSCert: scert, TLSKey: skey}, []client{
 			{"trusting client", tlsDial(clientTLS(t, good, nil, nil)), true},
 			{"plaintext client", plaintext, false},
 			{"client not trusting the server's CA", tlsDial(clientTLS(t, other, nil, nil)), false},
 		}},
-		{"mtls", []string{"-tls-cert", scert, "-tls-key", skey, "-tls-client-ca", caFile}, []client{
+		{"mtls", regional.DaemonConfig{TLSCert: scert, TLSKey: skey, TLSClientCA: caFile}, []client{
 			{"client certificate from the CA", tlsDial(clientTLS(t, good, ccert, ckey)), true},
 			{"no client certificate", tlsDial(clientTLS(t, good, nil, nil)), false},
 			{"client certificate from another CA", tlsDial(clientTLS(t, good, bcert, bkey)), false},
@@ -87,7 +88,8 @@ func TestRegionalTLS(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			n := startNode(t, append([]string{"-policies", pol}, tc.args...), tlsDial(clientTLS(t, good, ccert, ckey)))
+			tc.node.Policies = pol
+			n := startNode(t, tc.node, tlsDial(clientTLS(t, good, ccert, ckey)))
 			for _, c := range tc.clients {
 				conn, err := c.dial(n.grpcAddr)
 				if err != nil {
@@ -238,7 +240,7 @@ func TestCertificateReload(t *testing.T) {
 			var addr string
 			switch which {
 			case "regional":
-				addr = startNode(t, []string{"-policies", writePolicies(t, simplePolicy), "-tls-cert", scert, "-tls-key", skey},
+				addr = startNode(t, regional.DaemonConfig{Policies: writePolicies(t, simplePolicy), TLSCert: scert, TLSKey: skey},
 					tlsDial(clientTLS(t, good, nil, nil))).grpcAddr
 			default:
 				c, _, _, _ := startCoordinator(t, func(cfg *coordinator.Config) { cfg.TLSCert, cfg.TLSKey = scert, skey })
@@ -289,8 +291,8 @@ func TestNoSecretsInKeysLogsMetrics(t *testing.T) {
 `)
 	envoy := filepath.Join(filepath.Dir(pol), "envoy.yaml")
 	writeFile(t, envoy, []byte("domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: second, requests_per_unit: 5}\n  - key: api_key\n    rate_limit: {unit: second, requests_per_unit: 5}\n"))
-	n := startNode(t, []string{"-redis", srv.Addr, "-policies", filepath.Dir(pol), "-log-level", "trace",
-		"-decision-log-every", "1", "-store-timeout", "250ms", "-breaker-cooldown", "100ms", "-subject-salt", "s3cret-salt"}, nil)
+	n := startNode(t, regional.DaemonConfig{Redis: srv.Addr, Policies: filepath.Dir(pol),
+		DecisionLogEvery: 1, StoreTimeout: 250 * time.Millisecond, BreakerCooldown: 100 * time.Millisecond, SubjectSalt: "s3cret-salt"}, nil)
 	rls := rlsv3.NewRateLimitServiceClient(n.conn)
 	const canary = "canary-tenant-7"
 	secrets := []string{"sk_live_4eC39HqLyjWDarjtT1zdp7dc", "203.0.113.77", "alice@example.com", "198.51.100.23", "AKIAIOSFODNN7EXAMPLE", "s3cret-salt"}
@@ -450,7 +452,7 @@ func scanRedis(t *testing.T, ctx context.Context, rc *redis.Client) redisContent
 	return out
 }
 
-// TestAdmissionAttacks tries, against a node run through regional.Main on
+// TestAdmissionAttacks tries, against a node run through regional.Run on
 // Redis, the attacks of a client that can only send requests through the
 // edge: each must lift no limit (admissions beyond the capacity) and cause
 // no fail-open answer (an error, which Envoy with failure_mode_deny: false
@@ -465,7 +467,7 @@ func TestAdmissionAttacks(t *testing.T) {
 `)
 	writeFile(t, filepath.Join(filepath.Dir(pol), "envoy.yaml"),
 		[]byte("domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 5}\n"))
-	n := startNode(t, []string{"-redis", srv.Addr, "-policies", filepath.Dir(pol), "-subject-salt", "attack-salt"}, nil)
+	n := startNode(t, regional.DaemonConfig{Redis: srv.Addr, Policies: filepath.Dir(pol), SubjectSalt: "attack-salt"}, nil)
 	rls := rlsv3.NewRateLimitServiceClient(n.conn)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

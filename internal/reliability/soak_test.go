@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/quotacoord/quota/internal/redistest"
+	"github.com/quotacoord/quota/internal/regional"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
 )
 
@@ -119,8 +120,8 @@ func TestSoak(t *testing.T) {
 	maxOneShot := pick(int64(3000), int64(200000))
 	srv := redistest.Start(t)
 	rc := srv.Client(t)
-	n := startNode(t, []string{"-redis", srv.Addr, "-policies", writePolicies(t, soakPolicies),
-		"-store-timeout", "250ms", "-region", "soak"}, nil)
+	n := startNode(t, regional.DaemonConfig{Redis: srv.Addr, Policies: writePolicies(t, soakPolicies),
+		StoreTimeout: 250 * time.Millisecond, Region: "soak"}, nil)
 	ctx := context.Background()
 	call := func(req *quotav1.CheckRequest) (*quotav1.CheckResponse, error) {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
