@@ -94,8 +94,14 @@ type Config struct {
 	BreakerCooldown time.Duration
 	// UnknownPolicy defaults to UnknownError.
 	UnknownPolicy UnknownPolicy
-	// SubjectSalt salts hashed subjects; every region of a deployment must
-	// use the same salt.
+	// SubjectSalt is the secret HMAC key of hashed subjects; every region
+	// of a deployment must use the same salt. Empty, New generates a
+	// random one for this node only and logs a warning: hashed subjects
+	// then never use an empty key (which would let anyone reverse a
+	// hashed IPv4 address by trying 2^32 values), but nodes sharing a
+	// Redis name different buckets for one identity and a restart starts
+	// every hashed bucket afresh. Run fills it from etcd (see
+	// DaemonConfig.SubjectSalt).
 	SubjectSalt string
 	// EnvoyPlainKeys lists the Envoy descriptor keys whose values are not
 	// secret and stay readable in bucket subjects (see
@@ -117,6 +123,9 @@ type Config struct {
 	DegradedLogInterval time.Duration
 	// Headers selects Envoy response headers; default HeadersOff.
 	Headers HeaderMode
+
+	// saltGenerated is set by withDefaults when it made SubjectSalt up.
+	saltGenerated bool
 }
 
 // withDefaults returns c with defaults filled in, or an error naming the
@@ -139,6 +148,10 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Shares == nil {
 		c.Shares = Standalone{}
+	}
+	if c.SubjectSalt == "" {
+		c.SubjectSalt = newSubjectSalt()
+		c.saltGenerated = true
 	}
 	if c.Clock == nil {
 		c.Clock = clock.Real{}

@@ -80,6 +80,11 @@ func New(cfg Config) (*Node, error) {
 
 		envoySubj: policy.EnvoySubjects{Salt: cfg.SubjectSalt, PlainKeys: cfg.EnvoyPlainKeys},
 	}
+	if cfg.saltGenerated {
+		n.log.Warn("no subject salt given: hashing subjects with a random salt of this process only; " +
+			"nodes sharing a Redis must share a salt (-subject-salt, or -etcd to share one through etcd), " +
+			"and a restart starts every hashed bucket afresh")
+	}
 	n.takeLatency = m.storeLatency.WithLabelValues("take_all")
 	n.deadlines = newDeadlines(cfg.StoreTimeout)
 	if ps, ok := cfg.Shares.(PinnedShareSource); ok {

@@ -77,7 +77,11 @@ type DaemonConfig struct {
 	ReloadSettle time.Duration
 	// StoreTimeout, BreakerThreshold, BreakerCooldown, UnknownPolicy,
 	// Headers, SubjectSalt, EnvoyPlainKeys and DecisionLogEvery are the
-	// Node's (Config, with its defaults).
+	// Node's (Config, with its defaults), except that an empty SubjectSalt
+	// with EtcdEndpoints is the deployment's salt stored in etcd
+	// (etcdlayout.Layout.SubjectSalt), created by the first node to start
+	// and shared by every region; a node that cannot read it does not
+	// start. Without etcd an empty SubjectSalt is random per process.
 	StoreTimeout     time.Duration
 	BreakerThreshold int
 	BreakerCooldown  time.Duration
@@ -264,6 +268,9 @@ func Run(ctx context.Context, c DaemonConfig) error {
 		return err
 	}
 	cleanup.Push(ss.stop)
+	if c.SubjectSalt == "" {
+		c.SubjectSalt = ss.salt
+	}
 	ncfg := Config{
 		Region: c.Region, Store: store, Local: local, Shares: ss.shares, Demand: ss.demand,
 		Logger: log, Registerer: reg, TracerProvider: tp, StoreTimeout: c.StoreTimeout,
