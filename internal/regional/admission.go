@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/quotacoord/quota/bucket"
+	"github.com/quotacoord/quota/internal/grants"
 	"github.com/quotacoord/quota/internal/policy"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
 )
@@ -45,7 +46,11 @@ func (a *admission) Check(ctx context.Context, req *quotav1.CheckRequest) (*quot
 	if set == nil {
 		return nil, status.Error(codes.Unavailable, "policies are not loaded yet")
 	}
-	c, err := a.n.prepareCheck(set, req, &shares)
+	_, perms, err := a.n.callerPerms(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c, err := a.n.prepareCheck(set, req, &shares, perms)
 	if err != nil {
 		return nil, err
 	}
@@ -65,10 +70,14 @@ func (a *admission) CheckBatch(ctx context.Context, req *quotav1.CheckBatchReque
 	if len(req.GetChecks()) > MaxBatch {
 		return nil, status.Errorf(codes.InvalidArgument, "batch has %d checks, at most %d", len(req.GetChecks()), MaxBatch)
 	}
+	_, perms, err := a.n.callerPerms(ctx)
+	if err != nil {
+		return nil, err
+	}
 	checks := make([]*check, len(req.GetChecks()))
 	var keys map[string]int // replay key → first check of the batch with it
 	for i, cr := range req.GetChecks() {
-		c, err := a.n.prepareCheck(set, cr, &shares)
+		c, err := a.n.prepareCheck(set, cr, &shares, perms)
 		if err != nil {
 			st := status.Convert(err)
 			return nil, status.Errorf(st.Code(), "check %d: %s", i, st.Message())
@@ -99,8 +108,9 @@ func (a *admission) CheckBatch(ctx context.Context, req *quotav1.CheckBatchReque
 }
 
 // prepareCheck validates req against set, reading shares through the
-// check's pin. Errors are gRPC statuses.
-func (n *Node) prepareCheck(set *policy.Set, req *quotav1.CheckRequest, shares *sharePin) (*check, error) {
+// check's pin, and refuses (PermissionDenied) a check or peek of a policy
+// the caller's perms do not grant. Errors are gRPC statuses.
+func (n *Node) prepareCheck(set *policy.Set, req *quotav1.CheckRequest, shares *sharePin, perms grants.Perms) (*check, error) {
 	if req == nil {
 		return nil, status.Error(codes.InvalidArgument, "empty request")
 	}
@@ -155,6 +165,14 @@ func (n *Node) prepareCheck(set *policy.Set, req *quotav1.CheckRequest, shares *
 			}
 			n.m.decisions.WithLabelValues("unknown", n.cfg.Region, resultUnknown).Inc()
 			continue
+		}
+		action := grants.Check
+		if req.GetPeek() {
+			action = grants.Peek
+		}
+		if !perms.Allows(action, name) {
+			n.forbid("admission", action)
+			return nil, status.Errorf(codes.PermissionDenied, "caller may not %s policy %q", action, name)
 		}
 		hash = hash || p.HashSubject
 		if cost > p.Limits.Capacity {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/quotacoord/quota/bucket"
 	"github.com/quotacoord/quota/internal/clock"
+	"github.com/quotacoord/quota/internal/grants"
 	"github.com/quotacoord/quota/internal/policy"
 )
 
@@ -123,6 +124,12 @@ type Config struct {
 	DegradedLogInterval time.Duration
 	// Headers selects Envoy response headers; default HeadersOff.
 	Headers HeaderMode
+	// Grants says which callers may check, peek, refund and override on
+	// which policies (see internal/grants); default grants.Default(),
+	// check only for every caller.
+	Grants *grants.Grants
+	// Tokens are the bearer tokens that identify callers; default none.
+	Tokens *grants.Tokens
 
 	// saltGenerated is set by withDefaults when it made SubjectSalt up.
 	saltGenerated bool
@@ -148,6 +155,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Shares == nil {
 		c.Shares = Standalone{}
+	}
+	if c.Grants == nil {
+		c.Grants = grants.Default()
 	}
 	if c.SubjectSalt == "" {
 		c.SubjectSalt = newSubjectSalt()

@@ -75,6 +75,20 @@
 // (Unavailable) and a caller that went away remain errors; the shipped
 // Envoy configurations set failure_mode_deny for them (docs/security.md).
 //
+// # Callers
+//
+// Config.Grants (internal/grants) says what each caller may do: check,
+// peek, refund and override, per policy. A caller is identified by the
+// URI and DNS SANs of its verified client certificate and by a bearer
+// token from Config.Tokens; the default grants check only. The own API
+// refuses what is not granted (PermissionDenied; an unknown token is
+// Unauthenticated). The Envoy API never answers with an error, which
+// Envoy would turn into admission: an override not granted is ignored, a
+// refund not granted is charged as a hit, and a rule the caller may not
+// check makes the request OVER_LIMIT. A granted override holds the
+// region's share of its limit (the share of the matched rule's policy),
+// like any policy.
+//
 // # Failure behaviour
 //
 // A store call has a time budget (Config.StoreTimeout, default 5 ms, up

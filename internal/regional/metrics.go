@@ -23,6 +23,7 @@ type metrics struct {
 	reloads      *prometheus.CounterVec // result
 	memoryFull   *prometheus.CounterVec // store: primary or local
 	rejected     *prometheus.CounterVec // api
+	forbidden    *prometheus.CounterVec // api, action
 	policies     prometheus.Gauge
 }
 
@@ -91,13 +92,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "quota", Subsystem: "regional", Name: "rejected_requests_total",
 			Help: "Requests the node could not decide (bad input) and answered as denied rather than with an error, by API.",
 		}, []string{"api"}),
+		forbidden: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "quota", Subsystem: "regional", Name: "forbidden_actions_total",
+			Help: "Actions a caller was not granted (check, peek, refund, override), by API: refused (own API) or left out of the decision (Envoy API).",
+		}, []string{"api", "action"}),
 		policies: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "quota", Subsystem: "regional", Name: "policies",
 			Help: "Policies in the loaded set.",
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.decisions, m.storeLatency, m.storeErrors, m.degraded,
-		m.retryAfter, m.shares, m.negHits, m.replays, m.breakerOpens, m.breakerOpen, m.reloads, m.memoryFull, m.rejected, m.policies} {
+		m.retryAfter, m.shares, m.negHits, m.replays, m.breakerOpens, m.breakerOpen, m.reloads, m.memoryFull, m.rejected, m.forbidden, m.policies} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("regional: register metrics: %w", err)
 		}

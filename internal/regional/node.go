@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/quotacoord/quota/bucket"
+	"github.com/quotacoord/quota/internal/grants"
 	"github.com/quotacoord/quota/internal/policy"
 )
 
@@ -45,6 +46,8 @@ type Node struct {
 	// envoySubj turns Envoy descriptor values into subjects: salted
 	// hashes except for Config.EnvoyPlainKeys.
 	envoySubj policy.EnvoySubjects
+	// anonymous are the perms of a caller without an identity.
+	anonymous grants.Perms
 
 	deadlines   *deadlines // of store calls (see callStore)
 	takeLatency prometheus.Observer
@@ -79,6 +82,7 @@ func New(cfg Config) (*Node, error) {
 		log:     cfg.Logger,
 
 		envoySubj: policy.EnvoySubjects{Salt: cfg.SubjectSalt, PlainKeys: cfg.EnvoyPlainKeys},
+		anonymous: cfg.Grants.For(nil),
 	}
 	if cfg.saltGenerated {
 		n.log.Warn("no subject salt given: hashing subjects with a random salt of this process only; " +

@@ -90,6 +90,16 @@ type DaemonConfig struct {
 	SubjectSalt      string
 	EnvoyPlainKeys   []string
 	DecisionLogEvery int
+	// GrantsFile says which callers may check, peek, refund and override
+	// on which policies (YAML or JSON, see internal/grants); empty grants
+	// check, and nothing else, to every caller. Callers are identified by
+	// the URI and DNS SANs of their verified client certificates
+	// (TLSClientCA) and by TokensFile.
+	GrantsFile string
+	// TokensFile lists bearer tokens ("NAME TOKEN" lines) that identify
+	// callers as "token:NAME"; empty accepts none. Tokens travel in the
+	// clear without TLSCert.
+	TokensFile string
 	// OTLPEndpoint (host:port) receives traces over OTLP gRPC; empty turns
 	// tracing off.
 	OTLPEndpoint string
@@ -271,12 +281,16 @@ func Run(ctx context.Context, c DaemonConfig) error {
 	if c.SubjectSalt == "" {
 		c.SubjectSalt = ss.salt
 	}
+	g, toks, err := loadGrants(c, log)
+	if err != nil {
+		return err
+	}
 	ncfg := Config{
 		Region: c.Region, Store: store, Local: local, Shares: ss.shares, Demand: ss.demand,
 		Logger: log, Registerer: reg, TracerProvider: tp, StoreTimeout: c.StoreTimeout,
 		BreakerThreshold: c.BreakerThreshold, BreakerCooldown: c.BreakerCooldown,
 		UnknownPolicy: c.UnknownPolicy, SubjectSalt: c.SubjectSalt, EnvoyPlainKeys: c.EnvoyPlainKeys,
-		DecisionLogEvery: c.DecisionLogEvery, Headers: c.Headers,
+		DecisionLogEvery: c.DecisionLogEvery, Headers: c.Headers, Grants: g, Tokens: toks,
 	}
 	n, err := New(ncfg)
 	if err != nil {
