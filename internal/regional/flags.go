@@ -69,6 +69,10 @@ func parseFlags(args, env []string, stderr io.Writer) (DaemonConfig, error) {
 	fs.DurationVar(&c.ReportInterval, "report-interval", 5*time.Second, "demand report interval (with -etcd)")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", daemon.DefaultShutdownTimeout, "how long a graceful shutdown may take")
 	fs.DurationVar(&c.ReloadSettle, "reload-settle", 200*time.Millisecond, "quiet time after a policy file change before reloading")
+	// Callers of the admission listener (issue 14): who may refund,
+	// override and peek.
+	fs.StringVar(&c.GrantsFile, "grants", "", "YAML or JSON file granting check, peek, refund and override per caller and policy (see internal/grants); empty = every caller may check, nothing else")
+	fs.StringVar(&c.TokensFile, "auth-tokens", "", "file of bearer tokens identifying callers, NAME TOKEN per line (identity token:NAME in -grants); empty = no tokens")
 	logs.Register(fs)
 	if err := daemon.Parse(fs, args, env); err != nil {
 		return c, err
