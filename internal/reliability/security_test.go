@@ -465,7 +465,12 @@ func TestAdmissionAttacks(t *testing.T) {
 `)
 	writeFile(t, filepath.Join(filepath.Dir(pol), "envoy.yaml"),
 		[]byte("domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 5}\n"))
-	n := startNode(t, []string{"-redis", srv.Addr, "-policies", filepath.Dir(pol), "-subject-salt", "attack-salt"}, nil)
+	// Peek is granted to every caller so that the idempotency row below
+	// can try a peek's key on a charge (without the grant a peek is
+	// refused outright).
+	grantsFile := filepath.Join(t.TempDir(), "grants.yaml")
+	writeFile(t, grantsFile, []byte("default: [{actions: [check, peek], policies: ['*']}]\n"))
+	n := startNode(t, []string{"-redis", srv.Addr, "-policies", filepath.Dir(pol), "-subject-salt", "attack-salt", "-grants", grantsFile}, nil)
 	rls := rlsv3.NewRateLimitServiceClient(n.conn)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
