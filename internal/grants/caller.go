@@ -80,12 +80,11 @@ func (t *Tokens) name(token string) (string, bool) {
 	return who, ok
 }
 
-// Caller is who sent a request: the identities it proved, and Key, the
-// name its per-caller limits are counted under (its first identity, else
-// its peer's IP address).
+// Caller is who sent a request: the identities it proved and the
+// address it connected from (nil when unknown).
 type Caller struct {
-	IDs []string
-	Key string
+	IDs  []string
+	Addr net.Addr
 }
 
 // ErrUnknownToken reports a bearer token that is not in the tokens file.
@@ -123,23 +122,8 @@ func Identify(ctx context.Context, tokens *Tokens) (Caller, error) {
 			}
 		}
 	}
-	switch {
-	case len(c.IDs) > 0:
-		c.Key = c.IDs[0]
-	case ok && p.Addr != nil:
-		c.Key = "addr:" + hostOf(p.Addr)
+	if ok {
+		c.Addr = p.Addr
 	}
 	return c, err
-}
-
-// hostOf is the IP address of a peer, without its port.
-func hostOf(a net.Addr) string {
-	if ta, ok := a.(*net.TCPAddr); ok {
-		return ta.IP.String()
-	}
-	h, _, err := net.SplitHostPort(a.String())
-	if err != nil {
-		return a.String()
-	}
-	return h
 }

@@ -107,11 +107,11 @@ func TestTokensAndIdentify(t *testing.T) {
 	addr := &net.TCPAddr{IP: net.IPv4(10, 0, 0, 7), Port: 4711}
 	ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: addr})
 	c, err := Identify(ctx, toks)
-	if err != nil || len(c.IDs) != 0 || c.Key != "addr:10.0.0.7" {
+	if err != nil || len(c.IDs) != 0 || c.Addr != addr {
 		t.Fatalf("anonymous: %+v, %v", c, err)
 	}
 	c, err = Identify(metadata.NewIncomingContext(ctx, metadata.Pairs("authorization", "Bearer 0123456789abcdef0123")), toks)
-	if err != nil || len(c.IDs) != 1 || c.IDs[0] != "token:billing" || c.Key != "token:billing" {
+	if err != nil || len(c.IDs) != 1 || c.IDs[0] != "token:billing" {
 		t.Fatalf("token: %+v, %v", c, err)
 	}
 	c, err = Identify(metadata.NewIncomingContext(ctx, metadata.Pairs("authorization", "Bearer not-a-known-token-at-all")), toks)

@@ -46,7 +46,7 @@ func (a *admission) Check(ctx context.Context, req *quotav1.CheckRequest) (*quot
 	if set == nil {
 		return nil, status.Error(codes.Unavailable, "policies are not loaded yet")
 	}
-	_, perms, err := a.n.callerPerms(ctx)
+	who, perms, err := a.n.callerPerms(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -54,12 +54,19 @@ func (a *admission) Check(ctx context.Context, req *quotav1.CheckRequest) (*quot
 	if err != nil {
 		return nil, err
 	}
+	if !a.n.admitOps("admission", who, len(c.items)) {
+		return nil, errCallerBusy
+	}
+	defer a.n.inflight.release(who, len(c.items))
 	return a.n.runCheck(ctx, c)
 }
 
 // CheckBatch implements quotav1.AdmissionServer: every entry is validated
-// before any is decided, so a bad entry charges nothing. The whole batch
-// reads its shares through one pin, released on return.
+// before any is decided, so a bad entry charges nothing. A batch naming
+// more than MaxBatchOps policies over its checks is InvalidArgument
+// before any store call, and the batch's bucket operations count against
+// its caller's in-flight bound. The whole batch reads its shares through
+// one pin, released on return.
 func (a *admission) CheckBatch(ctx context.Context, req *quotav1.CheckBatchRequest) (*quotav1.CheckBatchResponse, error) {
 	shares := a.n.beginShares()
 	defer shares.end()
@@ -70,7 +77,15 @@ func (a *admission) CheckBatch(ctx context.Context, req *quotav1.CheckBatchReque
 	if len(req.GetChecks()) > MaxBatch {
 		return nil, status.Errorf(codes.InvalidArgument, "batch has %d checks, at most %d", len(req.GetChecks()), MaxBatch)
 	}
-	_, perms, err := a.n.callerPerms(ctx)
+	named := 0
+	for _, cr := range req.GetChecks() {
+		named += len(cr.GetPolicies())
+	}
+	if named > MaxBatchOps {
+		a.n.m.rejected.WithLabelValues("admission").Inc()
+		return nil, status.Errorf(codes.InvalidArgument, "batch names %d policies over its checks, at most %d: split it", named, MaxBatchOps)
+	}
+	who, perms, err := a.n.callerPerms(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -95,6 +110,14 @@ func (a *admission) CheckBatch(ctx context.Context, req *quotav1.CheckBatchReque
 		}
 		checks[i] = c
 	}
+	ops := 0
+	for _, c := range checks {
+		ops += len(c.items)
+	}
+	if !a.n.admitOps("admission", who, ops) {
+		return nil, errCallerBusy
+	}
+	defer a.n.inflight.release(who, ops)
 	resp := &quotav1.CheckBatchResponse{Responses: make([]*quotav1.CheckResponse, len(checks))}
 	for i, c := range checks {
 		r, err := a.n.runCheck(ctx, c)

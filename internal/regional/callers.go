@@ -4,32 +4,54 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 
 	"github.com/hashicorp/go-hclog"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/quotacoord/quota/internal/grants"
 )
 
-// callerPerms identifies the caller of ctx and returns what it may do
-// (Config.Grants). A bearer token the node does not know is an error
-// (Unauthenticated) with the perms of an anonymous caller: the own API
-// refuses it, the Envoy API goes on with those perms (an error there
-// would admit the request).
-func (n *Node) callerPerms(ctx context.Context) (grants.Caller, grants.Perms, error) {
+// callerPerms identifies the caller of ctx and returns its key for the
+// in-flight bound and what it may do (Config.Grants). A bearer token the
+// node does not know is an error (Unauthenticated) with the perms of an
+// anonymous caller: the own API refuses it, the Envoy API goes on with
+// those perms (an error there would admit the request).
+func (n *Node) callerPerms(ctx context.Context) (callerKey, grants.Perms, error) {
 	if !n.cfg.Grants.Identified() && n.cfg.Tokens == nil {
-		// Every caller has the default grants: nobody to tell apart.
-		return grants.Caller{}, n.anonymous, nil
+		// Every caller has the default grants: only its address matters.
+		var addr net.Addr
+		if p, ok := peer.FromContext(ctx); ok {
+			addr = p.Addr
+		}
+		return keyOf(nil, addr), n.anonymous, nil
 	}
 	c, err := grants.Identify(ctx, n.cfg.Tokens)
-	p := n.cfg.Grants.For(c.IDs)
+	k, p := keyOf(c.IDs, c.Addr), n.cfg.Grants.For(c.IDs)
 	if errors.Is(err, grants.ErrUnknownToken) {
-		return c, p, status.Error(codes.Unauthenticated, "unknown bearer token")
+		return k, p, status.Error(codes.Unauthenticated, "unknown bearer token")
 	}
-	return c, p, err
+	return k, p, err
 }
+
+// admitOps takes ops bucket operations for caller k (see inflight) and
+// counts them under api; false when k is at Config.CallerMaxInflight,
+// counted in quota_regional_caller_limited_total. On true the caller must
+// call n.inflight.release(k, ops) when its bucket calls returned.
+func (n *Node) admitOps(api string, k callerKey, ops int) bool {
+	if !n.inflight.acquire(k, ops) {
+		n.m.callerLimited.WithLabelValues(api).Inc()
+		return false
+	}
+	n.m.bucketOps.WithLabelValues(api).Add(float64(ops))
+	return true
+}
+
+// errCallerBusy is the answer to a caller at its in-flight bound.
+var errCallerBusy = status.Error(codes.ResourceExhausted, "caller has too many bucket operations in flight on this node; retry later")
 
 // forbid counts an action a caller was not granted.
 func (n *Node) forbid(api string, a grants.Action) {

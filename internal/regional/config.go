@@ -48,6 +48,12 @@ const (
 const (
 	MaxPolicies = 16  // policies in one check
 	MaxBatch    = 256 // checks in one CheckBatch
+	// MaxBatchOps bounds the bucket operations of one CheckBatch, the
+	// policies named summed over its checks: a batch of 256 checks of 16
+	// policies each would hold a single-threaded Redis for tens of
+	// milliseconds (about 11 µs per bucket), long enough to time out
+	// every other check of the region and open its breaker.
+	MaxBatchOps = 512
 	// GRPCWindow is the node's fixed gRPC flow-control window, per stream
 	// and per connection, in bytes (a check is a few hundred bytes).
 	GRPCWindow           = 1 << 20
@@ -60,6 +66,12 @@ const (
 	// MaxCost keeps costs exact in float64 arithmetic (2^53).
 	MaxCost = 1 << 53
 )
+
+// DefaultCallerMaxInflight is Config.CallerMaxInflight's default: at
+// about 11 µs of Redis time per bucket, one caller holds at most ~11 ms
+// of its region's Redis at any moment, while a proxy deciding 100,000
+// checks of ten descriptors a second at 1 ms each needs a thousand.
+const DefaultCallerMaxInflight = 1024
 
 // Config configures a Node. Zero fields take the defaults listed.
 type Config struct {
@@ -130,6 +142,12 @@ type Config struct {
 	Grants *grants.Grants
 	// Tokens are the bearer tokens that identify callers; default none.
 	Tokens *grants.Tokens
+	// CallerMaxInflight bounds the bucket operations one caller (its
+	// first identity and its IP address) may have in flight on the node;
+	// a request beyond it is refused at once (ResourceExhausted on the
+	// own API, OVER_LIMIT with a reason on the Envoy API). Default
+	// DefaultCallerMaxInflight; negative turns the bound off.
+	CallerMaxInflight int
 
 	// saltGenerated is set by withDefaults when it made SubjectSalt up.
 	saltGenerated bool
@@ -158,6 +176,12 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Grants == nil {
 		c.Grants = grants.Default()
+	}
+	switch {
+	case c.CallerMaxInflight == 0:
+		c.CallerMaxInflight = DefaultCallerMaxInflight
+	case c.CallerMaxInflight < 0:
+		c.CallerMaxInflight = 0
 	}
 	if c.SubjectSalt == "" {
 		c.SubjectSalt = newSubjectSalt()

@@ -89,6 +89,20 @@
 // region's share of its limit (the share of the matched rule's policy),
 // like any policy.
 //
+// # Work per request and per caller
+//
+// A CheckBatch may name at most MaxBatchOps policies over all its checks
+// (InvalidArgument before any store call beyond it): each is a bucket
+// operation of about 11 µs of single-threaded Redis time. Each caller
+// (its first identity and its IP address) may have at most
+// Config.CallerMaxInflight bucket operations in flight on the node; a
+// request beyond that is refused at once, ResourceExhausted on the own
+// API and OVER_LIMIT with the reason in x-quota-rejected on the Envoy
+// API, so one caller's flood holds a bounded part of Redis and others'
+// checks wait behind at most that much of it. Operations run are counted
+// in quota_regional_bucket_operations_total, refusals in
+// quota_regional_caller_limited_total.
+//
 // # Failure behaviour
 //
 // A store call has a time budget (Config.StoreTimeout, default 5 ms, up

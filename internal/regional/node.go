@@ -48,6 +48,7 @@ type Node struct {
 	envoySubj policy.EnvoySubjects
 	// anonymous are the perms of a caller without an identity.
 	anonymous grants.Perms
+	inflight  *inflight
 
 	deadlines   *deadlines // of store calls (see callStore)
 	takeLatency prometheus.Observer
@@ -83,6 +84,7 @@ func New(cfg Config) (*Node, error) {
 
 		envoySubj: policy.EnvoySubjects{Salt: cfg.SubjectSalt, PlainKeys: cfg.EnvoyPlainKeys},
 		anonymous: cfg.Grants.For(nil),
+		inflight:  newInflight(cfg.CallerMaxInflight),
 	}
 	if cfg.saltGenerated {
 		n.log.Warn("no subject salt given: hashing subjects with a random salt of this process only; " +

@@ -100,6 +100,10 @@ type DaemonConfig struct {
 	// callers as "token:NAME"; empty accepts none. Tokens travel in the
 	// clear without TLSCert.
 	TokensFile string
+	// CallerMaxInflight bounds the bucket operations one caller may have
+	// in flight on the node (Config.CallerMaxInflight): 0 means
+	// DefaultCallerMaxInflight, negative no bound.
+	CallerMaxInflight int
 	// OTLPEndpoint (host:port) receives traces over OTLP gRPC; empty turns
 	// tracing off.
 	OTLPEndpoint string
@@ -291,6 +295,7 @@ func Run(ctx context.Context, c DaemonConfig) error {
 		BreakerThreshold: c.BreakerThreshold, BreakerCooldown: c.BreakerCooldown,
 		UnknownPolicy: c.UnknownPolicy, SubjectSalt: c.SubjectSalt, EnvoyPlainKeys: c.EnvoyPlainKeys,
 		DecisionLogEvery: c.DecisionLogEvery, Headers: c.Headers, Grants: g, Tokens: toks,
+		CallerMaxInflight: c.CallerMaxInflight,
 	}
 	n, err := New(ncfg)
 	if err != nil {

@@ -77,11 +77,16 @@ func (r *rls) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) 
 	}
 	// An unknown bearer token leaves the caller anonymous: an error here
 	// would make Envoy admit the request.
-	_, perms, _ := r.n.callerPerms(ctx)
+	who, perms, _ := r.n.callerPerms(ctx)
 	ec, err := r.n.prepareEnvoy(set, req, &shares, perms)
 	if err != nil {
 		return r.n.rejectEnvoy(req, err), nil
 	}
+	ops := len(ec.items) + len(ec.refunds)
+	if !r.n.admitOps("envoy", who, ops) {
+		return r.n.rejectEnvoy(req, errCallerBusy), nil
+	}
+	defer r.n.inflight.release(who, ops)
 	now := r.n.cfg.Clock.Now()
 	ctx, span := r.n.startSpan(ctx, "regional.ShouldRateLimit")
 	defer span.End()
