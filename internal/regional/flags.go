@@ -72,6 +72,7 @@ func parseFlags(args, env []string, stderr io.Writer) (DaemonConfig, error) {
 	// Callers of the admission listener (issue 14): who may refund,
 	// override and peek.
 	fs.StringVar(&c.GrantsFile, "grants", "", "YAML or JSON file granting check, peek, refund and override per caller and policy (see internal/grants); empty = every caller may check, nothing else")
+	fs.IntVar(&c.CallerMaxInflight, "caller-max-inflight", DefaultCallerMaxInflight, "most bucket operations one caller (identity and IP address) may have in flight on this node; beyond it a request is refused at once; negative = no bound")
 	fs.StringVar(&c.TokensFile, "auth-tokens", "", "file of bearer tokens identifying callers, NAME TOKEN per line (identity token:NAME in -grants); empty = no tokens")
 	logs.Register(fs)
 	if err := daemon.Parse(fs, args, env); err != nil {
