@@ -55,7 +55,7 @@ func (a *admission) Check(ctx context.Context, req *quotav1.CheckRequest) (*quot
 		return nil, err
 	}
 	if !a.n.admitOps("admission", who, len(c.items)) {
-		return nil, errCallerBusy
+		return a.n.busyResponse(c), nil
 	}
 	defer a.n.inflight.release(who, len(c.items))
 	return a.n.runCheck(ctx, c)
@@ -65,7 +65,8 @@ func (a *admission) Check(ctx context.Context, req *quotav1.CheckRequest) (*quot
 // before any is decided, so a bad entry charges nothing. A batch naming
 // more than MaxBatchOps policies over its checks is InvalidArgument
 // before any store call, and the batch's bucket operations count against
-// its caller's in-flight bound. The whole batch reads its shares through
+// its caller's in-flight bound (every check denied beyond it, see
+// busyResponse). The whole batch reads its shares through
 // one pin, released on return.
 func (a *admission) CheckBatch(ctx context.Context, req *quotav1.CheckBatchRequest) (*quotav1.CheckBatchResponse, error) {
 	shares := a.n.beginShares()
@@ -114,11 +115,14 @@ func (a *admission) CheckBatch(ctx context.Context, req *quotav1.CheckBatchReque
 	for _, c := range checks {
 		ops += len(c.items)
 	}
+	resp := &quotav1.CheckBatchResponse{Responses: make([]*quotav1.CheckResponse, len(checks))}
 	if !a.n.admitOps("admission", who, ops) {
-		return nil, errCallerBusy
+		for i, c := range checks {
+			resp.Responses[i] = a.n.busyResponse(c)
+		}
+		return resp, nil
 	}
 	defer a.n.inflight.release(who, ops)
-	resp := &quotav1.CheckBatchResponse{Responses: make([]*quotav1.CheckResponse, len(checks))}
 	for i, c := range checks {
 		r, err := a.n.runCheck(ctx, c)
 		if err != nil {
@@ -338,6 +342,25 @@ func (n *Node) checkNow(ctx context.Context, now time.Time, c *check) (*quotav1.
 		}
 	}
 	return resp, nil
+}
+
+// busyResponse denies c, uncharged, for a caller at its in-flight bound:
+// a denial and not an error, because clients that fail open on an
+// overloaded node (ResourceExhausted, Unavailable) would admit the very
+// flood the bound refuses. It is marked degraded "closed" (decided
+// without the store) and retries after one store time budget, the
+// longest the caller's operations in flight take to finish.
+func (n *Node) busyResponse(c *check) *quotav1.CheckResponse {
+	retry := durationpb.New(n.cfg.StoreTimeout)
+	resp := &quotav1.CheckResponse{Allowed: false, Degraded: string(policy.FailClosed), RetryAfter: retry, ResetAfter: retry,
+		Policies: make([]*quotav1.PolicyDecision, len(c.items))}
+	for i := range c.items {
+		resp.Policies[i] = &quotav1.PolicyDecision{Policy: c.items[i].label, RetryAfter: retry, ResetAfter: retry, Share: c.items[i].req.Share}
+	}
+	if len(c.items) > 0 {
+		resp.DecidedBy = c.items[0].label
+	}
+	return resp
 }
 
 // floorInt rounds a bucket figure down to an int64, clamping infinities

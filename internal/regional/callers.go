@@ -50,7 +50,8 @@ func (n *Node) admitOps(api string, k callerKey, ops int) bool {
 	return true
 }
 
-// errCallerBusy is the answer to a caller at its in-flight bound.
+// errCallerBusy is the reason given to an Envoy caller at its in-flight
+// bound (the own API denies, see busyResponse).
 var errCallerBusy = status.Error(codes.ResourceExhausted, "caller has too many bucket operations in flight on this node; retry later")
 
 // forbid counts an action a caller was not granted.

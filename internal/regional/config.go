@@ -144,8 +144,8 @@ type Config struct {
 	Tokens *grants.Tokens
 	// CallerMaxInflight bounds the bucket operations one caller (its
 	// first identity and its IP address) may have in flight on the node;
-	// a request beyond it is refused at once (ResourceExhausted on the
-	// own API, OVER_LIMIT with a reason on the Envoy API). Default
+	// a request beyond it is denied at once (degraded "closed" on the own
+	// API, OVER_LIMIT with a reason on the Envoy API). Default
 	// DefaultCallerMaxInflight; negative turns the bound off.
 	CallerMaxInflight int
 

@@ -96,10 +96,11 @@
 // operation of about 11 µs of single-threaded Redis time. Each caller
 // (its first identity and its IP address) may have at most
 // Config.CallerMaxInflight bucket operations in flight on the node; a
-// request beyond that is refused at once, ResourceExhausted on the own
-// API and OVER_LIMIT with the reason in x-quota-rejected on the Envoy
-// API, so one caller's flood holds a bounded part of Redis and others'
-// checks wait behind at most that much of it. Operations run are counted
+// request beyond that is denied at once, uncharged (own API: a denial
+// marked degraded "closed"; Envoy API: OVER_LIMIT with the reason in
+// x-quota-rejected), never an error that a failing-open client or Envoy
+// would turn into admission. One caller's flood so holds a bounded part
+// of Redis and others' checks wait behind at most that much of it. Operations run are counted
 // in quota_regional_bucket_operations_total, refusals in
 // quota_regional_caller_limited_total.
 //
