@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/quotacoord/quota/client"
 	"github.com/quotacoord/quota/internal/clock"
 	"github.com/quotacoord/quota/internal/grants"
 	"github.com/quotacoord/quota/internal/policy"
@@ -207,6 +208,16 @@ callers:
 	}
 	if _, err := quotav1.NewAdmissionClient(other).Check(bearer("billing-token-0123456789"), peek); err != nil {
 		t.Errorf("peek with a granted token: %v", err)
+	}
+	// The client library sends its token over TLS.
+	cl, err := client.New(addr, client.WithBearerToken("billing-token-0123456789"), client.WithTLS(&tls.Config{
+		MinVersion: tls.VersionTLS12, RootCAs: ca.Pool(), ServerName: "localhost", Certificates: []tls.Certificate{ca.IssuePair(t, "lib")}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if d, err := cl.Check(ctx, client.Request{Subject: "s", Policies: []string{"small"}, Peek: true}); err != nil || !d.Allowed {
+		t.Errorf("client.WithBearerToken peek: %+v, %v", d, err)
 	}
 	if _, err := quotav1.NewAdmissionClient(other).Check(bearer("guessed-token-0123456789"), peek); status.Code(err) != codes.Unauthenticated {
 		t.Errorf("unknown token: %v, want Unauthenticated", err)
