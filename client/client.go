@@ -5,8 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"net"
-	"net/netip"
 	"time"
 
 	"google.golang.org/grpc"
@@ -16,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/quotacoord/quota/internal/operatortoken"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
 )
 
@@ -172,19 +171,6 @@ func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]strin
 
 func (b bearer) RequireTransportSecurity() bool { return b.secure }
 
-// loopback reports whether addr (host:port) names a loopback host.
-func loopback(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip, err := netip.ParseAddr(host)
-	return err == nil && ip.IsLoopback()
-}
-
 // WithConn uses an existing connection instead of dialing; Close then
 // leaves it open. The address given to New is ignored.
 func WithConn(cc grpc.ClientConnInterface) Option { return func(o *options) { o.conn = cc } }
@@ -230,7 +216,7 @@ func New(addr string, opts ...Option) (*Client, error) {
 	}
 	dial := append([]grpc.DialOption{grpc.WithTransportCredentials(creds)}, o.dialOpts...)
 	if o.token != "" {
-		if o.tls == nil && !loopback(addr) {
+		if o.tls == nil && !operatortoken.LoopbackAddr(addr) {
 			return nil, fmt.Errorf("%w: a bearer token goes only over TLS (WithTLS) or to a loopback address, not in plaintext to %s", ErrInvalidConfig, addr)
 		}
 		dial = append(dial, grpc.WithPerRPCCredentials(bearer{token: o.token, secure: o.tls != nil}))
