@@ -21,20 +21,38 @@ import (
 // anonymous caller: the own API refuses it, the Envoy API goes on with
 // those perms (an error there would admit the request).
 func (n *Node) callerPerms(ctx context.Context) (callerKey, grants.Perms, error) {
-	if !n.cfg.Grants.Identified() && n.cfg.Tokens == nil {
+	a := n.access.Load()
+	if !a.grants.Identified() && a.tokens == nil {
 		// Every caller has the default grants: only its address matters.
 		var addr net.Addr
 		if p, ok := peer.FromContext(ctx); ok {
 			addr = p.Addr
 		}
-		return keyOf(nil, addr), n.anonymous, nil
+		return keyOf(nil, addr), a.anonymous, nil
 	}
-	c, err := grants.Identify(ctx, n.cfg.Tokens)
-	k, p := keyOf(c.IDs, c.Addr), n.cfg.Grants.For(c.IDs)
+	c, err := grants.Identify(ctx, a.tokens)
+	k, p := keyOf(c.IDs, c.Addr), a.grants.For(c.IDs)
 	if errors.Is(err, grants.ErrUnknownToken) {
 		return k, p, status.Error(codes.Unauthenticated, "unknown bearer token")
 	}
 	return k, p, err
+}
+
+// access is one version of what callers may do: the grants, the tokens
+// that identify callers, and the perms of an anonymous caller.
+type access struct {
+	grants    *grants.Grants
+	tokens    *grants.Tokens
+	anonymous grants.Perms
+}
+
+// SetGrants swaps in new grants and tokens (nil grants: grants.Default();
+// nil tokens: none); requests already identified finish with the old.
+func (n *Node) SetGrants(g *grants.Grants, toks *grants.Tokens) {
+	if g == nil {
+		g = grants.Default()
+	}
+	n.access.Store(&access{grants: g, tokens: toks, anonymous: g.For(nil)})
 }
 
 // admitOps takes ops bucket operations for caller k (see inflight) and

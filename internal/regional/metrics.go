@@ -21,6 +21,7 @@ type metrics struct {
 	breakerOpens  prometheus.Counter
 	breakerOpen   prometheus.Gauge
 	reloads       *prometheus.CounterVec // result
+	grantsReloads *prometheus.CounterVec // result
 	memoryFull    *prometheus.CounterVec // store: primary or local
 	rejected      *prometheus.CounterVec // api
 	forbidden     *prometheus.CounterVec // api, action
@@ -86,6 +87,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "quota", Subsystem: "regional", Name: "policy_reloads_total",
 			Help: "Policy reloads by result (ok, error).",
 		}, []string{"result"}),
+		grantsReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "quota", Subsystem: "regional", Name: "grants_reloads_total",
+			Help: "Reloads of the grants and tokens files by result (ok, error).",
+		}, []string{"result"}),
 		memoryFull: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "quota", Subsystem: "regional", Name: "memory_full_total",
 			Help: "Checks denied because the in-process store (primary or local) was at its bucket cap and the check needed a new bucket.",
@@ -112,7 +117,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.decisions, m.storeLatency, m.storeErrors, m.degraded,
-		m.retryAfter, m.shares, m.negHits, m.replays, m.breakerOpens, m.breakerOpen, m.reloads, m.memoryFull, m.rejected, m.forbidden,
+		m.retryAfter, m.shares, m.negHits, m.replays, m.breakerOpens, m.breakerOpen, m.reloads, m.grantsReloads, m.memoryFull, m.rejected, m.forbidden,
 		m.bucketOps, m.callerLimited, m.policies} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("regional: register metrics: %w", err)

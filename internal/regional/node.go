@@ -18,7 +18,6 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/quotacoord/quota/bucket"
-	"github.com/quotacoord/quota/internal/grants"
 	"github.com/quotacoord/quota/internal/policy"
 )
 
@@ -46,9 +45,9 @@ type Node struct {
 	// envoySubj turns Envoy descriptor values into subjects: salted
 	// hashes except for Config.EnvoyPlainKeys.
 	envoySubj policy.EnvoySubjects
-	// anonymous are the perms of a caller without an identity.
-	anonymous grants.Perms
-	inflight  *inflight
+	// access is what callers may do, swapped whole by SetGrants.
+	access   atomic.Pointer[access]
+	inflight *inflight
 
 	deadlines   *deadlines // of store calls (see callStore)
 	takeLatency prometheus.Observer
@@ -83,9 +82,9 @@ func New(cfg Config) (*Node, error) {
 		log:     cfg.Logger,
 
 		envoySubj: policy.EnvoySubjects{Salt: cfg.SubjectSalt, PlainKeys: cfg.EnvoyPlainKeys},
-		anonymous: cfg.Grants.For(nil),
 		inflight:  newInflight(cfg.CallerMaxInflight),
 	}
+	n.SetGrants(cfg.Grants, cfg.Tokens)
 	if cfg.saltGenerated {
 		n.log.Warn("no subject salt given: hashing subjects with a random salt of this process only; " +
 			"nodes sharing a Redis must share a salt (-subject-salt, or -etcd to share one through etcd), " +

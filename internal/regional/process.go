@@ -72,8 +72,8 @@ type DaemonConfig struct {
 	// it the policies come from etcd. One of Policies and EtcdEndpoints
 	// is required.
 	Policies string
-	// ReloadSettle is the quiet time after a policy file change before
-	// reloading; default 200ms.
+	// ReloadSettle is the quiet time after a policy, grants or tokens file
+	// change before reloading; default 200ms.
 	ReloadSettle time.Duration
 	// StoreTimeout, BreakerThreshold, BreakerCooldown, UnknownPolicy,
 	// Headers, SubjectSalt, EnvoyPlainKeys and DecisionLogEvery are the
@@ -94,7 +94,8 @@ type DaemonConfig struct {
 	// on which policies (YAML or JSON, see internal/grants); empty grants
 	// check, and nothing else, to every caller. Callers are identified by
 	// the URI and DNS SANs of their verified client certificates
-	// (TLSClientCA) and by TokensFile.
+	// (TLSClientCA) and by TokensFile. Both files are reloaded when they
+	// change (a bad version keeps the last good one).
 	GrantsFile string
 	// TokensFile lists bearer tokens ("NAME TOKEN" lines) that identify
 	// callers as "token:NAME"; empty accepts none. Tokens travel in the
@@ -352,6 +353,15 @@ func Run(ctx context.Context, c DaemonConfig) error {
 		defer wg.Done()
 		_ = local.Run(nctx) // sweeps expired in-process buckets until nctx ends
 	}()
+	if c.GrantsFile != "" || c.TokensFile != "" {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := n.WatchGrants(nctx, c.GrantsFile, c.TokensFile, c.ReloadSettle); err != nil {
+				log.Error("grants watcher stopped; no more reloads", "error", err)
+			}
+		}()
+	}
 	if c.Policies != "" {
 		wg.Add(1)
 		go func() {
