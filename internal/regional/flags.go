@@ -62,7 +62,7 @@ func parseFlags(args, env []string, stderr io.Writer) (DaemonConfig, error) {
 	fs.StringVar(&c.EtcdTLS.ServerName, "etcd-tls-server-name", "", "name every etcd certificate must carry; default each endpoint's host")
 	fs.StringVar(&unknownPolicy, "unknown-policy", "error", "checks naming an unknown policy: error (NotFound), deny or allow")
 	fs.StringVar(&headers, "rls-headers", "off", "Envoy API response headers: off or draft (RateLimit-Limit/-Remaining/-Reset)")
-	fs.StringVar(&c.SubjectSalt, "subject-salt", "", "salt for hashed subjects; the same in every region")
+	fs.StringVar(&c.SubjectSalt, "subject-salt", "", "secret HMAC key of hashed subjects, the same in every region; empty = the deployment's salt in etcd (with -etcd, created once), else a random salt of this process (warned)")
 	fs.StringVar(&envoyPlainKeys, "envoy-plain-keys", "", "comma-separated Envoy descriptor keys whose values are not secret and stay readable in Redis keys (e.g. tenant,path); every other value is hashed")
 	fs.IntVar(&c.DecisionLogEvery, "decision-log-every", 0, "log one decision in N (subject hashed); 0 = off")
 	fs.IntVar(&c.LocalMaxBuckets, "local-max-buckets", 100000, "bound on buckets of the in-process store")
