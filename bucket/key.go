@@ -147,9 +147,11 @@ func isSubjectByte(c byte) bool {
 
 // HashSubject turns an untrusted identity (a raw API key, an e-mail address,
 // an IP) into a valid subject: "h-" and 32 URL-safe base64 characters of
-// its SHA-256 under salt. The raw value never reaches a key, a log or a
-// metric. The same salt and value always give the same subject. It
-// allocates only the result.
+// HMAC-SHA256 keyed with salt over raw. The raw value never reaches a key,
+// a log or a metric, and without the salt nobody can test guesses against
+// a subject (an IPv4 address has only 2^32 values): the salt is a secret
+// key, not a public prefix. The same salt and value always give the same
+// subject. It allocates only the result.
 func HashSubject(salt, raw string) string { return HashedSubject(salt, raw).s }
 
 // HashSubjectBytes is HashSubject of string(raw), without converting raw.
@@ -158,35 +160,50 @@ func HashSubjectBytes(salt string, raw []byte) string { return HashedSubjectByte
 // HashedSubjectLen is the length of every subject HashSubject returns.
 const HashedSubjectLen = 2 + 32
 
-// hashStackBytes bounds the salted input hashed with one sha256.Sum256
-// from a stack buffer; a longer one is streamed through sha256.New.
-const hashStackBytes = 512
+// hashBlock is SHA-256's block size, the HMAC key's padded length.
+const hashBlock = 64
 
 // hashSubject writes "h-" and the URL-safe base64 of the first 24 bytes
-// of SHA-256(salt, 0, raw, rawb) into out (one of raw and rawb is empty).
+// of HMAC-SHA256(salt, raw‖rawb) into out (one of raw and rawb is empty).
+// It is RFC 2104 written out over stack buffers (crypto/hmac allocates
+// its two digests); TestHashSubjectIsHMAC holds it to crypto/hmac.
 func hashSubject(out *[HashedSubjectLen]byte, salt, raw string, rawb []byte) {
-	var sum [sha256.Size]byte
-	var buf [hashStackBytes]byte
-	if len(salt)+1+len(raw)+len(rawb) <= hashStackBytes {
-		b := append(buf[:0], salt...)
-		b = append(b, 0)
-		b = append(b, raw...)
-		b = append(b, rawb...)
-		sum = sha256.Sum256(b)
-	} else {
-		// The digest stays on the stack (sha256.New is inlined and its
-		// calls devirtualized); strings go through buf in chunks.
-		h := sha256.New()
-		for _, s := range [...]string{salt, "\x00", raw} {
-			for len(s) > 0 {
-				n := copy(buf[:], s)
-				h.Write(buf[:n])
-				s = s[n:]
-			}
+	// The digests stay on the stack (sha256.New is inlined and its calls
+	// devirtualized); strings go through buf in chunks.
+	h := sha256.New()
+	var buf [256]byte
+	write := func(s string) {
+		for len(s) > 0 {
+			n := copy(buf[:], s)
+			h.Write(buf[:n])
+			s = s[n:]
 		}
-		h.Write(rawb)
-		h.Sum(sum[:0])
 	}
+	var key [hashBlock]byte
+	if len(salt) > hashBlock {
+		write(salt)
+		h.Sum(key[:0])
+		h.Reset()
+	} else {
+		copy(key[:], salt)
+	}
+	var pad [hashBlock]byte
+	for i := range pad {
+		pad[i] = key[i] ^ 0x36
+	}
+	h.Write(pad[:])
+	write(raw)
+	h.Write(rawb)
+	var inner [sha256.Size]byte
+	h.Sum(inner[:0])
+	for i := range pad {
+		pad[i] = key[i] ^ 0x5c
+	}
+	h.Reset()
+	h.Write(pad[:])
+	h.Write(inner[:])
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
 	out[0], out[1] = 'h', '-'
 	base64.RawURLEncoding.Encode(out[2:], sum[:24])
 }

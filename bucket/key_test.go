@@ -1,6 +1,9 @@
 package bucket_test
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"strconv"
 	"strings"
@@ -11,19 +14,18 @@ import (
 
 // TestHashSubjectVectors pins HashSubject bit for bit: its output names
 // Redis buckets, so a change would reset every hashed bucket of a
-// deployment. The expected values were computed by the implementation
-// before its allocation-free rewrite.
+// deployment. The expected values are HMAC-SHA256 from crypto/hmac.
 func TestHashSubjectVectors(t *testing.T) {
 	tests := []struct {
 		salt, raw, want string
 	}{
-		{"", "", "h-bjQLnP-zepicpUTmu3gKLHiQHT-zNzh2"},
-		{"", "x", "h-PH6byTDck_AfppmF7yQtn56GHzxTVaok"},
-		{"salt", "alice@example.com", "h-o99ov924XvJnlMcLniDrs8M_EpXLMflr"},
-		{"s\x00", "10.1.2.3", "h-98YItTyTl48YktY9h-hZEMZUDrr8yBT2"},
-		{"pepper", strings.Repeat("k", 1024), "h-9cMdumojetrpYpe8sEBG_rCkFt0IX60N"},
-		{strings.Repeat("S", 300), "v", "h-wU_QjdagXnt7sb7l_wCowOAg9CPv-r2J"},
-		{"é", "\xff\x00raw", "h-jqoI-owzm_D1WkfAr4xem3Wfr7f-boyQ"},
+		{"", "", "h-thNnmggU2ex3L5XXeMNfxf8Wl8STcVZT"},
+		{"", "x", "h-TLyWCZpkZ84AJGHxBUm0iYJl6-YYi0Xv"},
+		{"salt", "alice@example.com", "h-dxZyqF-6w6Ceo1Wetty8pvwNdDU8PLCR"},
+		{"s\x00", "10.1.2.3", "h-9WxoCbsuslt5TIDrBnZfJutB9eHEAMXU"},
+		{"pepper", strings.Repeat("k", 1024), "h-_vlMyF5_UU4Gh3Nu0ZNOUStRZrdZGygR"},
+		{strings.Repeat("S", 300), "v", "h-mvI8V9JwP7dmQffCpsM5H0OoqIeXZbxz"},
+		{"é", "\xff\x00raw", "h-2Y03BaQF-XbgVztWiC-uDYs8P8IdrCy6"},
 	}
 	for _, tt := range tests {
 		got := bucket.HashSubject(tt.salt, tt.raw)
@@ -35,6 +37,23 @@ func TestHashSubjectVectors(t *testing.T) {
 		}
 		if err := bucket.ValidateSubject(got); err != nil {
 			t.Errorf("HashSubject(%.20q, %.20q): %v", tt.salt, tt.raw, err)
+		}
+	}
+}
+
+// TestHashSubjectIsHMAC holds HashSubject to crypto/hmac over salts and
+// values on both sides of the hash's block size: a subject is the keyed
+// HMAC, so it cannot be reversed by hashing guesses without the salt.
+func TestHashSubjectIsHMAC(t *testing.T) {
+	for _, saltLen := range []int{0, 1, 32, 63, 64, 65, 200} {
+		for _, rawLen := range []int{0, 1, 55, 56, 64, 255, 256, 257, 1024} {
+			salt, raw := strings.Repeat("s", saltLen), strings.Repeat("r", rawLen)
+			m := hmac.New(sha256.New, []byte(salt))
+			m.Write([]byte(raw))
+			want := "h-" + base64.RawURLEncoding.EncodeToString(m.Sum(nil)[:24])
+			if got := bucket.HashSubject(salt, raw); got != want {
+				t.Errorf("HashSubject(salt of %d, raw of %d) = %q, want HMAC %q", saltLen, rawLen, got, want)
+			}
 		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/quotacoord/quota/internal/operatortoken"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
 )
 
@@ -124,6 +125,7 @@ type options struct {
 	retryAfter  time.Duration
 	dialOpts    []grpc.DialOption
 	conn        grpc.ClientConnInterface
+	token       string
 }
 
 // WithTLS connects with TLS. Without it the connection is plaintext, for
@@ -147,6 +149,27 @@ func WithUnreachableRetryAfter(d time.Duration) Option {
 func WithDialOptions(opts ...grpc.DialOption) Option {
 	return func(o *options) { o.dialOpts = append(o.dialOpts, opts...) }
 }
+
+// WithBearerToken sends token with every call as "authorization: Bearer
+// TOKEN": a node that lists it in its -auth-tokens file knows the caller
+// as token:NAME and grants it what its -grants file says (peek, for
+// instance). The token travels only over TLS (WithTLS), or in plaintext
+// to a loopback address (a service mesh's sidecar); New refuses it
+// otherwise. With WithConn it is not sent: give that connection its own
+// credentials.
+func WithBearerToken(token string) Option { return func(o *options) { o.token = token } }
+
+// bearer is the per-call credential of WithBearerToken.
+type bearer struct {
+	token  string
+	secure bool
+}
+
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + b.token}, nil
+}
+
+func (b bearer) RequireTransportSecurity() bool { return b.secure }
 
 // WithConn uses an existing connection instead of dialing; Close then
 // leaves it open. The address given to New is ignored.
@@ -192,6 +215,12 @@ func New(addr string, opts ...Option) (*Client, error) {
 		creds = credentials.NewTLS(o.tls)
 	}
 	dial := append([]grpc.DialOption{grpc.WithTransportCredentials(creds)}, o.dialOpts...)
+	if o.token != "" {
+		if o.tls == nil && !operatortoken.LoopbackAddr(addr) {
+			return nil, fmt.Errorf("%w: a bearer token goes only over TLS (WithTLS) or to a loopback address, not in plaintext to %s", ErrInvalidConfig, addr)
+		}
+		dial = append(dial, grpc.WithPerRPCCredentials(bearer{token: o.token, secure: o.tls != nil}))
+	}
 	conn, err := grpc.NewClient(addr, dial...)
 	if err != nil {
 		return nil, fmt.Errorf("client: connect to %s: %w", addr, err)

@@ -254,3 +254,33 @@ func TestTLS(t *testing.T) {
 		t.Error("client accepted an unknown certificate")
 	}
 }
+
+// TestBearerTokenNeedsTLSOffLoopback: a bearer token is never sent in
+// plaintext to a remote address; to loopback (a mesh sidecar) it may be.
+func TestBearerTokenNeedsTLSOffLoopback(t *testing.T) {
+	for _, tt := range []struct {
+		addr string
+		tls  bool
+		ok   bool
+	}{
+		{"10.0.0.5:8081", false, false},
+		{"quota.internal:8081", false, false},
+		{"dns:///quota.internal:8081", false, false},
+		{"127.0.0.1:8081", false, true},
+		{"[::1]:8081", false, true},
+		{"localhost:8081", false, true},
+		{"10.0.0.5:8081", true, true},
+	} {
+		opts := []client.Option{client.WithBearerToken("token-0123456789abcdef")}
+		if tt.tls {
+			opts = append(opts, client.WithTLS(&tls.Config{MinVersion: tls.VersionTLS12}))
+		}
+		c, err := client.New(tt.addr, opts...)
+		if tt.ok != (err == nil) || (err != nil && !errors.Is(err, client.ErrInvalidConfig)) {
+			t.Errorf("New(%s, tls %v) = %v, want ok %v", tt.addr, tt.tls, err, tt.ok)
+		}
+		if c != nil {
+			c.Close()
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -36,6 +37,7 @@ type config struct {
 	useTLS      bool
 	caFile      string
 	idemKey     string
+	tokenFile   string
 }
 
 func parseFlags(args []string, stderr io.Writer) (config, error) {
@@ -57,6 +59,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.BoolVar(&c.useTLS, "tls", false, "connect with TLS (system roots unless -ca)")
 	fs.StringVar(&c.caFile, "ca", "", "PEM `file` of CA certificates to trust (implies -tls)")
 	fs.StringVar(&c.idemKey, "idempotency-key", "", "idempotency key sent with every check")
+	fs.StringVar(&c.tokenFile, "token-file", "", "`file` holding a bearer token the node knows (its -auth-tokens), sent over TLS or to loopback only; -peek needs a caller granted peek")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -102,6 +105,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			}
 		}
 		opts = append(opts, client.WithTLS(tc))
+	}
+	if cfg.tokenFile != "" {
+		tok, err := os.ReadFile(cfg.tokenFile)
+		if err != nil {
+			return fmt.Errorf("read -token-file: %w", err)
+		}
+		if len(bytes.TrimSpace(tok)) == 0 {
+			return fmt.Errorf("%w: -token-file %s is empty", errUsage, cfg.tokenFile)
+		}
+		opts = append(opts, client.WithBearerToken(string(bytes.TrimSpace(tok))))
 	}
 	c, err := client.New(cfg.addr, opts...)
 	if err != nil {

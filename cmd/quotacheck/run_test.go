@@ -8,6 +8,8 @@ import (
 	"errors"
 	"flag"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -76,6 +78,13 @@ func TestRunErrors(t *testing.T) {
 	}
 	dead := lis.Addr().String()
 	lis.Close()
+	emptyFile, tokenFile := filepath.Join(t.TempDir(), "empty"), filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(emptyFile, []byte("\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(tokenFile, []byte("token-0123456789abcdef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name  string
 		args  []string
@@ -92,6 +101,9 @@ func TestRunErrors(t *testing.T) {
 		{"unknown policy", []string{"-addr", srv.Addr, "-subject", "s", "-policy", "nope"}, false, "NotFound"},
 		{"node down", []string{"-addr", dead, "-subject", "s", "-policy", "p", "-timeout", "200ms"}, false, "check 1 against"},
 		{"missing ca", []string{"-addr", srv.Addr, "-subject", "s", "-policy", "p", "-ca", "/nonexistent.pem"}, false, "read -ca"},
+		{"missing token file", []string{"-addr", srv.Addr, "-subject", "s", "-policy", "p", "-token-file", "/nonexistent"}, false, "read -token-file"},
+		{"empty token file", []string{"-addr", srv.Addr, "-subject", "s", "-policy", "p", "-token-file", emptyFile}, true, "is empty"},
+		{"token in plaintext off loopback", []string{"-addr", "192.0.2.1:8081", "-subject", "s", "-policy", "p", "-token-file", tokenFile}, true, "bearer token goes only over TLS"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -120,6 +132,13 @@ func TestRunUnreachableOpen(t *testing.T) {
 	}
 	dead := lis.Addr().String()
 	lis.Close()
+	emptyFile, tokenFile := filepath.Join(t.TempDir(), "empty"), filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(emptyFile, []byte("\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(tokenFile, []byte("token-0123456789abcdef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	var out bytes.Buffer
 	err = run(context.Background(), []string{"-addr", dead, "-subject", "s", "-policy", "p", "-unreachable", "open", "-timeout", "200ms"}, &out, &bytes.Buffer{})
 	if err != nil {
@@ -137,5 +156,18 @@ func TestRunCancel(t *testing.T) {
 	err := run(ctx, []string{"-addr", srv.Addr, "-subject", "s", "-policy", "p", "-n", "100", "-interval", "50ms"}, &bytes.Buffer{}, &bytes.Buffer{})
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("err = %v, want the context's error", err)
+	}
+}
+
+// TestRunTokenOnLoopback: a token goes in plaintext to a loopback node.
+func TestRunTokenOnLoopback(t *testing.T) {
+	srv := clienttest.Start(t, map[string]int64{"exports": 2}, nil)
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte("token-0123456789abcdef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	if err := run(context.Background(), []string{"-addr", srv.Addr, "-subject", "s", "-policy", "exports", "-peek", "-token-file", tokenFile}, &out, &errOut); err != nil {
+		t.Fatal(err, errOut.String())
 	}
 }

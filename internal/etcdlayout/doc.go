@@ -15,6 +15,7 @@
 //	settings                  Settings published by the coordinator (report interval, lease TTL)
 //	election                  the coordinator election prefix
 //	audit/{unix-nanos}-{seq}  AuditEntry, one per operator action
+//	subject-salt              the HMAC key of hashed subjects, created once by the first node (raw bytes, not JSON)
 //
 // A region runs one or more nodes (admission servers sharing the region's
 // Redis); each writes its own registration, demand and acknowledgement, so

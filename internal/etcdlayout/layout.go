@@ -69,6 +69,13 @@ func (l Layout) Control(policy string) string { return l.ControlPrefix() + polic
 // Settings is the key of the coordinator's published settings.
 func (l Layout) Settings() string { return l.p() + "settings" }
 
+// SubjectSalt holds the deployment's subject salt, the HMAC key of every
+// hashed subject (bucket.HashSubject): created once by the first node
+// that starts without -subject-salt, then read by every node of every
+// region, so that one identity names one bucket everywhere. Nodes must
+// be able to read it and create it; nobody should overwrite it.
+func (l Layout) SubjectSalt() string { return l.p() + "subject-salt" }
+
 // Election is the coordinator election prefix.
 func (l Layout) Election() string { return l.p() + "election" }
 

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/quotacoord/quota/bucket"
+	"github.com/quotacoord/quota/internal/grants"
 	"github.com/quotacoord/quota/internal/policy"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
 )
@@ -45,16 +46,28 @@ func (a *admission) Check(ctx context.Context, req *quotav1.CheckRequest) (*quot
 	if set == nil {
 		return nil, status.Error(codes.Unavailable, "policies are not loaded yet")
 	}
-	c, err := a.n.prepareCheck(set, req, &shares)
+	who, perms, err := a.n.callerPerms(ctx)
 	if err != nil {
 		return nil, err
 	}
+	c, err := a.n.prepareCheck(set, req, &shares, perms)
+	if err != nil {
+		return nil, err
+	}
+	if !a.n.admitOps("admission", who, len(c.items)) {
+		return a.n.busyResponse(c), nil
+	}
+	defer a.n.inflight.release(who, len(c.items))
 	return a.n.runCheck(ctx, c)
 }
 
 // CheckBatch implements quotav1.AdmissionServer: every entry is validated
-// before any is decided, so a bad entry charges nothing. The whole batch
-// reads its shares through one pin, released on return.
+// before any is decided, so a bad entry charges nothing. A batch naming
+// more than MaxBatchOps policies over its checks is InvalidArgument
+// before any store call, and the batch's bucket operations count against
+// its caller's in-flight bound (every check denied beyond it, see
+// busyResponse). The whole batch reads its shares through
+// one pin, released on return.
 func (a *admission) CheckBatch(ctx context.Context, req *quotav1.CheckBatchRequest) (*quotav1.CheckBatchResponse, error) {
 	shares := a.n.beginShares()
 	defer shares.end()
@@ -65,10 +78,22 @@ func (a *admission) CheckBatch(ctx context.Context, req *quotav1.CheckBatchReque
 	if len(req.GetChecks()) > MaxBatch {
 		return nil, status.Errorf(codes.InvalidArgument, "batch has %d checks, at most %d", len(req.GetChecks()), MaxBatch)
 	}
+	named := 0
+	for _, cr := range req.GetChecks() {
+		named += len(cr.GetPolicies())
+	}
+	if named > MaxBatchOps {
+		a.n.m.rejected.WithLabelValues("admission").Inc()
+		return nil, status.Errorf(codes.InvalidArgument, "batch names %d policies over its checks, at most %d: split it", named, MaxBatchOps)
+	}
+	who, perms, err := a.n.callerPerms(ctx)
+	if err != nil {
+		return nil, err
+	}
 	checks := make([]*check, len(req.GetChecks()))
 	var keys map[string]int // replay key → first check of the batch with it
 	for i, cr := range req.GetChecks() {
-		c, err := a.n.prepareCheck(set, cr, &shares)
+		c, err := a.n.prepareCheck(set, cr, &shares, perms)
 		if err != nil {
 			st := status.Convert(err)
 			return nil, status.Errorf(st.Code(), "check %d: %s", i, st.Message())
@@ -86,7 +111,18 @@ func (a *admission) CheckBatch(ctx context.Context, req *quotav1.CheckBatchReque
 		}
 		checks[i] = c
 	}
+	ops := 0
+	for _, c := range checks {
+		ops += len(c.items)
+	}
 	resp := &quotav1.CheckBatchResponse{Responses: make([]*quotav1.CheckResponse, len(checks))}
+	if !a.n.admitOps("admission", who, ops) {
+		for i, c := range checks {
+			resp.Responses[i] = a.n.busyResponse(c)
+		}
+		return resp, nil
+	}
+	defer a.n.inflight.release(who, ops)
 	for i, c := range checks {
 		r, err := a.n.runCheck(ctx, c)
 		if err != nil {
@@ -99,8 +135,9 @@ func (a *admission) CheckBatch(ctx context.Context, req *quotav1.CheckBatchReque
 }
 
 // prepareCheck validates req against set, reading shares through the
-// check's pin. Errors are gRPC statuses.
-func (n *Node) prepareCheck(set *policy.Set, req *quotav1.CheckRequest, shares *sharePin) (*check, error) {
+// check's pin, and refuses (PermissionDenied) a check or peek of a policy
+// the caller's perms do not grant. Errors are gRPC statuses.
+func (n *Node) prepareCheck(set *policy.Set, req *quotav1.CheckRequest, shares *sharePin, perms grants.Perms) (*check, error) {
 	if req == nil {
 		return nil, status.Error(codes.InvalidArgument, "empty request")
 	}
@@ -155,6 +192,14 @@ func (n *Node) prepareCheck(set *policy.Set, req *quotav1.CheckRequest, shares *
 			}
 			n.m.decisions.WithLabelValues("unknown", n.cfg.Region, resultUnknown).Inc()
 			continue
+		}
+		action := grants.Check
+		if req.GetPeek() {
+			action = grants.Peek
+		}
+		if !perms.Allows(action, name) {
+			n.forbid("admission", action)
+			return nil, status.Errorf(codes.PermissionDenied, "caller may not %s policy %q", action, name)
 		}
 		hash = hash || p.HashSubject
 		if cost > p.Limits.Capacity {
@@ -297,6 +342,25 @@ func (n *Node) checkNow(ctx context.Context, now time.Time, c *check) (*quotav1.
 		}
 	}
 	return resp, nil
+}
+
+// busyResponse denies c, uncharged, for a caller at its in-flight bound:
+// a denial and not an error, because clients that fail open on an
+// overloaded node (ResourceExhausted, Unavailable) would admit the very
+// flood the bound refuses. It is marked degraded "closed" (decided
+// without the store) and retries after one store time budget, the
+// longest the caller's operations in flight take to finish.
+func (n *Node) busyResponse(c *check) *quotav1.CheckResponse {
+	retry := durationpb.New(n.cfg.StoreTimeout)
+	resp := &quotav1.CheckResponse{Allowed: false, Degraded: string(policy.FailClosed), RetryAfter: retry, ResetAfter: retry,
+		Policies: make([]*quotav1.PolicyDecision, len(c.items))}
+	for i := range c.items {
+		resp.Policies[i] = &quotav1.PolicyDecision{Policy: c.items[i].label, RetryAfter: retry, ResetAfter: retry, Share: c.items[i].req.Share}
+	}
+	if len(c.items) > 0 {
+		resp.DecidedBy = c.items[0].label
+	}
+	return resp
 }
 
 // floorInt rounds a bucket figure down to an int64, clamping infinities

@@ -97,7 +97,7 @@ func TestUnknownPolicyModes(t *testing.T) {
 
 func TestCheckAllOrNothingAndReplies(t *testing.T) {
 	clk := clock.NewManual(t0)
-	h := startNode(t, Config{Clock: clk, Store: memoryStore(t, clk)}, map[string]string{"own.yaml": ownConfig})
+	h := startNode(t, Config{Clock: clk, Store: memoryStore(t, clk), Grants: trusting(t)}, map[string]string{"own.yaml": ownConfig})
 	ctx := ctxT(t)
 	check := func(req *quotav1.CheckRequest) *quotav1.CheckResponse {
 		t.Helper()
@@ -144,7 +144,7 @@ func TestCheckAllOrNothingAndReplies(t *testing.T) {
 
 func TestIdempotentReplay(t *testing.T) {
 	clk := clock.NewManual(t0)
-	h := startNode(t, Config{Clock: clk, Store: memoryStore(t, clk)}, map[string]string{"own.yaml": ownConfig})
+	h := startNode(t, Config{Clock: clk, Store: memoryStore(t, clk), Grants: trusting(t)}, map[string]string{"own.yaml": ownConfig})
 	req := &quotav1.CheckRequest{Subject: "idem", Policies: []string{"small"}, IdempotencyKey: "order-42"}
 	first, err := h.adm.Check(ctxT(t), req)
 	if err != nil || !first.Allowed || first.Replayed || first.Remaining != 2 {
@@ -218,7 +218,7 @@ func TestPolicyHashesRawSubjects(t *testing.T) {
 // InvalidArgument and charges nothing; the same request is still replayed.
 func TestIdempotencyKeyBoundToRequest(t *testing.T) {
 	clk := clock.NewManual(t0)
-	h := startNode(t, Config{Clock: clk, Store: memoryStore(t, clk)}, map[string]string{"own.yaml": ownConfig})
+	h := startNode(t, Config{Clock: clk, Store: memoryStore(t, clk), Grants: trusting(t)}, map[string]string{"own.yaml": ownConfig})
 	check := func(req *quotav1.CheckRequest) (*quotav1.CheckResponse, error) {
 		req.Subject = "idem-attack"
 		return h.adm.Check(ctxT(t), req)

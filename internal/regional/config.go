@@ -12,6 +12,7 @@ import (
 
 	"github.com/quotacoord/quota/bucket"
 	"github.com/quotacoord/quota/internal/clock"
+	"github.com/quotacoord/quota/internal/grants"
 	"github.com/quotacoord/quota/internal/policy"
 )
 
@@ -47,6 +48,12 @@ const (
 const (
 	MaxPolicies = 16  // policies in one check
 	MaxBatch    = 256 // checks in one CheckBatch
+	// MaxBatchOps bounds the bucket operations of one CheckBatch, the
+	// policies named summed over its checks: a batch of 256 checks of 16
+	// policies each would hold a single-threaded Redis for tens of
+	// milliseconds (about 11 µs per bucket), long enough to time out
+	// every other check of the region and open its breaker.
+	MaxBatchOps = 512
 	// GRPCWindow is the node's fixed gRPC flow-control window, per stream
 	// and per connection, in bytes (a check is a few hundred bytes).
 	GRPCWindow           = 1 << 20
@@ -59,6 +66,12 @@ const (
 	// MaxCost keeps costs exact in float64 arithmetic (2^53).
 	MaxCost = 1 << 53
 )
+
+// DefaultCallerMaxInflight is Config.CallerMaxInflight's default: at
+// about 11 µs of Redis time per bucket, one caller holds at most ~11 ms
+// of its region's Redis at any moment, while a proxy deciding 100,000
+// checks of ten descriptors a second at 1 ms each needs a thousand.
+const DefaultCallerMaxInflight = 1024
 
 // Config configures a Node. Zero fields take the defaults listed.
 type Config struct {
@@ -94,8 +107,14 @@ type Config struct {
 	BreakerCooldown time.Duration
 	// UnknownPolicy defaults to UnknownError.
 	UnknownPolicy UnknownPolicy
-	// SubjectSalt salts hashed subjects; every region of a deployment must
-	// use the same salt.
+	// SubjectSalt is the secret HMAC key of hashed subjects; every region
+	// of a deployment must use the same salt. Empty, New generates a
+	// random one for this node only and logs a warning: hashed subjects
+	// then never use an empty key (which would let anyone reverse a
+	// hashed IPv4 address by trying 2^32 values), but nodes sharing a
+	// Redis name different buckets for one identity and a restart starts
+	// every hashed bucket afresh. Run fills it from etcd (see
+	// DaemonConfig.SubjectSalt).
 	SubjectSalt string
 	// EnvoyPlainKeys lists the Envoy descriptor keys whose values are not
 	// secret and stay readable in bucket subjects (see
@@ -117,6 +136,21 @@ type Config struct {
 	DegradedLogInterval time.Duration
 	// Headers selects Envoy response headers; default HeadersOff.
 	Headers HeaderMode
+	// Grants says which callers may check, peek, refund and override on
+	// which policies (see internal/grants); default grants.Default(),
+	// check only for every caller.
+	Grants *grants.Grants
+	// Tokens are the bearer tokens that identify callers; default none.
+	Tokens *grants.Tokens
+	// CallerMaxInflight bounds the bucket operations one caller (its
+	// first identity and its IP address) may have in flight on the node;
+	// a request beyond it is denied at once (degraded "closed" on the own
+	// API, OVER_LIMIT with a reason on the Envoy API). Default
+	// DefaultCallerMaxInflight; negative turns the bound off.
+	CallerMaxInflight int
+
+	// saltGenerated is set by withDefaults when it made SubjectSalt up.
+	saltGenerated bool
 }
 
 // withDefaults returns c with defaults filled in, or an error naming the
@@ -139,6 +173,19 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Shares == nil {
 		c.Shares = Standalone{}
+	}
+	if c.Grants == nil {
+		c.Grants = grants.Default()
+	}
+	switch {
+	case c.CallerMaxInflight == 0:
+		c.CallerMaxInflight = DefaultCallerMaxInflight
+	case c.CallerMaxInflight < 0:
+		c.CallerMaxInflight = 0
+	}
+	if c.SubjectSalt == "" {
+		c.SubjectSalt = newSubjectSalt()
+		c.saltGenerated = true
 	}
 	if c.Clock == nil {
 		c.Clock = clock.Real{}

@@ -75,6 +75,35 @@
 // (Unavailable) and a caller that went away remain errors; the shipped
 // Envoy configurations set failure_mode_deny for them (docs/security.md).
 //
+// # Callers
+//
+// Config.Grants (internal/grants) says what each caller may do: check,
+// peek, refund and override, per policy. A caller is identified by the
+// URI and DNS SANs of its verified client certificate and by a bearer
+// token from Config.Tokens; the default grants check only. The own API
+// refuses what is not granted (PermissionDenied; an unknown token is
+// Unauthenticated). The Envoy API never answers with an error, which
+// Envoy would turn into admission: an override not granted is ignored, a
+// refund not granted is charged as a hit, and a rule the caller may not
+// check makes the request OVER_LIMIT. A granted override holds the
+// region's share of its limit (the share of the matched rule's policy),
+// like any policy.
+//
+// # Work per request and per caller
+//
+// A CheckBatch may name at most MaxBatchOps policies over all its checks
+// (InvalidArgument before any store call beyond it): each is a bucket
+// operation of about 11 µs of single-threaded Redis time. Each caller
+// (its first identity and its IP address) may have at most
+// Config.CallerMaxInflight bucket operations in flight on the node; a
+// request beyond that is denied at once, uncharged (own API: a denial
+// marked degraded "closed"; Envoy API: OVER_LIMIT with the reason in
+// x-quota-rejected), never an error that a failing-open client or Envoy
+// would turn into admission. One caller's flood so holds a bounded part
+// of Redis and others' checks wait behind at most that much of it. Operations run are counted
+// in quota_regional_bucket_operations_total, refusals in
+// quota_regional_caller_limited_total.
+//
 // # Failure behaviour
 //
 // A store call has a time budget (Config.StoreTimeout, default 5 ms, up

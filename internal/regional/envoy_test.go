@@ -126,7 +126,7 @@ func TestEnvoySemantics(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			clk := clock.NewManual(time.Date(2030, 1, 1, 0, 0, 5, 0, time.UTC))
-			h := startNode(t, Config{Clock: clk, Store: memoryStore(t, clk)}, map[string]string{"sem.yaml": semanticsConfig})
+			h := startNode(t, Config{Clock: clk, Store: memoryStore(t, clk), Grants: trusting(t)}, map[string]string{"sem.yaml": semanticsConfig})
 			for i, s := range tt.steps {
 				resp, err := h.rls.ShouldRateLimit(ctxT(t), s.req)
 				if err != nil {

@@ -15,7 +15,7 @@ import (
 )
 
 func fuzzNode(f *testing.F, files map[string]string) (*Node, *policy.Set) {
-	h := startNode(f, Config{}, files)
+	h := startNode(f, Config{Grants: trusting(f)}, files)
 	return h.node, h.node.Policies()
 }
 
@@ -36,7 +36,7 @@ func FuzzCheckRequest(f *testing.F) {
 		}
 		shares := n.beginShares()
 		defer shares.end()
-		c, err := n.prepareCheck(set, req, &shares)
+		c, err := n.prepareCheck(set, req, &shares, n.access.Load().anonymous)
 		if err != nil {
 			if _, ok := status.FromError(err); !ok {
 				t.Fatalf("error without a status: %v", err)
@@ -77,7 +77,7 @@ func FuzzEnvoyRequest(f *testing.F) {
 		}
 		req := &rlsv3.RateLimitRequest{Domain: domain, HitsAddend: hits, Descriptors: []*rlcommon.RateLimitDescriptor{d1, d2}}
 		shares := n.beginShares()
-		ec, err := n.prepareEnvoy(set, req, &shares)
+		ec, err := n.prepareEnvoy(set, req, &shares, n.access.Load().anonymous)
 		shares.end()
 		resp, rerr := api.ShouldRateLimit(context.Background(), req)
 		if rerr != nil {

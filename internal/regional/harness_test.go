@@ -19,6 +19,7 @@ import (
 
 	"github.com/quotacoord/quota/bucket"
 	"github.com/quotacoord/quota/internal/clock"
+	"github.com/quotacoord/quota/internal/grants"
 	"github.com/quotacoord/quota/internal/policy"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
 )
@@ -141,6 +142,17 @@ func startNode(t testing.TB, cfg Config, files map[string]string) *harness {
 	h.adm = quotav1.NewAdmissionClient(conn)
 	h.rls = rlsv3.NewRateLimitServiceClient(conn)
 	return h
+}
+
+// trusting grants every action on every policy to every caller, as a
+// node had before callers were told apart.
+func trusting(t testing.TB) *grants.Grants {
+	t.Helper()
+	g, err := grants.Parse("trusting", []byte("default: [{actions: [check, peek, refund, override], policies: ['*']}]"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
 }
 
 func ctxT(t testing.TB) context.Context {

@@ -10,20 +10,24 @@ import (
 // key: policy names come from the loaded configuration (unknown names are
 // reported as "unknown"), so every label set is bounded.
 type metrics struct {
-	decisions    *prometheus.CounterVec   // policy, region, result
-	storeLatency *prometheus.HistogramVec // op
-	storeErrors  *prometheus.CounterVec   // kind
-	degraded     *prometheus.CounterVec   // policy, region, mode
-	retryAfter   *prometheus.HistogramVec // policy
-	shares       *prometheus.GaugeVec     // policy, region
-	negHits      prometheus.Counter
-	replays      prometheus.Counter
-	breakerOpens prometheus.Counter
-	breakerOpen  prometheus.Gauge
-	reloads      *prometheus.CounterVec // result
-	memoryFull   *prometheus.CounterVec // store: primary or local
-	rejected     *prometheus.CounterVec // api
-	policies     prometheus.Gauge
+	decisions     *prometheus.CounterVec   // policy, region, result
+	storeLatency  *prometheus.HistogramVec // op
+	storeErrors   *prometheus.CounterVec   // kind
+	degraded      *prometheus.CounterVec   // policy, region, mode
+	retryAfter    *prometheus.HistogramVec // policy
+	shares        *prometheus.GaugeVec     // policy, region
+	negHits       prometheus.Counter
+	replays       prometheus.Counter
+	breakerOpens  prometheus.Counter
+	breakerOpen   prometheus.Gauge
+	reloads       *prometheus.CounterVec // result
+	grantsReloads *prometheus.CounterVec // result
+	memoryFull    *prometheus.CounterVec // store: primary or local
+	rejected      *prometheus.CounterVec // api
+	forbidden     *prometheus.CounterVec // api, action
+	bucketOps     *prometheus.CounterVec // api
+	callerLimited *prometheus.CounterVec // api
+	policies      prometheus.Gauge
 }
 
 // Results of a decision, the "result" label.
@@ -83,6 +87,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "quota", Subsystem: "regional", Name: "policy_reloads_total",
 			Help: "Policy reloads by result (ok, error).",
 		}, []string{"result"}),
+		grantsReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "quota", Subsystem: "regional", Name: "grants_reloads_total",
+			Help: "Reloads of the grants and tokens files by result (ok, error).",
+		}, []string{"result"}),
 		memoryFull: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "quota", Subsystem: "regional", Name: "memory_full_total",
 			Help: "Checks denied because the in-process store (primary or local) was at its bucket cap and the check needed a new bucket.",
@@ -91,13 +99,26 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "quota", Subsystem: "regional", Name: "rejected_requests_total",
 			Help: "Requests the node could not decide (bad input) and answered as denied rather than with an error, by API.",
 		}, []string{"api"}),
+		forbidden: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "quota", Subsystem: "regional", Name: "forbidden_actions_total",
+			Help: "Actions a caller was not granted (check, peek, refund, override), by API: refused (own API) or left out of the decision (Envoy API).",
+		}, []string{"api", "action"}),
+		bucketOps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "quota", Subsystem: "regional", Name: "bucket_operations_total",
+			Help: "Bucket operations (one per policy of a check, per descriptor of an Envoy request) requests were admitted to run, by API.",
+		}, []string{"api"}),
+		callerLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "quota", Subsystem: "regional", Name: "caller_limited_total",
+			Help: "Requests refused because their caller had too many bucket operations in flight on the node, by API.",
+		}, []string{"api"}),
 		policies: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "quota", Subsystem: "regional", Name: "policies",
 			Help: "Policies in the loaded set.",
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.decisions, m.storeLatency, m.storeErrors, m.degraded,
-		m.retryAfter, m.shares, m.negHits, m.replays, m.breakerOpens, m.breakerOpen, m.reloads, m.memoryFull, m.rejected, m.policies} {
+		m.retryAfter, m.shares, m.negHits, m.replays, m.breakerOpens, m.breakerOpen, m.reloads, m.grantsReloads, m.memoryFull, m.rejected, m.forbidden,
+		m.bucketOps, m.callerLimited, m.policies} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("regional: register metrics: %w", err)
 		}

@@ -51,6 +51,9 @@ type Node struct {
 	// envoySubj turns Envoy descriptor values into subjects: salted
 	// hashes except for Config.EnvoyPlainKeys.
 	envoySubj policy.EnvoySubjects
+	// access is what callers may do, swapped whole by SetGrants.
+	access   atomic.Pointer[access]
+	inflight *inflight
 
 	deadlines   *deadlines // of store calls (see callStore)
 	takeLatency prometheus.Observer
@@ -86,6 +89,13 @@ func New(cfg Config) (*Node, error) {
 		log:     cfg.Logger,
 
 		envoySubj: policy.EnvoySubjects{Salt: cfg.SubjectSalt, PlainKeys: cfg.EnvoyPlainKeys},
+		inflight:  newInflight(cfg.CallerMaxInflight),
+	}
+	n.SetGrants(cfg.Grants, cfg.Tokens)
+	if cfg.saltGenerated {
+		n.log.Warn("no subject salt given: hashing subjects with a random salt of this process only; " +
+			"nodes sharing a Redis must share a salt (-subject-salt, or -etcd to share one through etcd), " +
+			"and a restart starts every hashed bucket afresh")
 	}
 	n.takeLatency = m.storeLatency.WithLabelValues("take_all")
 	n.deadlines = newDeadlines(cfg.StoreTimeout)

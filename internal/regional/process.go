@@ -82,12 +82,16 @@ type DaemonConfig struct {
 	// it the policies come from etcd. One of Policies and EtcdEndpoints
 	// is required.
 	Policies string
-	// ReloadSettle is the quiet time after a policy file change before
-	// reloading; default 200ms.
+	// ReloadSettle is the quiet time after a policy, grants or tokens file
+	// change before reloading; default 200ms.
 	ReloadSettle time.Duration
 	// StoreTimeout, BreakerThreshold, BreakerCooldown, UnknownPolicy,
 	// Headers, SubjectSalt, EnvoyPlainKeys and DecisionLogEvery are the
-	// Node's (Config, with its defaults).
+	// Node's (Config, with its defaults), except that an empty SubjectSalt
+	// with EtcdEndpoints is the deployment's salt stored in etcd
+	// (etcdlayout.Layout.SubjectSalt), created by the first node to start
+	// and shared by every region; a node that cannot read it does not
+	// start. Without etcd an empty SubjectSalt is random per process.
 	StoreTimeout     time.Duration
 	BreakerThreshold int
 	BreakerCooldown  time.Duration
@@ -96,6 +100,21 @@ type DaemonConfig struct {
 	SubjectSalt      string
 	EnvoyPlainKeys   []string
 	DecisionLogEvery int
+	// GrantsFile says which callers may check, peek, refund and override
+	// on which policies (YAML or JSON, see internal/grants); empty grants
+	// check, and nothing else, to every caller. Callers are identified by
+	// the URI and DNS SANs of their verified client certificates
+	// (TLSClientCA) and by TokensFile. Both files are reloaded when they
+	// change (a bad version keeps the last good one).
+	GrantsFile string
+	// TokensFile lists bearer tokens ("NAME TOKEN" lines) that identify
+	// callers as "token:NAME"; empty accepts none. Tokens travel in the
+	// clear without TLSCert.
+	TokensFile string
+	// CallerMaxInflight bounds the bucket operations one caller may have
+	// in flight on the node (Config.CallerMaxInflight): 0 means
+	// DefaultCallerMaxInflight, negative no bound.
+	CallerMaxInflight int
 	// OTLPEndpoint (host:port) receives traces over OTLP gRPC with TLS
 	// (the system roots), or in plaintext with OTLPInsecure; empty turns
 	// tracing off.
@@ -307,12 +326,20 @@ func Run(ctx context.Context, c DaemonConfig) error {
 		return err
 	}
 	cleanup.Push(ss.stop)
+	if c.SubjectSalt == "" {
+		c.SubjectSalt = ss.salt
+	}
+	g, toks, err := loadGrants(c, log)
+	if err != nil {
+		return err
+	}
 	ncfg := Config{
 		Region: c.Region, Store: store, Local: local, Shares: ss.shares, Demand: ss.demand,
 		Logger: log, Registerer: reg, TracerProvider: tp, StoreTimeout: c.StoreTimeout,
 		BreakerThreshold: c.BreakerThreshold, BreakerCooldown: c.BreakerCooldown,
 		UnknownPolicy: c.UnknownPolicy, SubjectSalt: c.SubjectSalt, EnvoyPlainKeys: c.EnvoyPlainKeys,
-		DecisionLogEvery: c.DecisionLogEvery, Headers: c.Headers,
+		DecisionLogEvery: c.DecisionLogEvery, Headers: c.Headers, Grants: g, Tokens: toks,
+		CallerMaxInflight: c.CallerMaxInflight,
 	}
 	n, err := New(ncfg)
 	if err != nil {
@@ -368,6 +395,15 @@ func Run(ctx context.Context, c DaemonConfig) error {
 		defer wg.Done()
 		_ = local.Run(nctx) // sweeps expired in-process buckets until nctx ends
 	}()
+	if c.GrantsFile != "" || c.TokensFile != "" {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := n.WatchGrants(nctx, c.GrantsFile, c.TokensFile, c.ReloadSettle); err != nil {
+				log.Error("grants watcher stopped; no more reloads", "error", err)
+			}
+		}()
+	}
 	if c.Policies != "" {
 		wg.Add(1)
 		go func() {

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/quotacoord/quota/bucket"
+	"github.com/quotacoord/quota/internal/grants"
 	"github.com/quotacoord/quota/internal/policy"
 )
 
@@ -74,10 +75,18 @@ func (r *rls) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) 
 	if set == nil {
 		return nil, status.Error(codes.Unavailable, "policies are not loaded yet")
 	}
-	ec, err := r.n.prepareEnvoy(set, req, &shares)
+	// An unknown bearer token leaves the caller anonymous: an error here
+	// would make Envoy admit the request.
+	who, perms, _ := r.n.callerPerms(ctx)
+	ec, err := r.n.prepareEnvoy(set, req, &shares, perms)
 	if err != nil {
 		return r.n.rejectEnvoy(req, err), nil
 	}
+	ops := len(ec.items) + len(ec.refunds)
+	if !r.n.admitOps("envoy", who, ops) {
+		return r.n.rejectEnvoy(req, errCallerBusy), nil
+	}
+	defer r.n.inflight.release(who, ops)
 	now := r.n.cfg.Clock.Now()
 	ctx, span := r.n.startSpan(ctx, "regional.ShouldRateLimit")
 	defer span.End()
@@ -164,8 +173,14 @@ func (r *rls) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) 
 }
 
 // prepareEnvoy validates req and maps each descriptor to a bucket item at
-// the share the request's pin reads. Errors are gRPC statuses.
-func (n *Node) prepareEnvoy(set *policy.Set, req *rlsv3.RateLimitRequest, shares *sharePin) (*envoyCheck, error) {
+// the share the request's pin reads. What the caller's perms do not grant
+// is left out, never refused: a limit override without the override
+// grant is ignored (the matched rule decides) and a refund without the
+// refund grant is charged as a plain hit, both counted in
+// quota_regional_forbidden_actions_total. A descriptor whose rule the
+// caller may not check is an error (PermissionDenied), which
+// ShouldRateLimit answers OVER_LIMIT. Errors are gRPC statuses.
+func (n *Node) prepareEnvoy(set *policy.Set, req *rlsv3.RateLimitRequest, shares *sharePin, perms grants.Perms) (*envoyCheck, error) {
 	if req == nil {
 		return nil, status.Error(codes.InvalidArgument, "empty request")
 	}
@@ -208,10 +223,34 @@ func (n *Node) prepareEnvoy(set *policy.Set, req *rlsv3.RateLimitRequest, shares
 		// like any cost above the capacity, never refused.
 		cost = min(cost, MaxCost)
 		m := matches[i]
+		var ruleName string // the matched rule's policy, "" for none
+		if m.Policy != nil {
+			ruleName = m.Policy.Name
+		}
+		limit, negative := d.GetLimit(), d.GetIsNegativeHits()
+		if limit != nil {
+			// Validated whether granted or not: bad input is refused the
+			// same for every caller.
+			if err := validOverride(limit); err != nil {
+				return nil, status.Errorf(codes.InvalidArgument, "descriptor %d: %v", i, err)
+			}
+		}
+		if limit != nil && !perms.Allows(grants.Override, ruleName) {
+			n.forbid("envoy", grants.Override)
+			limit = nil
+		}
+		if negative && !perms.Allows(grants.Refund, ruleName) {
+			n.forbid("envoy", grants.Refund)
+			negative = false
+		}
+		if m.Policy != nil && !m.Replaced && !perms.Allows(grants.Check, ruleName) {
+			n.forbid("envoy", grants.Check)
+			return nil, status.Errorf(codes.PermissionDenied, "descriptor %d: caller may not check policy %q", i, ruleName)
+		}
 		var it item
 		switch {
-		case d.GetLimit() != nil:
-			it, err = n.overrideItem(req.GetDomain(), entries[i], d.GetLimit(), m.Policy, int64(cost))
+		case limit != nil:
+			it, err = n.overrideItem(req.GetDomain(), entries[i], limit, m, int64(cost), shares)
 			if err != nil {
 				return nil, status.Errorf(codes.InvalidArgument, "descriptor %d: %v", i, err)
 			}
@@ -229,7 +268,7 @@ func (n *Node) prepareEnvoy(set *policy.Set, req *rlsv3.RateLimitRequest, shares
 		if !it.unlimited {
 			ec.limits[i] = envoyLimitInto(&lims[i], it)
 		}
-		if d.GetIsNegativeHits() && !it.unlimited {
+		if negative && !it.unlimited {
 			// A refund never fills a bucket above its capacity.
 			it.req.Cost = min(it.req.Cost, it.req.Limits.Capacity)
 			ec.slot[i] = -2
@@ -306,16 +345,20 @@ func flatEntries(descs []*rlcommon.RateLimitDescriptor) [][]policy.Entry {
 // overrideItem builds the bucket of a descriptor that carries its own limit
 // (Envoy's per-descriptor override): a fixed window of requests_per_unit
 // per unit, keyed by the domain and every entry, whatever rule matched.
-func (n *Node) overrideItem(domain string, entries []policy.Entry, o *rlcommon.RateLimitDescriptor_RateLimitOverride, matched *policy.Policy, cost int64) (item, error) {
-	unit, ok := unitDuration(o.GetUnit())
-	if !ok {
-		return item{}, status.Errorf(codes.InvalidArgument, "limit override unit %v is not supported", o.GetUnit())
+// Like any policy, the override is split across regions: the bucket holds
+// this region's share of requests_per_unit, the share of the matched
+// rule's policy for its subject (of the override's own name when no rule
+// matched: 1 standalone, the share a coordinator gives an unknown policy
+// otherwise), so that the regions together admit the override's limit
+// and not one limit each.
+func (n *Node) overrideItem(domain string, entries []policy.Entry, o *rlcommon.RateLimitDescriptor_RateLimitOverride, m policy.DescriptorMatch, cost int64, shares *sharePin) (item, error) {
+	matched := m.Policy
+	if err := validOverride(o); err != nil {
+		return item{}, err
 	}
+	unit, _ := unitDuration(o.GetUnit())
 	if m := o.GetUnitMultiplier(); m != nil && m.GetValue() > 1 {
 		unit *= time.Duration(m.GetValue())
-	}
-	if o.GetRequestsPerUnit() == 0 || int64(o.GetRequestsPerUnit()) > bucket.MaxCapacity {
-		return item{}, status.Errorf(codes.InvalidArgument, "limit override requests_per_unit %d outside 1..%d", o.GetRequestsPerUnit(), bucket.MaxCapacity)
 	}
 	var b strings.Builder
 	b.WriteString(domain)
@@ -332,8 +375,17 @@ func (n *Node) overrideItem(domain string, entries []policy.Entry, o *rlcommon.R
 	if err != nil {
 		return item{}, err
 	}
+	var share float64
+	if matched != nil {
+		share = shares.share(matched.Name, m.Subject)
+	} else {
+		share = shares.share(name, subject)
+	}
+	if math.IsNaN(share) || share < 0 {
+		share = 0
+	}
 	it := item{label: name, subject: subject, mode: policy.FailOpen, scale: 1,
-		req: bucket.Request{Key: key, Limits: lim, Share: 1, Cost: cost}}
+		req: bucket.Request{Key: key, Limits: lim, Share: min(share, 1), Cost: cost}}
 	if matched != nil {
 		it.mode, it.scale = matched.FailureMode, matched.LocalScale
 		if it.scale <= 0 || it.scale > 1 {
@@ -341,6 +393,17 @@ func (n *Node) overrideItem(domain string, entries []policy.Entry, o *rlcommon.R
 		}
 	}
 	return it, nil
+}
+
+// validOverride checks a limit override's unit and requests_per_unit.
+func validOverride(o *rlcommon.RateLimitDescriptor_RateLimitOverride) error {
+	if _, ok := unitDuration(o.GetUnit()); !ok {
+		return status.Errorf(codes.InvalidArgument, "limit override unit %v is not supported", o.GetUnit())
+	}
+	if o.GetRequestsPerUnit() == 0 || int64(o.GetRequestsPerUnit()) > bucket.MaxCapacity {
+		return status.Errorf(codes.InvalidArgument, "limit override requests_per_unit %d outside 1..%d", o.GetRequestsPerUnit(), bucket.MaxCapacity)
+	}
+	return nil
 }
 
 func unitDuration(u typev3.RateLimitUnit) (time.Duration, bool) {

@@ -10,6 +10,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/quotacoord/quota/internal/demand"
+	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/internal/policy"
 	"github.com/quotacoord/quota/internal/regionsync"
 )
@@ -22,6 +23,9 @@ type syncer struct {
 	attach func(*Node) // starts the etcd side once the node exists
 	flush  func(context.Context) error
 	stop   func()
+	// salt is the deployment's subject salt from etcd when c has no
+	// SubjectSalt; empty standalone or with one.
+	salt string
 }
 
 // startSync wires the region to etcd when c has EtcdEndpoints (over TLS
@@ -40,6 +44,14 @@ func startSync(ctx context.Context, c DaemonConfig, log hclog.Logger) (*syncer, 
 	client, err := regionsync.DialTLS(c.EtcdEndpoints, etls)
 	if err != nil {
 		return nil, fmt.Errorf("regional: -etcd: %w", err)
+	}
+	var salt string
+	if c.SubjectSalt == "" {
+		if salt, err = sharedSubjectSalt(ctx, client, etcdlayout.Layout{}); err != nil {
+			client.Close()
+			return nil, fmt.Errorf("%w (or give -subject-salt)", err)
+		}
+		log.Info("using the deployment's subject salt from etcd")
 	}
 	rec, err := demand.New(demand.Config{})
 	if err != nil {
@@ -106,6 +118,7 @@ func startSync(ctx context.Context, c DaemonConfig, log hclog.Logger) (*syncer, 
 			}()
 		},
 		flush: s.Flush,
+		salt:  salt,
 		stop: func() {
 			cancel()
 			wg.Wait()

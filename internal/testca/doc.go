@@ -1,6 +1,7 @@
 // Package testca issues throw-away certificates for tests: a CA made per
-// test with New, and leaf certificates it signs with Issue (PEM bytes) or
-// IssueFiles (PEM files written key first).
+// test with New, and leaf certificates it signs with Issue (PEM bytes),
+// IssueFiles (PEM files written key first) or IssueIdentity (a pair that
+// also names client identities: URI SANs such as SPIFFE IDs, DNS SANs).
 //
 // Every certificate is ECDSA P-256, valid from an hour before to an hour
 // after the moment it is made (wall clock: x509 verification reads it),

@@ -10,6 +10,7 @@ import (
 	"encoding/pem"
 	"math/big"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -79,6 +80,34 @@ func (ca *CA) Pool() *x509.CertPool {
 // serial number.
 func (ca *CA) Issue(tb testing.TB, cn string) (certPEM, keyPEM []byte, serial int64) {
 	tb.Helper()
+	return ca.issue(tb, cn, nil)
+}
+
+// IssueIdentity issues a certificate for cn (see Issue) that also names
+// the client identities uris (such as a SPIFFE ID, spiffe://domain/path)
+// as URI SANs and dns as further DNS SANs, as a tls.Certificate.
+func (ca *CA) IssueIdentity(tb testing.TB, cn string, uris []string, dns ...string) tls.Certificate {
+	tb.Helper()
+	c, k, _ := ca.issue(tb, cn, func(tmpl *x509.Certificate) {
+		for _, s := range uris {
+			u, err := url.Parse(s)
+			if err != nil {
+				tb.Fatalf("testca: URI %q: %v", s, err)
+			}
+			tmpl.URIs = append(tmpl.URIs, u)
+		}
+		tmpl.DNSNames = append(tmpl.DNSNames, dns...)
+	})
+	pair, err := tls.X509KeyPair(c, k)
+	if err != nil {
+		tb.Fatalf("testca: pair for %q: %v", cn, err)
+	}
+	return pair
+}
+
+// issue makes a certificate for cn, edited by edit when not nil.
+func (ca *CA) issue(tb testing.TB, cn string, edit func(*x509.Certificate)) (certPEM, keyPEM []byte, serial int64) {
+	tb.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		tb.Fatalf("testca: key for %q: %v", cn, err)
@@ -90,6 +119,9 @@ func (ca *CA) Issue(tb testing.TB, cn string) (certPEM, keyPEM []byte, serial in
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 		IPAddresses: []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1")}, DNSNames: []string{"localhost"}}
+	if edit != nil {
+		edit(tmpl)
+	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.key)
 	if err != nil {
 		tb.Fatalf("testca: certificate for %q: %v", cn, err)
