@@ -55,8 +55,8 @@ func TestHostileIdentityFlood(t *testing.T) {
 	for i := 0; i < flood; i++ {
 		send("fl-closed", i)
 	}
-	used := redisInfo(t, rc, "used_memory")
-	keys := dbsize(t, rc)
+	used := redistest.Info(t, rc, "memory", "used_memory")
+	keys := redistest.DBSize(t, rc)
 	// 2. Redis down: the local policy creates in-process buckets up to
 	// -local-max-buckets; the excess must still be decided.
 	srv.Stop()

@@ -6,14 +6,11 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/quotacoord/quota/internal/redistest"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
@@ -85,31 +82,6 @@ func loadAverage() string {
 	return f[0]
 }
 
-func redisInfo(t testing.TB, rc *redis.Client, field string) int64 {
-	t.Helper()
-	s, err := rc.Info(context.Background(), "memory").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(s, "\r\n") {
-		if v, ok := strings.CutPrefix(line, field+":"); ok {
-			n, _ := strconv.ParseInt(v, 10, 64)
-			return n
-		}
-	}
-	t.Fatalf("INFO memory has no %s", field)
-	return 0
-}
-
-func dbsize(t testing.TB, rc *redis.Client) int64 {
-	t.Helper()
-	n, err := rc.DBSize(context.Background()).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
 // TestSoak runs skewed traffic against a node on Redis, then idles past
 // the idle TTL: node heap and Redis memory and keys return to baseline,
 // nothing is lost, and the p50 and p99 decision latencies stay inside the
@@ -134,8 +106,8 @@ func TestSoak(t *testing.T) {
 		}
 	}
 	time.Sleep(100 * time.Millisecond)
-	before := map[string]int64{"node_heap": heapAfterGC(), "redis_used_memory": redisInfo(t, rc, "used_memory"),
-		"redis_keys": dbsize(t, rc), "goroutines": int64(runtime.NumGoroutine())}
+	before := map[string]int64{"node_heap": heapAfterGC(), "redis_used_memory": redistest.Info(t, rc, "memory", "used_memory"),
+		"redis_keys": redistest.DBSize(t, rc), "goroutines": int64(runtime.NumGoroutine())}
 
 	var lat, burstLat latencies
 	var lost, total, hotAdmitted, hotDenied, oneShots atomic.Int64
@@ -228,7 +200,7 @@ func TestSoak(t *testing.T) {
 	}
 	wg.Wait()
 	loadEnd := loadAverage()
-	during := map[string]int64{"node_heap": heapAfterGC(), "redis_used_memory": redisInfo(t, rc, "used_memory"), "redis_keys": dbsize(t, rc)}
+	during := map[string]int64{"node_heap": heapAfterGC(), "redis_used_memory": redistest.Info(t, rc, "memory", "used_memory"), "redis_keys": redistest.DBSize(t, rc)}
 	t.Logf("at the end of the load: %v", during)
 
 	// Every key must carry a TTL no longer than the idle TTL (1 minute).
@@ -257,11 +229,11 @@ func TestSoak(t *testing.T) {
 	// Idle past the idle TTL, then everything is back to the baseline.
 	waitFor(t, "Redis keys to expire to the baseline", 2*time.Minute, func() bool {
 		time.Sleep(500 * time.Millisecond)
-		return dbsize(t, rc) <= before["redis_keys"]
+		return redistest.DBSize(t, rc) <= before["redis_keys"]
 	})
 	time.Sleep(time.Second)
-	after := map[string]int64{"node_heap": heapAfterGC(), "redis_used_memory": redisInfo(t, rc, "used_memory"),
-		"redis_keys": dbsize(t, rc), "goroutines": int64(runtime.NumGoroutine())}
+	after := map[string]int64{"node_heap": heapAfterGC(), "redis_used_memory": redistest.Info(t, rc, "memory", "used_memory"),
+		"redis_keys": redistest.DBSize(t, rc), "goroutines": int64(runtime.NumGoroutine())}
 	ok := true
 	if after["node_heap"] > before["node_heap"]*3/2+4<<20 {
 		ok = false
