@@ -69,6 +69,9 @@ func parseFlags(args, env []string, stderr io.Writer) (DaemonConfig, error) {
 	fs.DurationVar(&c.ReportInterval, "report-interval", 5*time.Second, "demand report interval (with -etcd)")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", daemon.DefaultShutdownTimeout, "how long a graceful shutdown may take")
 	fs.DurationVar(&c.ReloadSettle, "reload-settle", 200*time.Millisecond, "quiet time after a policy file change before reloading")
+	// Identity floods (see Config.MaxLiveSubjects).
+	fs.IntVar(&c.MaxLiveSubjects, "max-live-subjects", 100000, "per policy, subjects this node lets hold a bucket of their own; newer ones share the policy's overflow bucket")
+	fs.IntVar(&c.IPv6SubjectPrefix, "ipv6-subject-prefix", 64, "prefix length IPv6 subjects are aggregated to (ip policies, Envoy remote_address), 1 to 128")
 	logs.Register(fs)
 	if err := daemon.Parse(fs, args, env); err != nil {
 		return c, err

@@ -2,6 +2,7 @@ package regional
 
 import (
 	"context"
+	"io"
 	"strconv"
 	"strings"
 	"sync"
@@ -196,5 +197,20 @@ func TestIPv6SubjectsAggregate(t *testing.T) {
 		if got := ipSubject(tc.in, 64); got != tc.want {
 			t.Errorf("ipSubject(%q) = %q, want %q", tc.in, got, tc.want)
 		}
+	}
+}
+
+// TestLiveSubjectFlags: the identity-flood flags reach the node's Config,
+// and a prefix length above 128 is refused.
+func TestLiveSubjectFlags(t *testing.T) {
+	c, err := parseFlags([]string{"-max-live-subjects", "7", "-ipv6-subject-prefix", "48"}, nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.MaxLiveSubjects != 7 || c.IPv6SubjectPrefix != 48 {
+		t.Errorf("parsed MaxLiveSubjects %d, IPv6SubjectPrefix %d; want 7, 48", c.MaxLiveSubjects, c.IPv6SubjectPrefix)
+	}
+	if _, err := New(Config{Region: "r", Store: memoryStore(t, clock.Real{}), Local: memoryStore(t, clock.Real{}), IPv6SubjectPrefix: 129}); err == nil {
+		t.Error("IPv6SubjectPrefix 129 accepted")
 	}
 }
