@@ -34,7 +34,7 @@ func TestHostileIdentityFlood(t *testing.T) {
 	n := startNode(t, []string{"-redis", srv.Addr, "-policies", writePolicies(t, `policies:
   - {name: fl-open, capacity: 5, rate: 5/second, failure_mode: open}
   - {name: fl-local, capacity: 5, rate: 5/second, failure_mode: local}
-`), "-store-timeout", "250ms", "-breaker-cooldown", "100ms", "-local-max-buckets", fmt.Sprint(localCap),
+`), "-store-timeout", "2s", "-breaker-cooldown", "100ms", "-local-max-buckets", fmt.Sprint(localCap),
 		"-max-live-subjects", fmt.Sprint(maxLive)}, nil)
 	ctx := context.Background()
 	kinds := counter{}
