@@ -201,7 +201,7 @@ func (n *Node) policyItem(p *policy.Policy, subject string, valid bucket.Subject
 	}
 	it.live = n.live.set(p)
 	var verdict subjectVerdict
-	verdict, it.fresh = it.live.admit(subject, n.cfg.Clock.Now(), n.cfg.MaxLiveSubjects)
+	verdict, it.fresh = it.live.admit(subject, n.cfg.Clock.Now())
 	switch verdict {
 	case subjectOverflow:
 		n.m.overflow.WithLabelValues(p.Name).Inc()

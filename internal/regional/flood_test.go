@@ -217,3 +217,24 @@ func TestLiveSubjectFlags(t *testing.T) {
 		t.Error("IPv6SubjectPrefix 129 accepted")
 	}
 }
+
+// TestShardedSubjectSetBound: a bound split into shards still holds: of
+// many new subjects, exactly the bound get buckets of their own (every
+// shard fills), the rest overflow.
+func TestShardedSubjectSetBound(t *testing.T) {
+	const bound = 4096
+	s := newSubjectSet(bound, time.Minute)
+	if len(s.shards) != subjectShards {
+		t.Fatalf("%d shards for a bound of %d", len(s.shards), bound)
+	}
+	now := time.Unix(1_700_000_000, 0)
+	own := 0
+	for i := 0; i < 20*bound; i++ {
+		if v, _ := s.admit("s"+strconv.Itoa(i), now); v == subjectOwn {
+			own++
+		}
+	}
+	if own != bound {
+		t.Errorf("%d of %d new subjects got their own bucket, want the bound %d", own, 20*bound, bound)
+	}
+}

@@ -2,8 +2,10 @@ package regional
 
 import (
 	"container/list"
+	"hash/maphash"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quotacoord/quota/internal/policy"
@@ -44,10 +46,11 @@ const (
 // the store; live subjects keep asking it.
 //
 // Memory is bounded by max entries per policy, and policies by the policy
-// set (forget drops those no longer in it). Safe for concurrent use.
+// set (forget drops those no longer in it). Safe for concurrent use; a
+// check takes one read lock and one lock of a shard of its policy.
 type liveSubjects struct {
 	max int
-	mu  sync.Mutex
+	mu  sync.RWMutex
 	// byPolicy is keyed by policy name and bucket key version.
 	byPolicy map[policyKey]*subjectSet
 }
@@ -57,19 +60,37 @@ type policyKey struct {
 	version uint32
 }
 
-// subjectSet is one policy's live subjects, least recently checked first.
+// subjectSet is one policy's live subjects, in shards by subject hash so
+// that checks of one hot policy do not queue on one lock. Each shard holds
+// at most per subjects, so the policy holds at most max.
 type subjectSet struct {
-	mu        sync.Mutex
-	ttl       time.Duration
-	m         map[string]*list.Element // of *liveEntry
-	order     list.List
-	fullUntil time.Time
+	seed   maphash.Seed
+	shards []subjectShard
+	per    int
+	ttl    time.Duration
+	// fullUntil (unix nanoseconds): new subjects are refused before it.
+	fullUntil atomic.Int64
+}
+
+// subjectShard is a part of a policy's live subjects, least recently
+// checked first.
+type subjectShard struct {
+	mu    sync.Mutex
+	m     map[string]*list.Element // of *liveEntry
+	order list.List
 }
 
 type liveEntry struct {
 	subject string
 	expires time.Time
 }
+
+// shardedFrom is the least bound split into subjectShards shards; a
+// smaller one is kept in one shard so that it stays exact.
+const (
+	subjectShards = 16
+	shardedFrom   = 1024
+)
 
 func newLiveSubjects(max int) *liveSubjects {
 	return &liveSubjects{max: max, byPolicy: make(map[policyKey]*subjectSet)}
@@ -78,16 +99,32 @@ func newLiveSubjects(max int) *liveSubjects {
 // set returns p's subject set, created on first use.
 func (l *liveSubjects) set(p *policy.Policy) *subjectSet {
 	k := policyKey{p.Name, p.KeyVersion()}
+	l.mu.RLock()
+	s := l.byPolicy[k]
+	l.mu.RUnlock()
+	if s != nil {
+		return s
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	s := l.byPolicy[k]
-	if s == nil {
-		ttl := max(p.Limits.IdleTTL, fullAfter(p.Limits))
-		if ttl <= 0 {
-			ttl = time.Minute
-		}
-		s = &subjectSet{ttl: ttl, m: make(map[string]*list.Element)}
+	if s = l.byPolicy[k]; s == nil {
+		s = newSubjectSet(l.max, max(p.Limits.IdleTTL, fullAfter(p.Limits)))
 		l.byPolicy[k] = s
+	}
+	return s
+}
+
+func newSubjectSet(max int, ttl time.Duration) *subjectSet {
+	if ttl <= 0 {
+		ttl = time.Minute
+	}
+	n := 1
+	if max >= shardedFrom {
+		n = subjectShards
+	}
+	s := &subjectSet{seed: maphash.MakeSeed(), shards: make([]subjectShard, n), per: max / n, ttl: ttl}
+	for i := range s.shards {
+		s.shards[i].m = make(map[string]*list.Element)
 	}
 	return s
 }
@@ -103,6 +140,13 @@ func (l *liveSubjects) forget(set *policy.Set) {
 	}
 }
 
+func (s *subjectSet) shard(subject string) *subjectShard {
+	if len(s.shards) == 1 {
+		return &s.shards[0]
+	}
+	return &s.shards[maphash.String(s.seed, subject)%uint64(len(s.shards))]
+}
+
 // maxExpiredPerAdmit bounds the expired entries one admit drops, so that
 // a check's cost stays constant; entries are dropped at least as fast as
 // new ones come.
@@ -111,34 +155,35 @@ const maxExpiredPerAdmit = 4
 // admit records a check of subject at now and says how it is charged;
 // fresh is true when the check made the subject live (it held no bucket
 // this node knew of).
-func (s *subjectSet) admit(subject string, now time.Time, max int) (v subjectVerdict, fresh bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if el, ok := s.m[subject]; ok {
+func (s *subjectSet) admit(subject string, now time.Time) (v subjectVerdict, fresh bool) {
+	sh := s.shard(subject)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if el, ok := sh.m[subject]; ok {
 		e := el.Value.(*liveEntry)
 		if now.Before(e.expires) {
 			e.expires = now.Add(s.ttl)
-			s.order.MoveToBack(el)
+			sh.order.MoveToBack(el)
 			return subjectOwn, false
 		}
-		s.order.Remove(el)
-		delete(s.m, subject)
+		sh.order.Remove(el)
+		delete(sh.m, subject)
 	}
-	if now.Before(s.fullUntil) {
+	if now.UnixNano() < s.fullUntil.Load() {
 		return subjectRefused, false
 	}
 	for i := 0; i < maxExpiredPerAdmit; i++ {
-		front := s.order.Front()
+		front := sh.order.Front()
 		if front == nil || now.Before(front.Value.(*liveEntry).expires) {
 			break
 		}
-		delete(s.m, front.Value.(*liveEntry).subject)
-		s.order.Remove(front)
+		delete(sh.m, front.Value.(*liveEntry).subject)
+		sh.order.Remove(front)
 	}
-	if len(s.m) >= max {
+	if len(sh.m) >= s.per {
 		return subjectOverflow, false
 	}
-	s.m[subject] = s.order.PushBack(&liveEntry{subject: subject, expires: now.Add(s.ttl)})
+	sh.m[subject] = sh.order.PushBack(&liveEntry{subject: subject, expires: now.Add(s.ttl)})
 	return subjectOwn, true
 }
 
@@ -146,25 +191,23 @@ func (s *subjectSet) admit(subject string, now time.Time, max int) (v subjectVer
 // refused until now+cooldown, and subject, when fresh, is no longer live
 // (it holds no bucket).
 func (s *subjectSet) refused(subject string, fresh bool, now time.Time, cooldown time.Duration) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if until := now.Add(cooldown); until.After(s.fullUntil) {
-		s.fullUntil = until
+	until := now.Add(cooldown).UnixNano()
+	for {
+		cur := s.fullUntil.Load()
+		if until <= cur || s.fullUntil.CompareAndSwap(cur, until) {
+			break
+		}
 	}
 	if !fresh {
 		return
 	}
-	if el, ok := s.m[subject]; ok {
-		s.order.Remove(el)
-		delete(s.m, subject)
+	sh := s.shard(subject)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if el, ok := sh.m[subject]; ok {
+		sh.order.Remove(el)
+		delete(sh.m, subject)
 	}
-}
-
-// len returns the live subjects held, expired ones included.
-func (s *subjectSet) len() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.m)
 }
 
 // ipSubject aggregates an IPv6 address to its prefix of bits (the
