@@ -20,8 +20,11 @@ const DefaultSweepEvery = time.Minute
 const memShards = 64
 
 var (
-	// ErrMemoryFull reports that a Memory holds MaxBuckets live buckets and
-	// a request needed a new one. Existing buckets keep working.
+	// ErrMemoryFull reports a store that refused to grow: a Memory holding
+	// MaxBuckets live buckets when a request needed a new one (existing
+	// buckets keep working), or a Redis at its maxmemory that answered a
+	// script's write with an OOM reply (noeviction). Either way the store
+	// answered; it did not fail.
 	ErrMemoryFull = errors.New("bucket: memory store full")
 	// ErrDuplicateKey reports a TakeAll that names one bucket twice.
 	ErrDuplicateKey = errors.New("bucket: duplicate key in TakeAll")

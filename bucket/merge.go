@@ -267,6 +267,7 @@ func (r *Redis) send(f *flush) {
 			continue // split
 		}
 		res, err := wr.cmd.Result()
+		err = storeFull(err)
 		want := 0
 		for _, c := range wr.calls {
 			want += replyPerBucket * c.n

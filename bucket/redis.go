@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -347,6 +348,17 @@ func (r *Redis) enqueue(ctx context.Context, c *call) error {
 		r.mu.RUnlock()
 		return ctx.Err()
 	}
+}
+
+// storeFull wraps a Redis OOM reply (used memory above maxmemory with the
+// noeviction policy) in ErrMemoryFull; other errors are returned as they
+// are.
+func storeFull(err error) error {
+	var re redis.Error
+	if errors.As(err, &re) && strings.HasPrefix(re.Error(), "OOM ") {
+		return fmt.Errorf("%w: redis: %w", ErrMemoryFull, err)
+	}
+	return err
 }
 
 // wait waits for the answer of a queued c.

@@ -33,6 +33,11 @@ var (
 	ErrNotLeader = errors.New("rebalance: not the leader")
 	// ErrUnknownPolicy says no stored document defines the policy.
 	ErrUnknownPolicy = errors.New("rebalance: unknown policy")
+	// ErrTooManyRegistrations says a round read more registrations than
+	// MaxNodes, MaxNodesPerRegion or MaxRegions allow: it publishes
+	// nothing (fake registrations cannot be told from real ones, and
+	// ignoring real ones would give their shares away).
+	ErrTooManyRegistrations = errors.New("rebalance: too many registrations")
 )
 
 // Bounds on what input can grow.
@@ -40,6 +45,9 @@ const (
 	// MaxNodes is the most registered nodes (over all regions) a round
 	// accepts; a round that reads more fails without publishing.
 	MaxNodes = 4096
+	// MaxNodesPerRegion is the most registered nodes of one region a
+	// round accepts; a round that reads more fails without publishing.
+	MaxNodesPerRegion = 256
 	// MaxOverridesLimit is the largest accepted Config.MaxOverrides.
 	MaxOverridesLimit = plan.MaxOverridesLimit
 )

@@ -397,7 +397,11 @@ func (l *Loop) round(ctx context.Context, f fence, full bool) (Result, error) {
 	l.cfg.Logger.Debug("round", "kind", kind, "published", res.Published, "waiting", res.Waiting, "error", err)
 	l.m.duration.Observe(time.Since(start).Seconds())
 	result := "ok"
-	if err != nil {
+	switch {
+	case errors.Is(err, ErrTooManyRegistrations):
+		result = "refused"
+		l.cfg.Logger.Error("round refused to publish: registrations over the bound (fake registrations, or raise the bound)", "error", err)
+	case err != nil:
 		result = "error"
 	}
 	l.m.rounds.WithLabelValues(kind, result).Inc()
@@ -537,10 +541,13 @@ func (l *Loop) read(ctx context.Context) (*snapshot, error) {
 					// neither reserve the node's share nor wait for its
 					// acknowledgement.
 					if nodes++; nodes > MaxNodes {
-						return nil, fmt.Errorf("rebalance: more than %d registered nodes", MaxNodes)
+						return nil, fmt.Errorf("%w: more than %d registered nodes", ErrTooManyRegistrations, MaxNodes)
 					}
 					if _, ok := live[region]; !ok && len(live) >= allocator.MaxRegions {
-						return nil, fmt.Errorf("rebalance: more than %d registered regions", allocator.MaxRegions)
+						return nil, fmt.Errorf("%w: more than %d registered regions", ErrTooManyRegistrations, allocator.MaxRegions)
+					}
+					if len(live[region]) >= MaxNodesPerRegion {
+						return nil, fmt.Errorf("%w: region %q has more than %d registered nodes", ErrTooManyRegistrations, region, MaxNodesPerRegion)
 					}
 					var v etcdlayout.Registration
 					derr = json.Unmarshal(kv.Value, &v)

@@ -20,7 +20,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "quota_coordinator_leader", Help: "1 while this coordinator leads, else 0.",
 		}),
 		rounds: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "quota_coordinator_rebalance_rounds_total", Help: "Rebalance rounds by kind (full, acks) and result (ok, error).",
+			Name: "quota_coordinator_rebalance_rounds_total", Help: "Rebalance rounds by kind (full, acks) and result (ok, error, refused: more registrations than the bounds allow, nothing published).",
 		}, []string{"kind", "result"}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "quota_coordinator_rebalance_round_seconds", Help: "Duration of a rebalance round.",

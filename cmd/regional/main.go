@@ -99,6 +99,9 @@ func parse(args, env []string, stderr io.Writer) (regional.DaemonConfig, error) 
 	fs.StringVar(&c.GrantsFile, "grants", "", "YAML or JSON file granting check, peek, refund and override per caller and policy (see internal/grants); empty = every caller may check, nothing else")
 	fs.IntVar(&c.CallerMaxInflight, "caller-max-inflight", regional.DefaultCallerMaxInflight, "most bucket operations one caller (identity and IP address) may have in flight on this node; beyond it a request is refused at once; negative = no bound")
 	fs.StringVar(&c.TokensFile, "auth-tokens", "", "file of bearer tokens identifying callers, NAME TOKEN per line (identity token:NAME in -grants); empty = no tokens")
+	// Identity floods (see regional.Config.MaxLiveSubjects).
+	fs.IntVar(&c.MaxLiveSubjects, "max-live-subjects", 100000, "per policy, subjects this node lets hold a bucket of their own; newer ones share the policy's overflow bucket")
+	fs.IntVar(&c.IPv6SubjectPrefix, "ipv6-subject-prefix", 64, "prefix length IPv6 subjects are aggregated to (ip policies, Envoy remote_address), 1 to 128")
 	logs.Register(fs)
 	if err := daemon.Parse(fs, args, env); err != nil {
 		return c, err

@@ -123,6 +123,9 @@ func TestParse(t *testing.T) {
 	if c.Announce != &out || c.Logger == nil {
 		t.Fatalf("logger %v and announce %v, want both on stderr", c.Logger, c.Announce)
 	}
+	if c, err := parse([]string{"-max-live-subjects", "7", "-ipv6-subject-prefix", "48"}, nil, &out); err != nil || c.MaxLiveSubjects != 7 || c.IPv6SubjectPrefix != 48 {
+		t.Fatalf("identity-flood flags: MaxLiveSubjects %d, IPv6SubjectPrefix %d, %v; want 7, 48", c.MaxLiveSubjects, c.IPv6SubjectPrefix, err)
+	}
 	if c, err := parse(nil, []string{"QUOTA_NODE_ID=from-env"}, &out); err != nil || c.NodeID != "from-env" {
 		t.Fatalf("QUOTA_NODE_ID: %q, %v", c.NodeID, err)
 	}

@@ -24,6 +24,9 @@ func (l Layout) p() string {
 	return l.Prefix
 }
 
+// Root is the prefix every key of the layout lives under, ending in "/".
+func (l Layout) Root() string { return l.p() }
+
 // PoliciesPrefix holds the policy documents.
 func (l Layout) PoliciesPrefix() string { return l.p() + "policies/" }
 

@@ -238,3 +238,34 @@ func RequireAuth(tb testing.TB, addr, user, userPW, defaultPW string) {
 		tb.Fatalf("redistest: CONFIG SET requirepass on %s: %v", addr, err)
 	}
 }
+
+// Info returns one integer field of the server's INFO section (for
+// example "memory", "used_memory"); a missing field fails tb.
+func Info(tb testing.TB, c *redis.Client, section, field string) int64 {
+	tb.Helper()
+	s, err := c.Info(context.Background(), section).Result()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, line := range strings.Split(s, "\r\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				tb.Fatalf("INFO %s %s=%q: %v", section, field, v, err)
+			}
+			return n
+		}
+	}
+	tb.Fatalf("INFO %s has no %s", section, field)
+	return 0
+}
+
+// DBSize returns the keys of the server's current database.
+func DBSize(tb testing.TB, c *redis.Client) int64 {
+	tb.Helper()
+	n, err := c.DBSize(context.Background()).Result()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return n
+}

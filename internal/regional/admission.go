@@ -169,6 +169,7 @@ func (n *Node) prepareCheck(set *policy.Set, req *quotav1.CheckRequest, shares *
 		cost = 0
 	}
 	c := &check{names: names}
+	ip := false // a policy limits IP subjects
 	pols := make([]*policy.Policy, 0, len(names))
 	for i, name := range names {
 		if len(name) == 0 || len(name) > bucket.MaxPolicyNameLen {
@@ -202,10 +203,14 @@ func (n *Node) prepareCheck(set *policy.Set, req *quotav1.CheckRequest, shares *
 			return nil, status.Errorf(codes.PermissionDenied, "caller may not %s policy %q", action, name)
 		}
 		hash = hash || p.HashSubject
+		ip = ip || p.Subject == "ip"
 		if cost > p.Limits.Capacity {
 			return nil, status.Errorf(codes.InvalidArgument, "cost %d exceeds the capacity %d of policy %q", cost, p.Limits.Capacity, name)
 		}
 		pols = append(pols, p)
+	}
+	if ip {
+		subject = ipSubject(subject, n.cfg.IPv6SubjectPrefix)
 	}
 	if hash {
 		subject = bucket.HashSubject(n.cfg.SubjectSalt, subject)
@@ -238,6 +243,17 @@ func (n *Node) policyItem(p *policy.Policy, subject string, valid bucket.Subject
 	}
 	if p.Unlimited {
 		return it, nil
+	}
+	it.live = n.live.set(p)
+	var verdict subjectVerdict
+	verdict, it.fresh = it.live.admit(subject, n.cfg.Clock.Now())
+	switch verdict {
+	case subjectOverflow:
+		n.m.overflow.WithLabelValues(p.Name).Inc()
+		subject, valid = OverflowSubject, bucket.Subject{}
+		it.subject = subject
+	case subjectRefused:
+		it.refused = true
 	}
 	var key bucket.Key
 	var err error

@@ -151,6 +151,14 @@ type Config struct {
 
 	// saltGenerated is set by withDefaults when it made SubjectSalt up.
 	saltGenerated bool
+
+	// MaxLiveSubjects bounds, per policy, the subjects this node lets hold
+	// a bucket of their own at once (see OverflowSubject); default 100000.
+	MaxLiveSubjects int
+	// IPv6SubjectPrefix is the prefix length IPv6 subjects are aggregated
+	// to (Envoy remote_address values, and subjects of policies whose
+	// subject is "ip"); default 64, at most 128.
+	IPv6SubjectPrefix int
 }
 
 // withDefaults returns c with defaults filled in, or an error naming the
@@ -232,6 +240,15 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if err := orDefault(&c.DegradedLogInterval, time.Second, "DegradedLogInterval"); err != nil {
 		return c, err
+	}
+	if err := orDefault(&c.MaxLiveSubjects, 100000, "MaxLiveSubjects"); err != nil {
+		return c, err
+	}
+	if err := orDefault(&c.IPv6SubjectPrefix, 64, "IPv6SubjectPrefix"); err != nil {
+		return c, err
+	}
+	if c.IPv6SubjectPrefix > 128 {
+		return c, fmt.Errorf("%w: IPv6SubjectPrefix %d is more than 128", ErrConfig, c.IPv6SubjectPrefix)
 	}
 	switch c.Headers {
 	case "":

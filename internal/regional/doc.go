@@ -130,7 +130,21 @@
 // quota_regional_memory_full_total; subjects that already have a bucket
 // keep deciding from it. Being full is not a store failure: it never
 // counts towards the breaker, so a flood of new identities cannot switch
-// a fail-open policy to admitting everyone.
+// a fail-open policy to admitting everyone. A Redis at its maxmemory
+// under noeviction (an OOM reply, bucket.ErrMemoryFull) is treated the
+// same way, as a degraded closed denial.
+//
+// # Live subjects per policy
+//
+// Each policy lets at most MaxLiveSubjects subjects hold a bucket of their
+// own on a node; a subject stays live until its bucket could have expired
+// (idle TTL or one full refill) after its last check. A new subject beyond
+// the bound is charged to the policy's overflow bucket (OverflowSubject,
+// the policy's limits), counted in quota_regional_subject_overflow_total.
+// After the store refused to grow, the policy's new subjects are denied
+// for one BreakerCooldown without asking it. IPv6 subjects of "ip"
+// policies and Envoy remote_address values are aggregated to
+// IPv6SubjectPrefix bits.
 //
 // A negative cache remembers buckets that denied with retry-after t and
 // denies the same or larger cost locally until t, so a client ignoring

@@ -7,7 +7,9 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/quotacoord/quota/internal/policy"
@@ -20,9 +22,13 @@ func fuzzNode(f *testing.F, files map[string]string) (*Node, *policy.Set) {
 }
 
 // FuzzCheckRequest: any own-API request is either rejected with a gRPC
-// status or becomes items whose keys and requests the store accepts.
+// status or becomes items whose keys and requests the store accepts; it
+// is then decided (never an error, remaining within the limit), replayed
+// with its idempotency key (the same decision, marked replayed), and the
+// key presented with a different request is InvalidArgument.
 func FuzzCheckRequest(f *testing.F) {
 	n, set := fuzzNode(f, map[string]string{"own.yaml": ownConfig})
+	adm := &admission{n: n}
 	f.Add("acme", false, "small", "big", int64(1), "", false)
 	f.Add("raw key ☃", true, "keyed", "", int64(2), "idem", false)
 	f.Add("", false, "small", "small", int64(-1), "", true)
@@ -50,6 +56,31 @@ func FuzzCheckRequest(f *testing.F) {
 			if err := it.req.Validate(); err != nil && it.req.Share > 0 {
 				t.Fatalf("accepted request the store rejects: %v", err)
 			}
+		}
+		ctx := context.Background()
+		r, err := adm.Check(ctx, req)
+		if err != nil {
+			// The key may have been used by an earlier input with another
+			// request: that, and only that, is refused here.
+			if status.Code(err) != codes.InvalidArgument || idem == "" {
+				t.Fatalf("validated request failed to decide: %v", err)
+			}
+			return
+		}
+		if r.Limit > 0 && r.Remaining > r.Limit {
+			t.Fatalf("remaining %d above the limit %d", r.Remaining, r.Limit)
+		}
+		if idem == "" {
+			return
+		}
+		again, err := adm.Check(ctx, req)
+		if err != nil || !again.Replayed || again.Allowed != r.Allowed {
+			t.Fatalf("replay of %v: %v, %v; want the same decision, replayed", r, again, err)
+		}
+		other := proto.Clone(req).(*quotav1.CheckRequest)
+		other.Peek = !req.Peek
+		if _, err := adm.Check(ctx, other); status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("key replayed for a request with peek=%v: %v, want InvalidArgument", other.Peek, err)
 		}
 	})
 }
@@ -101,6 +132,18 @@ func FuzzEnvoyRequest(f *testing.F) {
 			}
 			if err := it.req.Validate(); err != nil {
 				t.Fatalf("accepted request the store rejects: %v", err)
+			}
+		}
+		// Decided (and refunded, for negative hits): no descriptor may
+		// report more remaining than its limit, before or after a refund.
+		for i := 0; i < 2; i++ {
+			for j, st := range resp.Statuses {
+				if l := st.GetCurrentLimit(); l != nil && st.LimitRemaining > l.RequestsPerUnit {
+					t.Fatalf("descriptor %d: remaining %d above the limit %d", j, st.LimitRemaining, l.RequestsPerUnit)
+				}
+			}
+			if resp, rerr = api.ShouldRateLimit(context.Background(), req); rerr != nil {
+				t.Fatalf("ShouldRateLimit error %v on a repeated request", rerr)
 			}
 		}
 	})

@@ -23,6 +23,7 @@ type metrics struct {
 	reloads       *prometheus.CounterVec // result
 	grantsReloads *prometheus.CounterVec // result
 	memoryFull    *prometheus.CounterVec // store: primary or local
+	overflow      *prometheus.CounterVec // policy
 	rejected      *prometheus.CounterVec // api
 	forbidden     *prometheus.CounterVec // api, action
 	bucketOps     *prometheus.CounterVec // api
@@ -93,8 +94,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"result"}),
 		memoryFull: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "quota", Subsystem: "regional", Name: "memory_full_total",
-			Help: "Checks denied because the in-process store (primary or local) was at its bucket cap and the check needed a new bucket.",
+			Help: "Checks denied because a store refused to grow: the in-process store (primary or local) at its bucket cap, or Redis at maxmemory (an OOM reply, and new subjects for one breaker cooldown after it).",
 		}, []string{"store"}),
+		overflow: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "quota", Subsystem: "regional", Name: "subject_overflow_total",
+			Help: "Checks of a new subject charged to the policy's shared overflow bucket because the policy held its bound of live subjects on this node.",
+		}, []string{"policy"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "quota", Subsystem: "regional", Name: "rejected_requests_total",
 			Help: "Requests the node could not decide (bad input) and answered as denied rather than with an error, by API.",
@@ -117,7 +122,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.decisions, m.storeLatency, m.storeErrors, m.degraded,
-		m.retryAfter, m.shares, m.negHits, m.replays, m.breakerOpens, m.breakerOpen, m.reloads, m.grantsReloads, m.memoryFull, m.rejected, m.forbidden,
+		m.retryAfter, m.shares, m.negHits, m.replays, m.breakerOpens, m.breakerOpen, m.reloads, m.grantsReloads, m.memoryFull, m.overflow, m.rejected, m.forbidden,
 		m.bucketOps, m.callerLimited, m.policies} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("regional: register metrics: %w", err)

@@ -42,6 +42,7 @@ type Node struct {
 	brk     *breaker
 	neg     *negativeCache
 	replay  *replayCache
+	live    *liveSubjects
 	m       *metrics
 	tracer  trace.Tracer
 	// tracing is false with the no-op provider: spans are then not started
@@ -83,6 +84,7 @@ func New(cfg Config) (*Node, error) {
 		brk:     newBreaker(cfg.BreakerThreshold, cfg.BreakerCooldown),
 		neg:     newNegativeCache(cfg.NegativeCacheSize),
 		replay:  newReplayCache(cfg.IdempotencySize, cfg.IdempotencyTTL),
+		live:    newLiveSubjects(cfg.MaxLiveSubjects),
 		m:       m,
 		tracer:  cfg.TracerProvider.Tracer("github.com/quotacoord/quota/internal/regional"),
 		tracing: !isNoopProvider(cfg.TracerProvider),
@@ -118,6 +120,7 @@ func (n *Node) SetPolicies(s *policy.Set) {
 		return
 	}
 	n.set.Store(s)
+	n.live.forget(s)
 	n.m.policies.Set(float64(s.Len()))
 	n.RefreshShareGauges()
 }
@@ -154,6 +157,12 @@ type item struct {
 	scale     float64 // local bucket scale for FailLocal
 	shadow    bool
 	unlimited bool
+	// live is the policy's live-subject set (nil for unlimited policies
+	// and Envoy overrides); fresh says this check made subject live, and
+	// refused that the check is denied without asking the store.
+	live    *subjectSet
+	fresh   bool
+	refused bool
 }
 
 // outcome is the decision of a whole check.
@@ -191,6 +200,16 @@ func (n *Node) decide(ctx context.Context, now time.Time, items []item) (outcome
 		switch {
 		case it.unlimited:
 			out.decs[i] = bucket.Decision{Allowed: true, Limit: math.Inf(1), Remaining: math.Inf(1)}
+			out.known[i] = true
+		case it.refused && !it.shadow:
+			// The store recently refused to grow and this subject holds no
+			// bucket: denied here, as the store would refuse it.
+			out.decs[i] = n.denyRefused(it, now)
+			out.known[i] = true
+			out.allowed = false
+			out.degraded = policy.FailClosed
+		case it.refused:
+			out.decs[i] = bucket.Decision{Allowed: false, Limit: it.limit(), RetryAfter: n.cfg.BreakerCooldown}
 			out.known[i] = true
 		case it.req.Share <= 0 || it.req.Cost > it.req.Limits.Capacity:
 			// Nothing the store could answer would admit this: a zero share,
@@ -302,9 +321,15 @@ func (n *Node) take(ctx context.Context, now time.Time, items []item, idx []int)
 			return nil, "", err
 		}
 		if errors.Is(err, bucket.ErrMemoryFull) {
-			// The in-process primary store is at its bucket cap: a check
-			// that needs a new bucket is denied, existing buckets keep
-			// deciding, and the breaker is not involved.
+			// The store refused to grow (the in-process primary at its
+			// bucket cap, or Redis at maxmemory): the check is denied, the
+			// policies refuse new subjects for a cooldown, and the breaker
+			// is not involved.
+			for _, i := range idx {
+				if it := &items[i]; it.live != nil {
+					it.live.refused(it.subject, it.fresh, now, n.cfg.BreakerCooldown)
+				}
+			}
 			return n.denyFull(now, items, idx, err), policy.FailClosed, nil
 		}
 		storeErr = err
@@ -590,6 +615,19 @@ func (n *Node) denyFull(now time.Time, items []item, idx []int, err error) []buc
 	n.logDegraded(now, policy.FailClosed, err)
 	return decs
 }
+
+// denyRefused answers an item refused by its live-subject set: denied
+// with a retry-after of one breaker cooldown, counted as a degraded closed
+// decision of a full store.
+func (n *Node) denyRefused(it *item, now time.Time) bucket.Decision {
+	n.m.degraded.WithLabelValues(it.label, n.cfg.Region, string(policy.FailClosed)).Inc()
+	n.m.memoryFull.WithLabelValues("primary").Inc()
+	n.logDegraded(now, policy.FailClosed, errStoreRefused)
+	return bucket.Decision{Allowed: false, Limit: it.limit(), RetryAfter: n.cfg.BreakerCooldown, ResetAfter: n.cfg.BreakerCooldown}
+}
+
+// errStoreRefused is logged for checks refused without asking the store.
+var errStoreRefused = errors.New("regional: store refused new buckets within the last cooldown")
 
 // fullAfter is how long an empty bucket with limits l takes to be full
 // again: a window, or capacity over refill.

@@ -125,6 +125,9 @@ type DaemonConfig struct {
 	TLSCert, TLSKey, TLSClientCA string
 	// LocalMaxBuckets bounds the in-process store; default 100000.
 	LocalMaxBuckets int
+	// MaxLiveSubjects and IPv6SubjectPrefix are the Node's (Config).
+	MaxLiveSubjects   int
+	IPv6SubjectPrefix int
 	// ReportInterval is the demand report interval (with etcd); default
 	// 5s.
 	ReportInterval time.Duration
@@ -340,6 +343,7 @@ func Run(ctx context.Context, c DaemonConfig) error {
 		UnknownPolicy: c.UnknownPolicy, SubjectSalt: c.SubjectSalt, EnvoyPlainKeys: c.EnvoyPlainKeys,
 		DecisionLogEvery: c.DecisionLogEvery, Headers: c.Headers, Grants: g, Tokens: toks,
 		CallerMaxInflight: c.CallerMaxInflight,
+		MaxLiveSubjects:   c.MaxLiveSubjects, IPv6SubjectPrefix: c.IPv6SubjectPrefix,
 	}
 	n, err := New(ncfg)
 	if err != nil {

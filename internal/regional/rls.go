@@ -205,6 +205,13 @@ func (n *Node) prepareEnvoy(set *policy.Set, req *rlsv3.RateLimitRequest, shares
 		ec.limits = make([]*rlsv3.RateLimitResponse_RateLimit, len(descs))
 		lims = make([]rlsv3.RateLimitResponse_RateLimit, len(descs))
 	}
+	for _, d := range entries {
+		for j := range d {
+			if d[j].Key == remoteAddressKey {
+				d[j].Value = ipSubject(d[j].Value, n.cfg.IPv6SubjectPrefix)
+			}
+		}
+	}
 	matches, err := set.Match(req.GetDomain(), entries, n.envoySubj)
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
@@ -280,6 +287,11 @@ func (n *Node) prepareEnvoy(set *policy.Set, req *rlsv3.RateLimitRequest, shares
 	}
 	return ec, nil
 }
+
+// remoteAddressKey is the descriptor key of Envoy's remote_address
+// action: its value, the client address, is aggregated to
+// Config.IPv6SubjectPrefix.
+const remoteAddressKey = "remote_address"
 
 // errUndecided is the reason given for a request that failed for a cause
 // other than its input (logged, not told to the client).

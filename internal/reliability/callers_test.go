@@ -146,7 +146,7 @@ func reportAttack(t *testing.T, name string, o attackOutcome, limit int) {
 	lifted := max(o.admitted-limit, 0)
 	record(t, Entry{Kind: KindSecurity, Name: "attack: " + name, Injected: o.sent > 0,
 		Survived: o.sent > 0 && lifted == 0 && o.failOpen == 0,
-		Note:     fmt.Sprintf("requests=%d limits_lifted=%d fail_open=%d", o.sent, lifted, o.failOpen)})
+		Requests: int64(o.sent), LimitsLifted: int64(lifted), FailOpen: int64(o.failOpen)})
 	if lifted > 0 || o.failOpen > 0 {
 		t.Errorf("%s: %d requests, %d admitted beyond the limit of %d, %d answered with an error", name, o.sent, lifted, limit, o.failOpen)
 	}

@@ -38,6 +38,10 @@ type driver struct {
 	healed  atomic.Int64 // unix nanos of the switch to phaseAfter
 	steady  atomic.Int64 // unix nanos from which every decision must be normal
 	started time.Time
+	// refuseFrom and refuseUntil (unix nanos) bound a time when the store
+	// refuses to grow: a check overlapping it may be denied closed
+	// whatever its policy's failure mode. Zero: never.
+	refuseFrom, refuseUntil atomic.Int64
 
 	during             counter // decisions that started and ended inside the fault
 	normalAdmitDuring  atomic.Int64
@@ -99,6 +103,9 @@ func (d *driver) one(ctx context.Context, pol, subject string) {
 		return
 	}
 	mode := failureModes[pol]
+	if f, u := d.refuseFrom.Load(), d.refuseUntil.Load(); f > 0 && began.UnixNano() < u && time.Now().UnixNano() >= f {
+		mode = "closed"
+	}
 	if r.Degraded != "" {
 		switch {
 		case r.Degraded != mode:

@@ -16,7 +16,9 @@ import (
 // hashed when it must be, makes a valid bucket key that contains no byte
 // of a raw value that needed hashing. The forwarded text is tried as
 // X-Forwarded-For and as Forwarded, each read only by the ClientIP whose
-// proxies set that header: the other header never changes its answer.
+// proxies set that header: the other header never changes its answer,
+// and from a peer that is not a trusted proxy neither header does. Header
+// and Tenant refuse exactly the values their rules refuse.
 func FuzzSubjectNormalization(f *testing.F) {
 	f.Add("sk_live_abc", "tenant-1", "203.0.113.7:443", "198.51.100.1, 10.0.0.1")
 	f.Add("", "bad tenant", "[::1]:80", "")
@@ -56,11 +58,35 @@ func FuzzSubjectNormalization(f *testing.F) {
 				t.Fatalf("ClientIP reading %s: %v, %v with %s; %v, %v without it", only.header, with, errWith, only.other, without, errWithout)
 			}
 		}
-		for name, fn := range map[string]httplimit.SubjectFunc{
-			"header": httplimit.Header("X-Api-Key"), "tenant": httplimit.Tenant("X-Tenant"),
-			"ip (X-Forwarded-For)": xffIP, "ip (Forwarded)": fwdIP,
+		// A peer that is not a trusted proxy is the client, whatever
+		// forwarding headers it sends.
+		if peer, err := netip.ParseAddrPort(remote); err == nil && !trustedPeer(trusted, peer.Addr()) {
+			bare := r.Clone(r.Context())
+			bare.Header.Del("X-Forwarded-For")
+			bare.Header.Del("Forwarded")
+			want, werr := xffIP(bare)
+			for name, fn := range map[string]httplimit.SubjectFunc{"X-Forwarded-For": xffIP, "Forwarded": fwdIP} {
+				if got, err := fn(r); got != want || (err == nil) != (werr == nil) {
+					t.Fatalf("untrusted peer %s: ClientIP reading %s chose %v, %v; the peer alone is %v, %v", remote, name, got, err, want, werr)
+				}
+			}
+		}
+		// When each subject function must refuse, by its own rule.
+		apiKeyBad := strings.TrimSpace(r.Header.Get("X-Api-Key")) == "" || len(strings.TrimSpace(r.Header.Get("X-Api-Key"))) > httplimit.MaxRawSubject
+		tenantBad := bucket.ValidateSubject(strings.TrimSpace(r.Header.Get("X-Tenant"))) != nil
+		for name, tc := range map[string]struct {
+			fn httplimit.SubjectFunc
+			// mustFail: the input is bad for fn; nil when the rule is not
+			// known here (addresses), then only the error's kind is checked.
+			mustFail *bool
+		}{
+			"header": {httplimit.Header("X-Api-Key"), &apiKeyBad}, "tenant": {httplimit.Tenant("X-Tenant"), &tenantBad},
+			"ip (X-Forwarded-For)": {xffIP, nil}, "ip (Forwarded)": {fwdIP, nil},
 		} {
-			s, err := fn(r)
+			s, err := tc.fn(r)
+			if tc.mustFail != nil && (err != nil) != *tc.mustFail {
+				t.Fatalf("%s: error %v, want an error %v", name, err, *tc.mustFail)
+			}
 			if err != nil {
 				if !errors.Is(err, httplimit.ErrNoSubject) {
 					t.Fatalf("%s: error %v does not wrap ErrNoSubject", name, err)
@@ -80,4 +106,14 @@ func FuzzSubjectNormalization(f *testing.F) {
 			}
 		}
 	})
+}
+
+// trustedPeer reports whether a is in one of the trusted prefixes.
+func trustedPeer(trusted []netip.Prefix, a netip.Addr) bool {
+	for _, p := range trusted {
+		if p.Contains(a.Unmap()) || p.Contains(a) {
+			return true
+		}
+	}
+	return false
 }

@@ -3,7 +3,6 @@ package reliability
 import (
 	"context"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -13,18 +12,31 @@ import (
 )
 
 // TestHostileIdentityFlood floods a node with new subjects and checks the
-// configured caps hold, with every excess check decided by the policy's
-// failure mode: Redis capped by maxmemory (noeviction), the in-process
-// local buckets by -local-max-buckets while Redis is down.
+// caps hold, every excess check decided without failing open: a fail-open
+// policy against a Redis with a small maxmemory (noeviction), which must
+// fill, admits no subject beyond the node's live-subject bound and never
+// by its failure mode; with Redis down, the local policy's in-process
+// buckets stop at -local-max-buckets.
 func TestHostileIdentityFlood(t *testing.T) {
-	flood := pick(3000, 50000)
-	const localCap = 200
-	srv := redistest.Start(t, "--maxmemory", "1400kb", "--maxmemory-policy", "noeviction")
+	flood := pick(20000, 200000)
+	const (
+		localCap = 200
+		maxLive  = 5000
+		capacity = 5
+	)
+	srv := redistest.Start(t, "--maxmemory-policy", "noeviction")
 	rc := srv.Client(t)
+	// Room for a few thousand buckets above what Redis holds at rest.
+	headroom := int64(512 << 10)
+	maxmemory := redistest.Info(t, rc, "memory", "used_memory") + headroom
+	if err := rc.ConfigSet(context.Background(), "maxmemory", fmt.Sprint(maxmemory)).Err(); err != nil {
+		t.Fatal(err)
+	}
 	n := startNode(t, regional.DaemonConfig{Redis: srv.Addr, Policies: writePolicies(t, `policies:
-  - {name: fl-closed, capacity: 5, rate: 5/second, failure_mode: closed}
+  - {name: fl-open, capacity: 5, rate: 5/second, failure_mode: open}
   - {name: fl-local, capacity: 5, rate: 5/second, failure_mode: local}
-`), StoreTimeout: 250 * time.Millisecond, BreakerCooldown: 100 * time.Millisecond, LocalMaxBuckets: localCap}, nil)
+`), StoreTimeout: 2 * time.Second, BreakerCooldown: 100 * time.Millisecond, LocalMaxBuckets: localCap,
+		MaxLiveSubjects: maxLive}, nil)
 	ctx := context.Background()
 	kinds := counter{}
 	var lost int64
@@ -51,13 +63,14 @@ func TestHostileIdentityFlood(t *testing.T) {
 		}
 		kinds.add(pol+":"+k, 1)
 	}
-	// 1. Against live Redis: keys grow until maxmemory, then the policy's
-	// failure mode decides; Redis never holds more than its cap.
+	// 1. Against live Redis: buckets grow until maxmemory; then Redis
+	// refuses to grow, which denies, and never opens the breaker.
 	for i := 0; i < flood; i++ {
-		send("fl-closed", i)
+		send("fl-open", i)
 	}
-	used := redisInfo(t, rc, "used_memory")
-	keys := dbsize(t, rc)
+	used := redistest.Info(t, rc, "memory", "used_memory")
+	keys := redistest.DBSize(t, rc)
+	opens := n.metricSum(t, "quota_regional_breaker_opens_total")
 	// 2. Redis down: the local policy creates in-process buckets up to
 	// -local-max-buckets; the excess must still be decided.
 	srv.Stop()
@@ -69,20 +82,31 @@ func TestHostileIdentityFlood(t *testing.T) {
 	if lost > 0 {
 		t.Errorf("%d of the flood's checks got no decision; first: %v", lost, firstErr)
 	}
-	if used > 1600<<10 {
+	if got["fl-open:closed-deny"] == 0 {
 		ok = false
-		t.Errorf("redis used_memory %d over its 1400kb cap", used)
+		t.Errorf("Redis never refused a write (%d keys, %d bytes, maxmemory %d): the flood did not fill it", keys, used, maxmemory)
 	}
-	if got["fl-closed:closed-deny"] == 0 && flood >= 3000 {
-		t.Logf("note: Redis did not fill (%d keys, %d bytes)", keys, used)
+	if opens > 0 {
+		ok = false
+		t.Errorf("the flood opened the breaker %v times", opens)
+	}
+	failOpen := got["fl-open:open-admit"]
+	if failOpen > 0 {
+		t.Errorf("%d flood checks admitted by the fail-open mode", failOpen)
+	}
+	admitted := got["fl-open:normal-admit"] + failOpen
+	lifted := max(admitted-(maxLive+capacity), 0)
+	if lifted > 0 {
+		t.Errorf("the fail-open policy admitted %d new subjects, bound %d", admitted, maxLive+capacity)
 	}
 	if got["fl-local:local-admit"] > localCap {
 		ok = false
 		t.Errorf("local buckets admitted %d new subjects, cap %d", got["fl-local:local-admit"], localCap)
 	}
-	record(t, Entry{Kind: KindLoad, Name: "hostile identity flood (Redis maxmemory 1400kb, local cap 200)", Injected: true,
-		Survived: ok && !t.Failed(), Lost: lost, Decisions: got,
-		Note: fmt.Sprintf("%d new subjects; redis %d keys, %d bytes", flood+2*localCap, keys, used)})
+	record(t, Entry{Kind: KindSecurity, Name: fmt.Sprintf("identity flood: %d new subjects of a fail-open policy, Redis maxmemory +512kb noeviction", flood),
+		Injected: got["fl-open:closed-deny"] > 0, Survived: ok && !t.Failed(), Lost: lost, Decisions: got,
+		Requests: int64(flood + 2*localCap), LimitsLifted: lifted, FailOpen: failOpen,
+		Note: fmt.Sprintf("redis %d keys, %d bytes; local cap %d", keys, used, localCap)})
 }
 
 // TestFloodCannotOpenTheBreaker: on a node without Redis (the in-process
@@ -121,10 +145,14 @@ func TestFloodCannotOpenTheBreaker(t *testing.T) {
 	if lost > 0 {
 		t.Errorf("%d flood checks got no decision", lost)
 	}
-	if m := n.metrics(t); strings.Contains(m, "quota_regional_breaker_opens_total 1") || strings.Contains(m, "quota_regional_breaker_open 1") {
+	if opens, open := n.metricSum(t, "quota_regional_breaker_opens_total"), n.metricSum(t, "quota_regional_breaker_open"); opens > 0 || open > 0 {
 		ok = false
-		t.Errorf("the breaker opened because the in-process store was full")
+		t.Errorf("the breaker opened %v times (open now: %v) because the in-process store was full", opens, open)
+	}
+	failOpen := int64(0)
+	if err == nil && r.Allowed {
+		failOpen = 1
 	}
 	record(t, Entry{Kind: KindSecurity, Name: "identity flood cannot open the breaker (standalone node)", Injected: true,
-		Survived: ok && !t.Failed(), Lost: lost})
+		Survived: ok && !t.Failed(), Lost: lost, Requests: int64(2*localCap + 2), LimitsLifted: failOpen, FailOpen: failOpen})
 }

@@ -10,6 +10,8 @@ import (
 	"regexp"
 	"runtime"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -53,9 +55,9 @@ var recorder = NewRecorder(os.Getenv("RELIABILITY_REPORT"))
 // record logs e and appends it to the report file.
 func record(t testing.TB, e Entry) {
 	t.Helper()
-	t.Logf("%s %s: injected=%v survived=%v decisions=%s lost=%d invariant=%d/%d before=%v after=%v p99=%v recovery=%v %s",
+	t.Logf("%s %s: injected=%v survived=%v decisions=%s lost=%d invariant=%d/%d before=%v after=%v p99=%v recovery=%v requests=%d limits_lifted=%d fail_open=%d %s",
 		e.Kind, e.Name, e.Injected, e.Survived, joinCounts(e.Decisions), e.Lost, e.InvariantChecks, e.Violations,
-		e.Before, e.After, e.P99, e.Recovery, e.Note)
+		e.Before, e.After, e.P99, e.Recovery, e.Requests, e.LimitsLifted, e.FailOpen, e.Note)
 	if err := recorder.Record(e); err != nil {
 		t.Errorf("record: %v", err)
 	}
@@ -152,6 +154,29 @@ func (n *node) metrics(t testing.TB) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// metricSum returns the sum of every sample of the metric name (any
+// labels) in the node's /metrics text, 0 when it has none.
+func (n *node) metricSum(t testing.TB, name string) float64 {
+	t.Helper()
+	sum := 0.0
+	for _, line := range strings.Split(n.metrics(t), "\n") {
+		rest, ok := strings.CutPrefix(line, name)
+		if !ok || rest == "" || (rest[0] != ' ' && rest[0] != '{') {
+			continue
+		}
+		fields := strings.Fields(rest[strings.LastIndexByte(rest, '}')+1:])
+		if len(fields) == 0 {
+			t.Fatalf("metric line %q has no value", line)
+		}
+		v, err := strconv.ParseFloat(fields[0], 64)
+		if err != nil {
+			t.Fatalf("metric line %q: %v", line, err)
+		}
+		sum += v
+	}
+	return sum
 }
 
 // writePolicies writes body into a fresh policy file and returns its path.

@@ -2,6 +2,11 @@ package reliability
 
 import (
 	"context"
+	"fmt"
+	"math"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -30,8 +35,35 @@ type redisFault struct {
 	// normalOnly: the fault must not degrade any decision (Redis recovers
 	// within the same call).
 	normalOnly bool
-	refills    int
+	// modes are the degraded modes the fault must produce, default open,
+	// closed and local; every other degraded mode is a failure.
+	modes   []string
+	refills int
+	// observe, when set, tells whether the fault really happened, read
+	// from Redis after the load: before is its reading before inject.
+	observe func(t *testing.T, e *redisEnv) int64
 }
+
+// noscripts returns how many NOSCRIPT errors the server has answered
+// (INFO errorstats), 0 before the first.
+func noscripts(t *testing.T, e *redisEnv) int64 {
+	t.Helper()
+	info, err := e.admin.Info(context.Background(), "errorstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := noscriptRE.FindStringSubmatch(info)
+	if m == nil {
+		return 0
+	}
+	n, err := strconv.ParseInt(m[1], 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+var noscriptRE = regexp.MustCompile(`errorstat_NOSCRIPT:count=(\d+)`)
 
 func do(t *testing.T, c *redis.Client, args ...any) {
 	t.Helper()
@@ -61,6 +93,7 @@ var redisFaults = []redisFault{
 		inject:     func(t *testing.T, e *redisEnv) { do(t, e.admin, "SCRIPT", "FLUSH") },
 		heal:       func(t *testing.T, e *redisEnv) {},
 		normalOnly: true,
+		observe:    noscripts,
 	},
 	{
 		name: "redis slowed by the proxy beyond the store timeout",
@@ -92,6 +125,9 @@ var redisFaults = []redisFault{
 			do(t, e.admin, "CONFIG", "SET", "maxmemory", "1")
 		},
 		heal: func(t *testing.T, e *redisEnv) { do(t, e.admin, "CONFIG", "SET", "maxmemory", "0") },
+		// A full Redis refuses to grow: every policy denies (closed),
+		// whatever its failure mode; nothing is admitted open.
+		modes: []string{"closed"},
 	},
 	{
 		name: "redis read-only (became a replica)",
@@ -110,6 +146,13 @@ func restart(t *testing.T, s *redistest.Server) {
 		t.Fatalf("restart redis: %v", err)
 	}
 }
+
+// faultStoreTimeout and faultBreakerCooldown are the node's store time
+// budget and breaker cooldown in TestRedisFaults.
+const (
+	faultStoreTimeout    = 250 * time.Millisecond
+	faultBreakerCooldown = 200 * time.Millisecond
+)
 
 // TestRedisFaults injects every Redis fault under load into a node run
 // through regional.Run and checks that each decision follows its
@@ -130,7 +173,7 @@ func TestRedisFaults(t *testing.T) {
 			t.Cleanup(func() { p.Close() })
 			e.proxy = p
 			n := startNode(t, regional.DaemonConfig{Redis: p.Addr(), Policies: writePolicies(t, faultPolicies),
-				StoreTimeout: 250 * time.Millisecond, BreakerThreshold: 3, BreakerCooldown: 200 * time.Millisecond,
+				StoreTimeout: faultStoreTimeout, BreakerThreshold: 3, BreakerCooldown: faultBreakerCooldown,
 				Region: "r1"}, nil)
 			d := newDriver(n.adm, redistest.Unique(t))
 			ctx, cancel := context.WithCancel(context.Background())
@@ -140,14 +183,27 @@ func TestRedisFaults(t *testing.T) {
 			defer stopLoad()
 
 			time.Sleep(before)
+			var observedBefore int64
+			if f.observe != nil {
+				observedBefore = f.observe(t, e)
+			}
 			// Only checks that start after the fault is in place and end
 			// before it is healed count as decided during the fault.
+			refuses := slices.Equal(f.modes, []string{"closed"})
+			if refuses {
+				d.refuseUntil.Store(math.MaxInt64)
+				d.refuseFrom.Store(time.Now().UnixNano())
+			}
 			f.inject(t, e)
 			d.phase.Store(phaseFault)
 			time.Sleep(during)
 			d.phase.Store(phaseAfter)
 			f.heal(t, e)
 			healedAt := time.Now()
+			if refuses {
+				// New subjects stay refused for one breaker cooldown.
+				d.refuseUntil.Store(healedAt.Add(faultBreakerCooldown).UnixNano())
+			}
 			d.healed.Store(healedAt.UnixNano())
 			ok := true
 			deadline := time.Now().Add(20 * time.Second)
@@ -183,10 +239,19 @@ func TestRedisFaults(t *testing.T) {
 					}
 				}
 			} else {
+				modes := f.modes
+				if modes == nil {
+					modes = []string{"open", "closed", "local"}
+				}
 				for _, m := range []string{"open", "closed", "local"} {
-					if decisions[m] == 0 {
+					want := slices.Contains(modes, m)
+					if want && decisions[m] == 0 {
 						ok = false
 						t.Errorf("no %s-mode decision during the fault: %v", m, decisions)
+					}
+					if !want && decisions[m] > 0 {
+						ok = false
+						t.Errorf("%d %s-mode decisions during the fault, want only %v", decisions[m], m, modes)
 					}
 				}
 				if n := d.normalAdmitDuring.Load(); n > 0 {
@@ -207,10 +272,26 @@ func TestRedisFaults(t *testing.T) {
 				ok = false
 				t.Errorf("node did not stop cleanly: %v", err)
 			}
-			record(t, Entry{Kind: KindFault, Name: f.name, Injected: true, Survived: ok && !t.Failed(),
+			injected := true
+			if f.observe != nil {
+				if n := f.observe(t, e) - observedBefore; n <= 0 {
+					injected = false
+					t.Errorf("the fault was not observed: no NOSCRIPT answered after it")
+				}
+			}
+			// Every check waits at most one store timeout (and an eighth)
+			// before its failure mode decides.
+			mode, _, p99Budget := soakBudgets()
+			p99Budget += faultStoreTimeout * 9 / 8
+			p99 := d.lat.quantile(0.99)
+			if p99 > p99Budget {
+				ok = false
+				t.Errorf("%s build: decision p99 %v over the budget %v", mode, p99, p99Budget)
+			}
+			record(t, Entry{Kind: KindFault, Name: f.name, Injected: injected, Survived: ok && !t.Failed(),
 				Decisions: decisions, Lost: d.lost.Load(), InvariantChecks: checked, Violations: viol,
-				Recovery: recovery, P99: d.lat.quantile(0.99),
-				Note: "checks " + itoa(d.total.Load())})
+				Recovery: recovery, P99: p99,
+				Note: fmt.Sprintf("checks %d, p99 budget %v", d.total.Load(), p99Budget)})
 		})
 	}
 }

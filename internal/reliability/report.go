@@ -54,6 +54,14 @@ type Entry struct {
 	P99 time.Duration `json:"p99,omitempty"`
 	// Recovery is how long normal decisions took to resume.
 	Recovery time.Duration `json:"recovery,omitempty"`
+	// Requests, LimitsLifted and FailOpen describe an attack (a security
+	// row): the requests the attacker sent, the admissions beyond the
+	// limits those requests were under, and the answers the input turned
+	// into admission by failing open (an error a failing-open proxy admits,
+	// or a degraded open decision). The last two must be 0.
+	Requests     int64 `json:"requests,omitempty"`
+	LimitsLifted int64 `json:"limits_lifted,omitempty"`
+	FailOpen     int64 `json:"fail_open,omitempty"`
 	// Note is free text.
 	Note string `json:"note,omitempty"`
 }
@@ -145,8 +153,12 @@ type Summary struct {
 	FuzzTargets                    int
 	InvariantChecks, Violations    int64
 	Lost                           int64
-	Failed                         []string
-	Rows                           []Entry
+	// Attacks counts security rows; Requests, LimitsLifted and FailOpen
+	// add up theirs.
+	Attacks                          int
+	Requests, LimitsLifted, FailOpen int64
+	Failed                           []string
+	Rows                             []Entry
 }
 
 // Summarize adds up entries.
@@ -168,6 +180,12 @@ func Summarize(entries []Entry) Summary {
 		if e.Kind == KindFuzz {
 			s.FuzzTargets++
 		}
+		if e.Kind == KindSecurity {
+			s.Attacks++
+			s.Requests += e.Requests
+			s.LimitsLifted += e.LimitsLifted
+			s.FailOpen += e.FailOpen
+		}
 		s.FuzzExecs += e.FuzzExecs
 		s.InvariantChecks += e.InvariantChecks
 		s.Violations += e.Violations
@@ -179,9 +197,11 @@ func Summarize(entries []Entry) Summary {
 	return s
 }
 
-// OK reports whether nothing failed, nothing was lost and no invariant
-// was violated.
-func (s Summary) OK() bool { return len(s.Failed) == 0 && s.Lost == 0 && s.Violations == 0 }
+// OK reports whether nothing failed, nothing was lost, no invariant was
+// violated, and no attack lifted a limit or made a decision fail open.
+func (s Summary) OK() bool {
+	return len(s.Failed) == 0 && s.Lost == 0 && s.Violations == 0 && s.LimitsLifted == 0 && s.FailOpen == 0
+}
 
 func joinCounts(m map[string]int64) string {
 	if len(m) == 0 {
@@ -227,13 +247,6 @@ func (s Summary) WriteTable(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "KIND\tNAME\tRESULT\tDECISIONS DURING FAULT\tLOST\tINVARIANT CHECKS\tMEMORY BEFORE→AFTER\tNOTE")
 	for _, e := range s.Rows {
-		result := "ok"
-		switch {
-		case !e.Injected:
-			result = "NOT INJECTED"
-		case !e.Survived:
-			result = "FAILED"
-		}
 		note := e.Note
 		if e.FuzzExecs > 0 {
 			note = strings.TrimSpace(fmt.Sprintf("%d execs %s", e.FuzzExecs, note))
@@ -248,10 +261,13 @@ func (s Summary) WriteTable(w io.Writer) error {
 		if e.InvariantChecks > 0 {
 			inv = fmt.Sprintf("%d (%d violations)", e.InvariantChecks, e.Violations)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", e.Kind, e.Name, result, joinCounts(e.Decisions), e.Lost, inv, memory(e), note)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", e.Kind, e.Name, result(e), joinCounts(e.Decisions), e.Lost, inv, memory(e), note)
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("reliability: write table: %w", err)
+	}
+	if err := s.writeSecurity(w); err != nil {
+		return err
 	}
 	verdict := "PASS"
 	if !s.OK() {
@@ -263,10 +279,50 @@ decisions during faults by mode: %s
 bad inputs tried (fuzz execs):   %d over %d targets
 invariant checks:                %d (%d violations)
 lost decisions:                  %d (must be 0)
+attacks tried:                   %d (%d requests)
+limits lifted:                   %d (must be 0)
+fail-open decisions by input:    %d (must be 0)
 verdict:                         %s
-`, s.FaultsInjected, s.FaultsSurvived, joinCounts(s.Decisions), s.FuzzExecs, s.FuzzTargets, s.InvariantChecks, s.Violations, s.Lost, verdict)
+`, s.FaultsInjected, s.FaultsSurvived, joinCounts(s.Decisions), s.FuzzExecs, s.FuzzTargets, s.InvariantChecks, s.Violations, s.Lost,
+		s.Attacks, s.Requests, s.LimitsLifted, s.FailOpen, verdict)
 	if err == nil && len(s.Failed) > 0 {
 		_, err = fmt.Fprintf(w, "failed:                          %s\n", strings.Join(s.Failed, ", "))
 	}
 	return err
+}
+
+// writeSecurity prints the security table: one row per attack with the
+// requests it sent, the limits it lifted and the decisions its input made
+// fail open.
+func (s Summary) writeSecurity(w io.Writer) error {
+	if s.Attacks == 0 {
+		return nil
+	}
+	if _, err := fmt.Fprintln(w, "\nsecurity"); err != nil {
+		return fmt.Errorf("reliability: write security table: %w", err)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ATTACK\tRESULT\tREQUESTS\tLIMITS LIFTED\tFAIL-OPEN BY INPUT")
+	for _, e := range s.Rows {
+		if e.Kind != KindSecurity {
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\n", e.Name, result(e), e.Requests, e.LimitsLifted, e.FailOpen)
+	}
+	fmt.Fprintf(tw, "%d attacks\t\t%d\t%d\t%d\n", s.Attacks, s.Requests, s.LimitsLifted, s.FailOpen)
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("reliability: write security table: %w", err)
+	}
+	return nil
+}
+
+// result is a row's RESULT column.
+func result(e Entry) string {
+	switch {
+	case !e.Injected:
+		return "NOT INJECTED"
+	case !e.Survived:
+		return "FAILED"
+	}
+	return "ok"
 }

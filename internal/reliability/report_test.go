@@ -46,6 +46,9 @@ func TestRecorderRoundTripAndSummary(t *testing.T) {
 		t.Fatalf("ReadEntries = %d entries, %v", len(out), err)
 	}
 	s := Summarize(out)
+	if s.Attacks != 0 {
+		t.Fatalf("attacks %d without a security row", s.Attacks)
+	}
 	if s.FaultsInjected != 2 || s.FaultsSurvived != 1 || s.Lost != 1 || s.FuzzExecs != 10 || s.InvariantChecks != 3 || s.OK() {
 		t.Fatalf("summary %+v", s)
 	}
@@ -58,6 +61,44 @@ func TestRecorderRoundTripAndSummary(t *testing.T) {
 	}
 	if _, err := ReadEntries(strings.NewReader("{not json\n")); err == nil {
 		t.Fatal("bad line accepted")
+	}
+}
+
+// TestSecurityTable: security rows add up to the security table, and one
+// limit lifted or one fail-open decision fails the verdict even when
+// every row says it survived.
+func TestSecurityTable(t *testing.T) {
+	clean := []Entry{
+		{Kind: KindSecurity, Name: "attack: long value", Injected: true, Survived: true, Requests: 10},
+		{Kind: KindSecurity, Name: "attack: flood", Injected: true, Survived: true, Requests: 1000},
+		{Kind: KindFault, Name: "redis down", Injected: true, Survived: true},
+	}
+	s := Summarize(clean)
+	if s.Attacks != 2 || s.Requests != 1010 || s.LimitsLifted != 0 || s.FailOpen != 0 || !s.OK() {
+		t.Fatalf("summary %+v", s)
+	}
+	var b bytes.Buffer
+	if err := s.WriteTable(&b); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"ATTACK", "attack: flood", "attacks tried:                   2 (1010 requests)",
+		"limits lifted:                   0 (must be 0)", "fail-open decisions by input:    0 (must be 0)", "verdict:                         PASS"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, b.String())
+		}
+	}
+	for _, bad := range []Entry{
+		{Kind: KindSecurity, Name: "lifted", Injected: true, Survived: true, Requests: 5, LimitsLifted: 1},
+		{Kind: KindSecurity, Name: "fail open", Injected: true, Survived: true, Requests: 5, FailOpen: 1},
+	} {
+		s := Summarize(append(append([]Entry(nil), clean...), bad))
+		b.Reset()
+		if err := s.WriteTable(&b); err != nil {
+			t.Fatal(err)
+		}
+		if s.OK() || !strings.Contains(b.String(), "verdict:                         FAIL") {
+			t.Errorf("%s: verdict passes:\n%s", bad.Name, b.String())
+		}
 	}
 }
 

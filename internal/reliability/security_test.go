@@ -66,6 +66,11 @@ func TestRegionalTLS(t *testing.T) {
 		name string
 		dial func(string) (*grpc.ClientConn, error)
 		ok   bool
+		// probe and refusal, when set: a TLS connection made with probe
+		// must be refused for refusal (so a wrong-CA row cannot pass as
+		// "no certificate").
+		probe   *tls.Config
+		refusal string
 	}
 	plaintext := func(addr string) (*grpc.ClientConn, error) {
 		return grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -76,15 +81,15 @@ func TestRegionalTLS(t *testing.T) {
 		clients []client
 	}{
 		{"tls", regional.DaemonConfig{TLSCert: scert, TLSKey: skey}, []client{
-			{"trusting client", tlsDial(clientTLS(t, good, nil, nil)), true},
-			{"plaintext client", plaintext, false},
-			{"client not trusting the server's CA", tlsDial(clientTLS(t, other, nil, nil)), false},
+			{"trusting client", tlsDial(clientTLS(t, good, nil, nil)), true, nil, ""},
+			{"plaintext client", plaintext, false, nil, ""},
+			{"client not trusting the server's CA", tlsDial(clientTLS(t, other, nil, nil)), false, clientTLS(t, other, nil, nil), "certificate signed by unknown authority"},
 		}},
 		{"mtls", regional.DaemonConfig{TLSCert: scert, TLSKey: skey, TLSClientCA: caFile}, []client{
-			{"client certificate from the CA", tlsDial(clientTLS(t, good, ccert, ckey)), true},
-			{"no client certificate", tlsDial(clientTLS(t, good, nil, nil)), false},
-			{"client certificate from another CA", tlsDial(clientTLS(t, good, bcert, bkey)), false},
-			{"plaintext client", plaintext, false},
+			{"client certificate from the CA", tlsDial(clientTLS(t, good, ccert, ckey)), true, nil, ""},
+			{"no client certificate", tlsDial(clientTLS(t, good, nil, nil)), false, clientTLS(t, good, nil, nil), "certificate required"},
+			{"client certificate from another CA", tlsDial(clientTLS(t, good, bcert, bkey)), false, clientTLS(t, good, bcert, bkey), "unknown certificate authority"},
+			{"plaintext client", plaintext, false, nil, ""},
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -101,11 +106,28 @@ func TestRegionalTLS(t *testing.T) {
 				if ok != c.ok {
 					t.Errorf("%s: check error %v, want success %v", c.name, err, c.ok)
 				}
+				refusedFor := true
+				if c.probe != nil {
+					perr := tlsRefusal(n.grpcAddr, c.probe)
+					refusedFor = perr != nil && strings.Contains(perr.Error(), c.refusal)
+					if !refusedFor {
+						t.Errorf("%s: TLS connection ended with %v, want a refusal for %q", c.name, perr, c.refusal)
+					}
+				}
 				record(t, Entry{Kind: KindSecurity, Name: "regional " + tc.name + ": " + c.name, Injected: true,
-					Survived: ok == c.ok, Note: fmt.Sprintf("accepted=%v want=%v", ok, c.ok)})
+					Survived: ok == c.ok && refusedFor, Requests: 1, LimitsLifted: lifted(ok, c.ok), Note: fmt.Sprintf("accepted=%v want=%v", ok, c.ok)})
 			}
 		})
 	}
+}
+
+// lifted is 1 when a caller that must be refused was accepted: a
+// credential check that let an attacker through.
+func lifted(accepted, want bool) int64 {
+	if accepted && !want {
+		return 1
+	}
+	return 0
 }
 
 // startCoordinator runs a coordinator on an embedded etcd with a token
@@ -186,15 +208,19 @@ func TestOperatorAuth(t *testing.T) {
 		token       string
 		read, write codes.Code
 		logged      string
+		// probe and refusal: see TestRegionalTLS.
+		probe   *tls.Config
+		refusal string
 	}{
-		{"no credential", anon, "", codes.Unauthenticated, codes.Unauthenticated, "refused unauthenticated operator call"},
-		{"unknown token", anon, "not-a-token-0123456789", codes.Unauthenticated, codes.Unauthenticated, "refused unauthenticated operator call"},
-		{"read token", anon, readTok, codes.OK, codes.PermissionDenied, "refused operator write with a read credential"},
-		{"write token", anon, writeTok, codes.OK, codes.OK, ""},
-		{"certificate with a write name", conn(clientTLS(t, good, adminCert, adminKey)), "", codes.OK, codes.OK, ""},
-		{"certificate without a write name", conn(clientTLS(t, good, viewCert, viewKey)), "", codes.OK, codes.PermissionDenied, "refused operator write with a read credential"},
-		// Go clients send no certificate the server's CA list does not name: anonymous.
-		{"certificate from another CA", conn(clientTLS(t, good, evilCert, evilKey)), "", codes.Unauthenticated, codes.Unauthenticated, "refused unauthenticated operator call"},
+		{"no credential", anon, "", codes.Unauthenticated, codes.Unauthenticated, "refused unauthenticated operator call", nil, ""},
+		{"unknown token", anon, "not-a-token-0123456789", codes.Unauthenticated, codes.Unauthenticated, "refused unauthenticated operator call", nil, ""},
+		{"read token", anon, readTok, codes.OK, codes.PermissionDenied, "refused operator write with a read credential", nil, ""},
+		{"write token", anon, writeTok, codes.OK, codes.OK, "", nil, ""},
+		{"certificate with a write name", conn(clientTLS(t, good, adminCert, adminKey)), "", codes.OK, codes.OK, "", nil, ""},
+		{"certificate without a write name", conn(clientTLS(t, good, viewCert, viewKey)), "", codes.OK, codes.PermissionDenied, "refused operator write with a read credential", nil, ""},
+		// The handshake itself fails: the certificate is presented and refused.
+		{"certificate from another CA", conn(clientTLS(t, good, evilCert, evilKey)), "", codes.Unavailable, codes.Unavailable, "",
+			clientTLS(t, good, evilCert, evilKey), "unknown certificate authority"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before := len(logs.String())
@@ -204,10 +230,17 @@ func TestOperatorAuth(t *testing.T) {
 				if w {
 					want = tc.write
 				}
-				got := status.Code(operatorCall(tc.op, withToken(tc.token), w))
-				if got != want {
+				err := operatorCall(tc.op, withToken(tc.token), w)
+				if got := status.Code(err); got != want {
 					ok = false
 					t.Errorf("write=%v: code %v, want %v", w, got, want)
+				}
+
+			}
+			if tc.probe != nil {
+				if err := tlsRefusal(c.GRPCAddr, tc.probe); err == nil || !strings.Contains(err.Error(), tc.refusal) {
+					ok = false
+					t.Errorf("TLS connection ended with %v, want a refusal for %q", err, tc.refusal)
 				}
 			}
 			if tc.logged != "" {
@@ -217,7 +250,7 @@ func TestOperatorAuth(t *testing.T) {
 				}
 			}
 			record(t, Entry{Kind: KindSecurity, Name: "operator API: " + tc.name, Injected: true, Survived: ok,
-				Note: fmt.Sprintf("read=%v write=%v", tc.read, tc.write)})
+				Requests: 2, LimitsLifted: lifted(!ok, false), Note: fmt.Sprintf("read=%v write=%v", tc.read, tc.write)})
 		})
 	}
 	// The audit log names the actor by a token fingerprint, never the token.
