@@ -43,6 +43,13 @@ type Params struct {
 	// SkewMargin is how long after a node's registration vanished the
 	// leader still counts it at its old shares.
 	SkewMargin time.Duration
+	// AckDeadline, when positive, is how long after the leader first saw
+	// a shrink epoch it waits for a registered node's acknowledgement
+	// (plus SkewMargin) before counting that node at its safe share: a
+	// node whose watch of the allocations has been silent that long falls
+	// back by itself (regionsync), so a stalled node cannot hold growth
+	// back forever. 0 waits for every acknowledgement.
+	AckDeadline time.Duration
 }
 
 // Validate reports whether p can plan.
@@ -61,6 +68,8 @@ func (p Params) Validate() error {
 		return fmt.Errorf("%w: OverrideRounds %d must be at least 1", ErrParams, p.OverrideRounds)
 	case p.SkewMargin < 0:
 		return fmt.Errorf("%w: SkewMargin %v is negative", ErrParams, p.SkewMargin)
+	case p.AckDeadline < 0:
+		return fmt.Errorf("%w: AckDeadline %v is negative", ErrParams, p.AckDeadline)
 	}
 	return nil
 }
@@ -161,6 +170,16 @@ type Leader struct {
 	// owed: a full round found a shrink still waiting and planned nothing
 	// on the demand it read (Settle).
 	owed bool
+	// shrinkSeen is, per policy whose allocation in force is a shrink
+	// epoch, that epoch and when this leader first saw it: the start of
+	// its acknowledgement deadline on this leader's clock.
+	shrinkSeen map[string]seenEpoch
+}
+
+// seenEpoch is an epoch and when the leader first saw it.
+type seenEpoch struct {
+	epoch uint64
+	at    time.Time
 }
 
 // NewLeader returns the state of a leader that took over at since.
@@ -177,6 +196,7 @@ func NewLeader(p Params, since time.Time) (*Leader, error) {
 		nodeGone:     make(map[string]time.Time),
 		leadSince:    since,
 		returned:     make(map[string]bool),
+		shrinkSeen:   make(map[string]seenEpoch),
 	}, nil
 }
 
@@ -200,6 +220,7 @@ func (l *Leader) Clone() *Leader {
 	maps.Copy(c.nodes, l.nodes)
 	maps.Copy(c.nodeGone, l.nodeGone)
 	maps.Copy(c.returned, l.returned)
+	maps.Copy(c.shrinkSeen, l.shrinkSeen)
 	c.owed = l.owed
 	return c
 }
@@ -230,9 +251,17 @@ func (l *Leader) Track(now time.Time, v *View, allocs map[string]*Allocation) {
 			l.nodes[nodeKey{r, n}] = true
 		}
 	}
-	for _, a := range allocs {
+	for p, seen := range l.shrinkSeen {
+		if a := allocs[p]; a == nil || a.Phase != PhaseShrink || a.Epoch != seen.epoch {
+			delete(l.shrinkSeen, p)
+		}
+	}
+	for p, a := range allocs {
 		if a == nil {
 			continue
+		}
+		if _, ok := l.shrinkSeen[p]; !ok && a.Phase == PhaseShrink {
+			l.shrinkSeen[p] = seenEpoch{epoch: a.Epoch, at: now} // bounded by the policies
 		}
 		for r := range a.Default {
 			if _, ok := v.Regions[r]; ok {

@@ -37,6 +37,10 @@ type Decision struct {
 	// Deferred is set when a full round found a shrink still waiting and
 	// planned nothing on the demand it read (see Settle).
 	Deferred bool
+	// Missed lists the nodes ("region/node") whose acknowledgement the
+	// growth stopped waiting for at the deadline (Params.AckDeadline):
+	// they count at their safe shares, to which they fell back.
+	Missed []string
 }
 
 // Plan computes one round for policy p, whose allocation in force is cur
@@ -48,10 +52,12 @@ type Decision struct {
 func (l *Leader) Plan(now time.Time, v *View, p Policy, cur *Allocation, ctl Control, full bool) Decision {
 	d := Decision{Policy: p.Name}
 	if cur != nil && cur.Phase == PhaseShrink && cur.Target != nil && coversLive(cur, v) {
-		if why, until := l.ackWait(now, v, cur); why != "" {
+		why, until, missed := l.ackWait(now, v, cur)
+		if why != "" {
 			d.Note, d.Waiting, d.WaitUntil, d.Deferred = why, true, until, full
 			return d
 		}
+		d.Missed = missed
 		d.Publish = &Allocation{
 			Policy:      p.Name,
 			Epoch:       cur.Epoch + 1,
@@ -162,23 +168,32 @@ func coversLive(a *Allocation, v *View) bool {
 // lost its registration counts at its safe share only SkewMargin after
 // this leader saw it vanish (or after this leader took over, for nodes
 // that vanished before).
-func (l *Leader) ackWait(now time.Time, v *View, cur *Allocation) (string, time.Time) {
+func (l *Leader) ackWait(now time.Time, v *View, cur *Allocation) (why string, until time.Time, missed []string) {
 	margin := l.params.SkewMargin
 	if until := l.leadSince.Add(margin); until.After(now) {
 		return fmt.Sprintf("waiting %v more after taking the lead: a node that left before may still hold older shares",
-			until.Sub(now).Round(time.Millisecond)), until
+			until.Sub(now).Round(time.Millisecond)), until, nil
+	}
+	// A node past the acknowledgement deadline has fallen back by itself.
+	var deadline time.Time
+	if seen, ok := l.shrinkSeen[cur.Policy]; ok && seen.epoch == cur.Epoch && l.params.AckDeadline > 0 {
+		deadline = seen.at.Add(l.params.AckDeadline + margin)
 	}
 	for _, r := range slices.Sorted(maps.Keys(cur.Default)) {
 		if nodes, ok := v.Regions[r]; ok {
 			for _, n := range slices.Sorted(maps.Keys(nodes)) {
 				if got := nodes[n].Acked[cur.Policy]; got < cur.Epoch {
-					return fmt.Sprintf("waiting for node %s of region %s to acknowledge epoch %d (it holds %d)", n, r, cur.Epoch, got), time.Time{}
+					if !deadline.IsZero() && !now.Before(deadline) {
+						missed = append(missed, r+"/"+n)
+						continue
+					}
+					return fmt.Sprintf("waiting for node %s of region %s to acknowledge epoch %d (it holds %d)", n, r, cur.Epoch, got), deadline, nil
 				}
 			}
 			if gone, ok := l.nodeGone[r]; ok {
 				if until := gone.Add(margin); until.After(now) {
 					return fmt.Sprintf("waiting %v more for a node of region %s, whose lease ended, to be at its safe share",
-						until.Sub(now).Round(time.Millisecond), r), until
+						until.Sub(now).Round(time.Millisecond), r), until, nil
 				}
 			}
 			continue
@@ -189,10 +204,10 @@ func (l *Leader) ackWait(now time.Time, v *View, cur *Allocation) (string, time.
 		}
 		if until := since.Add(margin); until.After(now) {
 			return fmt.Sprintf("waiting %v more for region %s, whose lease expired, to be at its safe share",
-				until.Sub(now).Round(time.Millisecond), r), until
+				until.Sub(now).Round(time.Millisecond), r), until, nil
 		}
 	}
-	return "", time.Time{}
+	return "", time.Time{}, missed
 }
 
 // proposal computes the default split and the subject overrides.

@@ -645,3 +645,47 @@ func TestSumDemand(t *testing.T) {
 		t.Errorf("q = %+v", q)
 	}
 }
+
+// TestAckDeadline: a node whose keepalives work but whose watch of the
+// allocations is stalled never acknowledges; past the deadline (from when
+// this leader first saw the shrink, plus the skew margin) it has fallen
+// back by itself, and the growth stops waiting for it. Without a deadline
+// the growth waits for it forever.
+func TestAckDeadline(t *testing.T) {
+	cur := &Allocation{Policy: "exports", Epoch: 5, Phase: PhaseShrink,
+		Default: map[string]float64{"a": 0.4, "b": 0.4}, Target: &Shares{Default: map[string]float64{"a": 0.6, "b": 0.4}},
+		Safe: map[string]float64{"a": 0.05, "b": 0.05}}
+	v := &View{Regions: map[string]map[string]Node{
+		"a": {"1": {Acked: map[string]uint64{"exports": 5}}, "2": {Acked: map[string]uint64{"exports": 4}}},
+		"b": {"1": {Acked: map[string]uint64{"exports": 5}}},
+	}}
+	allocs := map[string]*Allocation{"exports": cur}
+	p := params()
+	p.AckDeadline = 10 * time.Second
+	for _, c := range []struct {
+		deadline time.Duration
+		after    time.Duration
+		grows    bool
+		until    time.Time
+	}{
+		{10 * time.Second, 5 * time.Second, false, t0.Add(12 * time.Second)},
+		{10 * time.Second, 12 * time.Second, true, time.Time{}},
+		{0, time.Hour, false, time.Time{}},
+	} {
+		p.AckDeadline = c.deadline
+		l := leader(t, p, t0.Add(-time.Hour))
+		l.Track(t0, v, allocs) // first sees the shrink
+		now := t0.Add(c.after)
+		l.Track(now, v, allocs)
+		d := l.Plan(now, v, exports, cur, Control{}, false)
+		if grew := d.Publish != nil; grew != c.grows {
+			t.Fatalf("deadline %v, %v after the shrink: grew %v (%q), want %v", c.deadline, c.after, grew, d.Note, c.grows)
+		}
+		if c.grows && (len(d.Missed) != 1 || d.Missed[0] != "a/2") {
+			t.Errorf("missed %v, want [a/2]", d.Missed)
+		}
+		if !c.grows && !d.WaitUntil.Equal(c.until) {
+			t.Errorf("deadline %v: waits until %v, want %v", c.deadline, d.WaitUntil, c.until)
+		}
+	}
+}

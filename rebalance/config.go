@@ -72,6 +72,11 @@ type Config struct {
 	ReportInterval time.Duration
 	// RegionLeaseTTL is published in Settings for the regions. Default 10s.
 	RegionLeaseTTL time.Duration
+	// AckDeadline is published in Settings: a node whose watch of the
+	// allocations is silent that long falls back to its safe shares, and
+	// a growth waits no longer than that (plus SkewMargin) for a node's
+	// acknowledgement (plan.Params.AckDeadline). Default 3 RegionLeaseTTL.
+	AckDeadline time.Duration
 	// SkewMargin is how long after a region's registration vanished the
 	// leader still counts it at its old shares. Default 2s.
 	SkewMargin time.Duration
@@ -127,6 +132,7 @@ func (c Config) withDefaults() (Config, error) {
 		{&c.Interval, 5 * time.Second, "Interval"},
 		{&c.ReportInterval, c.Interval, "ReportInterval"},
 		{&c.RegionLeaseTTL, 10 * time.Second, "RegionLeaseTTL"},
+		{&c.AckDeadline, 3 * max(c.RegionLeaseTTL, 10*time.Second), "AckDeadline"},
 		{&c.SkewMargin, 2 * time.Second, "SkewMargin"},
 		{&c.SessionTTL, 5 * time.Second, "SessionTTL"},
 	} {
@@ -188,6 +194,7 @@ func (c *Config) params() plan.Params {
 		MaxOverrides:   c.MaxOverrides,
 		OverrideRounds: c.OverrideRounds,
 		SkewMargin:     c.SkewMargin,
+		AckDeadline:    c.AckDeadline,
 	}
 }
 

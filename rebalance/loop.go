@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -426,6 +427,12 @@ func (l *Loop) doRound(ctx context.Context, f fence, full bool) (Result, error) 
 	var res Result
 	for _, d := range plans {
 		res.deferred = res.deferred || d.Deferred
+		for _, n := range d.Missed {
+			region, _, _ := strings.Cut(n, "/")
+			l.m.acksMissed.WithLabelValues(region).Inc()
+			l.cfg.Logger.Warn("growth stopped waiting for a node's acknowledgement at the deadline; it counts at its safe share",
+				"policy", d.Policy, "node", n, "deadline", l.cfg.AckDeadline)
+		}
 		if d.Publish == nil {
 			if d.Note != "" {
 				res.Waiting = append(res.Waiting, d.Policy+": "+d.Note)
@@ -486,6 +493,7 @@ func (l *Loop) publishSettings(ctx context.Context, f fence) error {
 	s := etcdlayout.Settings{
 		ReportIntervalSeconds: l.cfg.ReportInterval.Seconds(),
 		LeaseTTLSeconds:       int64(max(1, l.cfg.RegionLeaseTTL.Round(time.Second)/time.Second)),
+		AckDeadlineSeconds:    l.cfg.AckDeadline.Seconds(),
 	}
 	data, _ := json.Marshal(s)
 	resp, err := l.cfg.Client.Txn(ctx).

@@ -12,6 +12,7 @@ type metrics struct {
 	regions    prometheus.Gauge
 	ackLag     *prometheus.GaugeVec
 	publishErr prometheus.Counter
+	acksMissed *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -41,11 +42,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		publishErr: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "quota_coordinator_publish_conflicts_total", Help: "Fenced publishes that etcd refused (lost lead or concurrent change).",
 		}),
+		acksMissed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "quota_coordinator_acks_missed_total", Help: "Nodes whose acknowledgement a growth stopped waiting for at the acknowledgement deadline (they fell back to their safe shares), by region.",
+		}, []string{"region"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.leader, m.rounds, m.duration, m.epochs, m.share, m.regions, m.ackLag, m.publishErr} {
+	for _, c := range []prometheus.Collector{m.leader, m.rounds, m.duration, m.epochs, m.share, m.regions, m.ackLag, m.publishErr, m.acksMissed} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

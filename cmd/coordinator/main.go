@@ -50,6 +50,7 @@ func parse(args, env []string, stderr io.Writer) (coordinator.Config, error) {
 		name                     string
 		logs                     daemon.LogFlags
 		interval, report, skew   time.Duration
+		ackDeadline              time.Duration
 		leaseTTL, sessionTTL     time.Duration
 		maxStep, deadBand, alpha float64
 		maxOverrides             int
@@ -79,6 +80,7 @@ func parse(args, env []string, stderr io.Writer) (coordinator.Config, error) {
 	fs.DurationVar(&report, "report-interval", 0, "demand report interval published to regions (default the rebalance interval)")
 	fs.DurationVar(&leaseTTL, "region-lease-ttl", 10*time.Second, "lease TTL published to regions")
 	fs.DurationVar(&skew, "lease-skew-margin", 2*time.Second, "wait after a region's lease expired before giving its share away")
+	fs.DurationVar(&ackDeadline, "ack-deadline", 0, "longest wait for a node's acknowledgement of a shrink before counting it at its safe share (a node whose allocation watch is silent that long falls back by itself); 0 = 3 region lease TTLs")
 	fs.DurationVar(&sessionTTL, "election-ttl", 5*time.Second, "TTL of the leader's election session")
 	fs.StringVar(&algorithm, "algorithm", string(allocator.MaxMinFair), "static, proportional or maxmin")
 	fs.Float64Var(&maxStep, "max-step", 0.3, "largest change of a share per round (0 = unlimited)")
@@ -102,7 +104,7 @@ func parse(args, env []string, stderr io.Writer) (coordinator.Config, error) {
 	cfg.EtcdTLS.Logger = cfg.Logger.Named("etcd-tls")
 	cfg.Rebalance = rebalance.Config{
 		Prefix: prefix, Name: name,
-		Interval: interval, ReportInterval: report, RegionLeaseTTL: leaseTTL, SkewMargin: skew, SessionTTL: sessionTTL,
+		Interval: interval, ReportInterval: report, RegionLeaseTTL: leaseTTL, SkewMargin: skew, SessionTTL: sessionTTL, AckDeadline: ackDeadline,
 		Algorithm: allocator.Algorithm(algorithm), MaxStep: maxStep, DeadBand: deadBand, Alpha: alpha,
 		Protocol: rebalance.Protocol(protocol), MaxOverrides: maxOverrides,
 	}

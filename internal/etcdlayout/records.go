@@ -67,6 +67,12 @@ type Ack struct {
 type Settings struct {
 	ReportIntervalSeconds float64 `json:"report_interval_s"`
 	LeaseTTLSeconds       int64   `json:"lease_ttl_s"`
+	// AckDeadlineSeconds is how long a node may go without its watch of
+	// the allocations making progress before it falls back to its safe
+	// shares by itself, and so how long after the leader first saw a
+	// shrink epoch it waits for a node's acknowledgement (plus the skew
+	// margin) before counting that node at its safe share. 0: no deadline.
+	AckDeadlineSeconds float64 `json:"ack_deadline_s,omitempty"`
 }
 
 // AuditEntry records one operator action.

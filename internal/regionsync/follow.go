@@ -13,9 +13,12 @@ import (
 // it; a compacted, cancelled or failed watch starts over with a get. A
 // request received on resync forces a new get; the channel it carries is
 // closed once a get that started after the request has been applied.
-// Reads are bounded to Config.MaxPolicies keys.
+// Reads are bounded to Config.MaxPolicies keys. progressed, when not nil,
+// is called whenever the follower is known current: after a read, an
+// event or a progress notification, which the watch asks etcd for while
+// etcd's settings set an acknowledgement deadline.
 func (s *Syncer) follow(ctx context.Context, key string, prefix bool, resync <-chan chan struct{},
-	onSnapshot func([]*mvccpb.KeyValue), onEvents func([]*clientv3.Event)) {
+	onSnapshot func([]*mvccpb.KeyValue), onEvents func([]*clientv3.Event), progressed func()) {
 	bo := newBackoff(time.Second)
 	var waiters []chan struct{}
 	defer func() {
@@ -53,6 +56,9 @@ func (s *Syncer) follow(ctx context.Context, key string, prefix bool, resync <-c
 			s.log.Error("more keys than the configured maximum; the rest are ignored", "key", key, "max", s.cfg.MaxPolicies)
 		}
 		onSnapshot(resp.Kvs)
+		if progressed != nil {
+			progressed()
+		}
 		for _, w := range waiters {
 			close(w)
 		}
@@ -61,21 +67,39 @@ func (s *Syncer) follow(ctx context.Context, key string, prefix bool, resync <-c
 		if s.afterGet != nil {
 			s.afterGet(key)
 		}
-		s.watch(ctx, key, resp.Header.Revision+1, watchOpts, resync, &waiters, onEvents, bo)
+		s.watch(ctx, key, resp.Header.Revision+1, watchOpts, resync, &waiters, onEvents, progressed, bo)
 	}
 }
 
 // watch applies events from rev on until the watch ends, fails, or a
 // resync is requested.
 func (s *Syncer) watch(ctx context.Context, key string, rev int64, opts []clientv3.OpOption, resync <-chan chan struct{},
-	waiters *[]chan struct{}, onEvents func([]*clientv3.Event), bo *backoff) {
+	waiters *[]chan struct{}, onEvents func([]*clientv3.Event), progressed func(), bo *backoff) {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 	wch := s.cfg.Client.Watch(wctx, key, append(opts, clientv3.WithRev(rev))...)
+	// While a deadline is set, ask for a progress notification a few
+	// times per deadline: an idle watch is then known current too.
+	var ask <-chan time.Time
+	if progressed != nil {
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		ask = t.C
+	}
+	var asked time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-ask:
+			d := time.Duration(s.ackDeadline.Load())
+			if d <= 0 || time.Since(asked) < d/4 {
+				continue
+			}
+			asked = time.Now()
+			if err := s.cfg.Client.RequestProgress(wctx); err != nil && ctx.Err() == nil {
+				s.log.Debug("progress request failed", "key", key, "error", err)
+			}
 		case w := <-resync:
 			*waiters = append(*waiters, w)
 			return
@@ -96,8 +120,15 @@ func (s *Syncer) watch(ctx context.Context, key string, rev int64, opts []client
 				s.log.Warn("watch cancelled; reading again", "key", key)
 				bo.wait(ctx)
 				return
-			case len(wr.Events) > 0:
-				onEvents(wr.Events)
+			case progressed != nil && s.holdAllocWatch.Load():
+				// A test holds the watch: nothing arrives.
+			default:
+				if len(wr.Events) > 0 {
+					onEvents(wr.Events)
+				}
+				if progressed != nil {
+					progressed()
+				}
 			}
 		}
 	}

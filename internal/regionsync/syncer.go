@@ -68,6 +68,18 @@ type Syncer struct {
 	// etcd's settings.
 	followTTL bool
 
+	// allocProgress is when (mono, nanos) the allocation watch last made
+	// progress (a read, an event or a progress notification); 0 before
+	// the first read. ackDeadline (nanos) is etcd's settings' deadline:
+	// a watch silent for longer makes the node fall back (stale).
+	allocProgress atomic.Int64
+	ackDeadline   atomic.Int64
+	// holdAllocWatch, set by a test, makes the allocation watch ignore
+	// what it receives, as a stalled watch would.
+	holdAllocWatch atomic.Bool
+	// prevLease is the lease this node registered under last (0: none):
+	// a registration still held under it is this node's own.
+	prevLease atomic.Int64
 	// regRev is the etcd revision at which this node's current
 	// registration was created: a deletion of its key at a later revision
 	// means the registration was taken away (regionNodes).
@@ -302,16 +314,16 @@ func (s *Syncer) Run(ctx context.Context) error {
 	}
 	goRun(func() { s.session(ctx) })
 	goRun(func() {
-		s.follow(ctx, l.AllocPrefix(), true, s.resyncCh, s.applyAllocSnapshot, s.applyAllocEvents)
+		s.follow(ctx, l.AllocPrefix(), true, s.resyncCh, s.applyAllocSnapshot, s.applyAllocEvents, s.allocProgressed)
 	})
 	goRun(func() {
-		s.follow(ctx, l.Settings(), false, nil, s.applySettingsSnapshot, s.applySettingsEvents)
+		s.follow(ctx, l.Settings(), false, nil, s.applySettingsSnapshot, s.applySettingsEvents, nil)
 	})
 	rn := &regionNodes{s: s}
-	goRun(func() { s.follow(ctx, l.RegionNodes(s.cfg.Region), true, nil, rn.snapshot, rn.events) })
+	goRun(func() { s.follow(ctx, l.RegionNodes(s.cfg.Region), true, nil, rn.snapshot, rn.events, nil) })
 	if s.cfg.OnPolicies != nil {
 		p := &policyDocs{s: s, docs: map[string][]byte{}}
-		goRun(func() { s.follow(ctx, l.PoliciesPrefix(), true, nil, p.snapshot, p.events) })
+		goRun(func() { s.follow(ctx, l.PoliciesPrefix(), true, nil, p.snapshot, p.events, nil) })
 	}
 	goRun(func() { s.ackLoop(ctx) })
 	if s.cfg.Recorder != nil {
@@ -400,23 +412,36 @@ func (s *Syncer) establish(ctx context.Context) (clientv3.LeaseID, error) {
 	// node id (or this node's previous incarnation, whose lease has not
 	// ended yet); this one waits for that lease to end.
 	key := s.cfg.Layout.Node(s.cfg.Region, s.cfg.Node)
-	resp, err := s.cfg.Client.Txn(cctx).
-		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, string(reg), clientv3.WithLease(lr.ID))).
-		Else(clientv3.OpGet(key)).
-		Commit()
-	if err == nil && !resp.Succeeded {
+	var resp *clientv3.TxnResponse
+	for attempt := 0; ; attempt++ {
+		resp, err = s.cfg.Client.Txn(cctx).
+			If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+			Then(clientv3.OpPut(key, string(reg), clientv3.WithLease(lr.ID))).
+			Else(clientv3.OpGet(key)).
+			Commit()
+		if err != nil || resp.Succeeded {
+			break
+		}
 		holder := int64(0)
 		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
 			holder = kvs[0].Lease
 		}
+		if prev := s.prevLease.Load(); attempt == 0 && holder != 0 && holder == prev {
+			// This node's own registration under the lease it gave up
+			// (a loss it found before etcd did): end that lease, retry.
+			if _, rerr := s.cfg.Client.Revoke(cctx, clientv3.LeaseID(prev)); rerr == nil || leaseGone(rerr) {
+				continue
+			}
+		}
 		err = fmt.Errorf("%w: %s/%s is held under lease %x; each process needs its own -node-id", ErrNodeIDTaken, s.cfg.Region, s.cfg.Node, holder)
+		break
 	}
 	if err != nil {
 		s.revokeQuietly(lr.ID)
 		return 0, fmt.Errorf("register under lease %x: %w", lr.ID, err)
 	}
 	s.regRev.Store(resp.Header.Revision)
+	s.prevLease.Store(int64(lr.ID))
 	s.lastOK.Store(int64(sentMono))
 	s.lease.Store(int64(lr.ID))
 	s.log.Info("registered", "lease", fmt.Sprintf("%x", lr.ID), "ttl", ttl)
@@ -522,7 +547,11 @@ func (s *Syncer) keepAlive(ctx context.Context, id clientv3.LeaseID) {
 				return // a check found it expired (expire)
 			}
 			if s.stale() {
-				s.markLost(id, "no keepalive for longer than the lease TTL")
+				why := "no keepalive for longer than the lease TTL"
+				if s.allocWatchStalled(s.monoNow()) {
+					why = "the allocation watch made no progress within the acknowledgement deadline"
+				}
+				s.markLost(id, why)
 				return
 			}
 			if !inflight && time.Since(lastTry) >= every {
@@ -550,8 +579,25 @@ func lossCheck(ttl time.Duration) time.Duration { return min(ttl/20, 100*time.Mi
 // lease look young.
 func (s *Syncer) stale() bool {
 	ttl := s.leaseTTL()
-	return s.monoNow()-time.Duration(s.lastOK.Load()) > ttl-lossCheck(ttl)
+	now := s.monoNow()
+	if now-time.Duration(s.lastOK.Load()) > ttl-lossCheck(ttl) {
+		return true
+	}
+	return s.allocWatchStalled(now)
 }
+
+// allocWatchStalled says the allocation watch has made no progress for
+// longer than the acknowledgement deadline (less one loss check): the
+// leader may then count this node at its safe share, so the node must be
+// there. A lease whose keepalives work does not keep a stalled watch's
+// shares.
+func (s *Syncer) allocWatchStalled(now time.Duration) bool {
+	d, last := time.Duration(s.ackDeadline.Load()), s.allocProgress.Load()
+	return d > 0 && last != 0 && now-time.Duration(last) > d-lossCheck(d)
+}
+
+// allocProgressed records that the allocation watch made progress.
+func (s *Syncer) allocProgressed() { s.allocProgress.Store(int64(s.monoNow())) }
 
 // expire switches every share to the safe share because a check found
 // the lease stale before the loss check did, and drops the lease: the
@@ -565,7 +611,7 @@ func (s *Syncer) expire() {
 	}
 	id := s.lease.Swap(0)
 	s.losses.Add(1)
-	s.log.Warn("lease older than its TTL when a check ran; enforcing safe shares", "lease", fmt.Sprintf("%x", id))
+	s.log.Warn("lease older than its TTL, or the allocation watch silent past the acknowledgement deadline, when a check ran; enforcing safe shares", "lease", fmt.Sprintf("%x", id))
 	s.lost, s.lostSince = true, s.monoNow()
 	s.publishLocked()
 }
@@ -690,6 +736,11 @@ func (s *Syncer) applySettings(raw []byte) {
 		s.setReportEvery(0)
 		return
 	}
+	var deadline time.Duration
+	if f := st.AckDeadlineSeconds; finite(f) && f > 0 {
+		deadline = time.Duration(min(f, time.Hour.Seconds()) * float64(time.Second))
+	}
+	s.ackDeadline.Store(int64(deadline))
 	var iv time.Duration
 	if f := st.ReportIntervalSeconds; finite(f) && f > 0 {
 		iv = time.Duration(min(f, MaxReportInterval.Seconds()) * float64(time.Second))
