@@ -103,6 +103,9 @@ type View struct {
 	// Demand maps a region to its demand per policy: the sum over its
 	// nodes' latest reports. A region without an entry has not reported.
 	Demand map[string]map[string]PolicyDemand
+	// Retired are the regions an operator retired: while one has no
+	// registered node, no allocation holds it (nor reserves its minimum).
+	Retired map[string]bool
 }
 
 // Node is one registered node as a round sees it.

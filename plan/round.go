@@ -227,6 +227,13 @@ func (l *Leader) proposal(v *View, p *Policy, cur *Allocation, ctl Control, held
 	for r := range p.MinShare {
 		names[r] = true
 	}
+	// A retired region without a registered node leaves the allocation:
+	// the operator said none of its nodes runs.
+	for r := range v.Retired {
+		if _, live := v.Regions[r]; !live {
+			delete(names, r)
+		}
+	}
 	sorted := slices.Sorted(maps.Keys(names))
 	if len(sorted) == 0 {
 		return nil, nil, nil, errors.New("no regions")

@@ -689,3 +689,38 @@ func TestAckDeadline(t *testing.T) {
 		}
 	}
 }
+
+// TestRetiredRegionLeavesTheAllocation: a mistyped region that once got a
+// minimum stays in every allocation and can push the minimums above 1,
+// so nothing can be published; retired (and without a node), it leaves
+// the allocation. A retired region that registers again takes part.
+func TestRetiredRegionLeavesTheAllocation(t *testing.T) {
+	cur := &Allocation{Policy: "exports", Epoch: 3, Phase: PhaseStable,
+		Default: map[string]float64{"a": 0.3, "b": 0.3, "eu-wets": 0.4}, Safe: map[string]float64{"a": 0.05, "b": 0.05, "eu-wets": 0.4}}
+	ctl := Control{Minimums: map[string]float64{"a": 0.3, "b": 0.3, "eu-wets": 0.5}}
+	v := nodes(map[string]uint64{"a": 3, "b": 3}, "a", "b")
+	offered(v, "a", 10)
+	offered(v, "b", 10)
+	l := leader(t, params(), t0.Add(-time.Hour))
+	l.Observe(v, []Policy{exports})
+	if d := l.Plan(t0, v, exports, cur, ctl, true); d.Publish != nil || !strings.Contains(d.Note, "minimum") {
+		t.Fatalf("minimums summing to 1.1: %+v (%q), want no publish and a note", d.Publish, d.Note)
+	}
+	v.Retired = map[string]bool{"eu-wets": true}
+	d := l.Plan(t0, v, exports, cur, ctl, true)
+	if d.Publish == nil {
+		t.Fatalf("after retiring eu-wets: nothing published (%q)", d.Note)
+	}
+	target := d.Publish.Default
+	if d.Publish.Target != nil {
+		target = d.Publish.Target.Default
+	}
+	if _, ok := target["eu-wets"]; ok || math.Abs(sum(target)-1) > 1e-9 {
+		t.Fatalf("after retiring eu-wets: %v, want a and b holding the whole budget", target)
+	}
+	// eu-wets registers again: it takes part, with its minimum.
+	v.Regions["eu-wets"] = map[string]Node{"n": {}}
+	if d := l.Plan(t0, v, exports, cur, Control{}, true); d.Proposal == nil || d.Proposal.Default["eu-wets"] == 0 {
+		t.Fatalf("a retired region back with a node: proposal %+v (%q)", d.Proposal, d.Note)
+	}
+}

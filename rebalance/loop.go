@@ -512,7 +512,7 @@ func (l *Loop) publishSettings(ctx context.Context, f fence) error {
 // read takes a snapshot of everything a round needs at one revision.
 func (l *Loop) read(ctx context.Context) (*snapshot, error) {
 	ly := l.layout
-	prefixes := []string{ly.RegionsPrefix(), ly.DemandPrefix(), ly.AcksPrefix(), ly.ControlPrefix(), ly.PoliciesPrefix(), ly.AllocPrefix()}
+	prefixes := []string{ly.RegionsPrefix(), ly.DemandPrefix(), ly.AcksPrefix(), ly.ControlPrefix(), ly.PoliciesPrefix(), ly.AllocPrefix(), ly.RetiredPrefix()}
 	ops := make([]clientv3.Op, len(prefixes))
 	for i, p := range prefixes {
 		ops[i] = clientv3.OpGet(p, clientv3.WithPrefix())
@@ -523,7 +523,7 @@ func (l *Loop) read(ctx context.Context) (*snapshot, error) {
 	}
 	snap := &snapshot{
 		rev:       resp.Header.Revision,
-		view:      &plan.View{Regions: map[string]map[string]plan.Node{}, Demand: map[string]map[string]plan.PolicyDemand{}},
+		view:      &plan.View{Regions: map[string]map[string]plan.Node{}, Demand: map[string]map[string]plan.PolicyDemand{}, Retired: map[string]bool{}},
 		controls:  map[string]etcdlayout.Control{},
 		allocs:    map[string]*etcdlayout.Allocation{},
 		allocRevs: map[string]int64{},
@@ -593,6 +593,10 @@ func (l *Loop) read(ctx context.Context) (*snapshot, error) {
 				derr = json.Unmarshal(kv.Value, v)
 				snap.allocs[name] = v
 				snap.allocRevs[name] = kv.ModRevision
+			case 6:
+				if etcdlayout.ValidName(name) && len(snap.view.Retired) < allocator.MaxRegions {
+					snap.view.Retired[name] = true
+				}
 			}
 			if derr != nil {
 				l.cfg.Logger.Warn("unreadable record ignored", "key", string(kv.Key), "error", derr)

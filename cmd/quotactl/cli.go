@@ -68,7 +68,7 @@ func newRootCmd(o *options) *cobra.Command {
 	f.DurationVar(&o.timeout, "timeout", 10*time.Second, "deadline of each call")
 	root.AddCommand(newPolicyCmd(o), newAllocCmd(o), newRebalanceCmd(o), newDryRunCmd(o),
 		newFreezeCmd(o), newUnfreezeCmd(o), newPinCmd(o), newUnpinCmd(o), newWeightCmd(o), newMinimumCmd(o),
-		newAuditCmd(o), newEtcdAuthCmd(o))
+		newAuditCmd(o), newEtcdAuthCmd(o), newRegionCmd(o))
 	return root
 }
 

@@ -222,8 +222,12 @@ func TestEveryCommand(t *testing.T) {
 	if _, err := h.run("minimum", "exports", "eu", "0.9"); err == nil || !strings.Contains(err.Error(), "more than 1") {
 		t.Fatalf("minimums summing above 1: %v", err)
 	}
+	if _, err := h.run("region", "retire", "eu"); err == nil || !strings.Contains(err.Error(), "registered nodes") {
+		t.Fatalf("retiring eu, which has a registered node: %v", err)
+	}
+	h.must("region", "retire", "eu-wets")
 	out = h.must("audit", "list")
-	for _, a := range []string{"policy-apply", "freeze", "unfreeze", "pin", "unpin", "weight", "minimum", "rebalance-now"} {
+	for _, a := range []string{"policy-apply", "freeze", "unfreeze", "pin", "unpin", "weight", "minimum", "rebalance-now", "retire-region"} {
 		if !strings.Contains(out, a) {
 			t.Errorf("audit list lacks %s:\n%s", a, out)
 		}
@@ -232,7 +236,7 @@ func TestEveryCommand(t *testing.T) {
 		t.Errorf("audit list lacks the actor:\n%s", out)
 	}
 	var audit struct{ Entries []struct{ Action string } }
-	if err := json.Unmarshal([]byte(h.must("audit", "list", "--limit", "2", "-o", "json")), &audit); err != nil || len(audit.Entries) != 2 || audit.Entries[0].Action != "minimum" {
+	if err := json.Unmarshal([]byte(h.must("audit", "list", "--limit", "2", "-o", "json")), &audit); err != nil || len(audit.Entries) != 2 || audit.Entries[0].Action != "retire-region" {
 		t.Fatalf("audit json: %+v %v", audit, err)
 	}
 }

@@ -688,3 +688,34 @@ func (o *operator) ListAudit(ctx context.Context, req *quotav1.ListAuditRequest)
 	}
 	return out, nil
 }
+
+// RetireRegion records that region is retired, when it has no registered
+// node (checked again in the write, so a node registering meanwhile
+// makes it fail), with an audit entry. Rounds leave it out of every
+// allocation while it stays without a node.
+func (o *operator) RetireRegion(ctx context.Context, req *quotav1.RetireRegionRequest) (*quotav1.RetireRegionResponse, error) {
+	if err := validName("region", req.Region); err != nil {
+		return nil, err
+	}
+	nodes := o.layout.RegionNodes(req.Region)
+	resp, err := o.cli.Get(ctx, nodes, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "read registrations of %s: %v", req.Region, err)
+	}
+	if resp.Count > 0 {
+		return nil, status.Errorf(codes.FailedPrecondition, "region %s has %d registered nodes; stop them before retiring it", req.Region, resp.Count)
+	}
+	data, _ := json.Marshal(etcdlayout.RetiredRegion{At: o.clock.Now(), Actor: actor(ctx)})
+	txn, err := o.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.ModRevision(nodes), "<", resp.Header.Revision+1).WithPrefix()).
+		Then(clientv3.OpPut(o.layout.Retired(req.Region), string(data)), o.auditOp(ctx, "retire-region", "", "region "+req.Region)).
+		Commit()
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "retire %s: %v", req.Region, err)
+	}
+	if !txn.Succeeded {
+		return nil, status.Errorf(codes.FailedPrecondition, "region %s registered a node meanwhile; not retired", req.Region)
+	}
+	o.trimAudit(ctx)
+	return &quotav1.RetireRegionResponse{}, nil
+}

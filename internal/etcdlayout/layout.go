@@ -69,6 +69,12 @@ func (l Layout) ControlPrefix() string { return l.p() + "control/" }
 // Control is the key of one policy's operator controls.
 func (l Layout) Control(policy string) string { return l.ControlPrefix() + policy }
 
+// RetiredPrefix holds the regions an operator retired (RetiredRegion).
+func (l Layout) RetiredPrefix() string { return l.p() + "retired/" }
+
+// Retired is the key of one retired region.
+func (l Layout) Retired(region string) string { return l.RetiredPrefix() + region }
+
 // Settings is the key of the coordinator's published settings.
 func (l Layout) Settings() string { return l.p() + "settings" }
 

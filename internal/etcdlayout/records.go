@@ -75,6 +75,13 @@ type Settings struct {
 	AckDeadlineSeconds float64 `json:"ack_deadline_s,omitempty"`
 }
 
+// RetiredRegion says an operator retired a region: no allocation holds it
+// while it has no registered node.
+type RetiredRegion struct {
+	At    time.Time `json:"at"`
+	Actor string    `json:"actor"`
+}
+
 // AuditEntry records one operator action.
 type AuditEntry struct {
 	At     time.Time `json:"at"`

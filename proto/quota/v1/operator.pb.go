@@ -2119,6 +2119,89 @@ func (x *AuditEntry) GetDetail() string {
 	return ""
 }
 
+// RetireRegionRequest names the region to retire.
+type RetireRegionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// region name.
+	Region        string `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RetireRegionRequest) Reset() {
+	*x = RetireRegionRequest{}
+	mi := &file_quota_v1_operator_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RetireRegionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RetireRegionRequest) ProtoMessage() {}
+
+func (x *RetireRegionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_operator_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RetireRegionRequest.ProtoReflect.Descriptor instead.
+func (*RetireRegionRequest) Descriptor() ([]byte, []int) {
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *RetireRegionRequest) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+// RetireRegionResponse is empty.
+type RetireRegionResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RetireRegionResponse) Reset() {
+	*x = RetireRegionResponse{}
+	mi := &file_quota_v1_operator_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RetireRegionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RetireRegionResponse) ProtoMessage() {}
+
+func (x *RetireRegionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_operator_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RetireRegionResponse.ProtoReflect.Descriptor instead.
+func (*RetireRegionResponse) Descriptor() ([]byte, []int) {
+	return file_quota_v1_operator_proto_rawDescGZIP(), []int{35}
+}
+
 var File_quota_v1_operator_proto protoreflect.FileDescriptor
 
 const file_quota_v1_operator_proto_rawDesc = "" +
@@ -2278,7 +2361,10 @@ const file_quota_v1_operator_proto_rawDesc = "" +
 	"\x05actor\x18\x02 \x01(\tR\x05actor\x12\x16\n" +
 	"\x06action\x18\x03 \x01(\tR\x06action\x12\x16\n" +
 	"\x06policy\x18\x04 \x01(\tR\x06policy\x12\x16\n" +
-	"\x06detail\x18\x05 \x01(\tR\x06detail2\x92\a\n" +
+	"\x06detail\x18\x05 \x01(\tR\x06detail\"-\n" +
+	"\x13RetireRegionRequest\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\"\x16\n" +
+	"\x14RetireRegionResponse2\xe1\a\n" +
 	"\bOperator\x12J\n" +
 	"\vApplyPolicy\x12\x1c.quota.v1.ApplyPolicyRequest\x1a\x1d.quota.v1.ApplyPolicyResponse\x12M\n" +
 	"\fListPolicies\x12\x1d.quota.v1.ListPoliciesRequest\x1a\x1e.quota.v1.ListPoliciesResponse\x12G\n" +
@@ -2294,7 +2380,8 @@ const file_quota_v1_operator_proto_rawDesc = "" +
 	"\tSetWeight\x12\x1a.quota.v1.SetWeightRequest\x1a\x1b.quota.v1.SetWeightResponse\x12G\n" +
 	"\n" +
 	"SetMinimum\x12\x1b.quota.v1.SetMinimumRequest\x1a\x1c.quota.v1.SetMinimumResponse\x12D\n" +
-	"\tListAudit\x12\x1a.quota.v1.ListAuditRequest\x1a\x1b.quota.v1.ListAuditResponseB4Z2github.com/quotacoord/quota/proto/quota/v1;quotav1b\x06proto3"
+	"\tListAudit\x12\x1a.quota.v1.ListAuditRequest\x1a\x1b.quota.v1.ListAuditResponse\x12M\n" +
+	"\fRetireRegion\x12\x1d.quota.v1.RetireRegionRequest\x1a\x1e.quota.v1.RetireRegionResponseB4Z2github.com/quotacoord/quota/proto/quota/v1;quotav1b\x06proto3"
 
 var (
 	file_quota_v1_operator_proto_rawDescOnce sync.Once
@@ -2308,7 +2395,7 @@ func file_quota_v1_operator_proto_rawDescGZIP() []byte {
 	return file_quota_v1_operator_proto_rawDescData
 }
 
-var file_quota_v1_operator_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_quota_v1_operator_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_quota_v1_operator_proto_goTypes = []any{
 	(*ApplyPolicyRequest)(nil),     // 0: quota.v1.ApplyPolicyRequest
 	(*ApplyPolicyResponse)(nil),    // 1: quota.v1.ApplyPolicyResponse
@@ -2344,30 +2431,32 @@ var file_quota_v1_operator_proto_goTypes = []any{
 	(*ListAuditRequest)(nil),       // 31: quota.v1.ListAuditRequest
 	(*ListAuditResponse)(nil),      // 32: quota.v1.ListAuditResponse
 	(*AuditEntry)(nil),             // 33: quota.v1.AuditEntry
-	nil,                            // 34: quota.v1.PolicyInfo.MinShareEntry
-	nil,                            // 35: quota.v1.Control.PinsEntry
-	nil,                            // 36: quota.v1.Control.WeightsEntry
-	nil,                            // 37: quota.v1.Control.MinimumsEntry
-	nil,                            // 38: quota.v1.Prediction.SubjectDemandEntry
-	(*timestamppb.Timestamp)(nil),  // 39: google.protobuf.Timestamp
+	(*RetireRegionRequest)(nil),    // 34: quota.v1.RetireRegionRequest
+	(*RetireRegionResponse)(nil),   // 35: quota.v1.RetireRegionResponse
+	nil,                            // 36: quota.v1.PolicyInfo.MinShareEntry
+	nil,                            // 37: quota.v1.Control.PinsEntry
+	nil,                            // 38: quota.v1.Control.WeightsEntry
+	nil,                            // 39: quota.v1.Control.MinimumsEntry
+	nil,                            // 40: quota.v1.Prediction.SubjectDemandEntry
+	(*timestamppb.Timestamp)(nil),  // 41: google.protobuf.Timestamp
 }
 var file_quota_v1_operator_proto_depIdxs = []int32{
 	4,  // 0: quota.v1.ListPoliciesResponse.policies:type_name -> quota.v1.PolicyInfo
-	34, // 1: quota.v1.PolicyInfo.min_share:type_name -> quota.v1.PolicyInfo.MinShareEntry
+	36, // 1: quota.v1.PolicyInfo.min_share:type_name -> quota.v1.PolicyInfo.MinShareEntry
 	4,  // 2: quota.v1.ShowPolicyResponse.policy:type_name -> quota.v1.PolicyInfo
 	7,  // 3: quota.v1.ShowPolicyResponse.control:type_name -> quota.v1.Control
-	35, // 4: quota.v1.Control.pins:type_name -> quota.v1.Control.PinsEntry
-	36, // 5: quota.v1.Control.weights:type_name -> quota.v1.Control.WeightsEntry
-	37, // 6: quota.v1.Control.minimums:type_name -> quota.v1.Control.MinimumsEntry
+	37, // 4: quota.v1.Control.pins:type_name -> quota.v1.Control.PinsEntry
+	38, // 5: quota.v1.Control.weights:type_name -> quota.v1.Control.WeightsEntry
+	39, // 6: quota.v1.Control.minimums:type_name -> quota.v1.Control.MinimumsEntry
 	10, // 7: quota.v1.ShowAllocationResponse.allocations:type_name -> quota.v1.AllocationInfo
-	39, // 8: quota.v1.AllocationInfo.published_at:type_name -> google.protobuf.Timestamp
+	41, // 8: quota.v1.AllocationInfo.published_at:type_name -> google.protobuf.Timestamp
 	11, // 9: quota.v1.AllocationInfo.regions:type_name -> quota.v1.RegionShare
 	12, // 10: quota.v1.RegionShare.nodes:type_name -> quota.v1.NodeAck
 	18, // 11: quota.v1.DryRunResponse.regions:type_name -> quota.v1.ProposedShare
 	17, // 12: quota.v1.DryRunResponse.prediction:type_name -> quota.v1.Prediction
-	38, // 13: quota.v1.Prediction.subject_demand:type_name -> quota.v1.Prediction.SubjectDemandEntry
+	40, // 13: quota.v1.Prediction.subject_demand:type_name -> quota.v1.Prediction.SubjectDemandEntry
 	33, // 14: quota.v1.ListAuditResponse.entries:type_name -> quota.v1.AuditEntry
-	39, // 15: quota.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
+	41, // 15: quota.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
 	0,  // 16: quota.v1.Operator.ApplyPolicy:input_type -> quota.v1.ApplyPolicyRequest
 	2,  // 17: quota.v1.Operator.ListPolicies:input_type -> quota.v1.ListPoliciesRequest
 	5,  // 18: quota.v1.Operator.ShowPolicy:input_type -> quota.v1.ShowPolicyRequest
@@ -2381,21 +2470,23 @@ var file_quota_v1_operator_proto_depIdxs = []int32{
 	27, // 26: quota.v1.Operator.SetWeight:input_type -> quota.v1.SetWeightRequest
 	29, // 27: quota.v1.Operator.SetMinimum:input_type -> quota.v1.SetMinimumRequest
 	31, // 28: quota.v1.Operator.ListAudit:input_type -> quota.v1.ListAuditRequest
-	1,  // 29: quota.v1.Operator.ApplyPolicy:output_type -> quota.v1.ApplyPolicyResponse
-	3,  // 30: quota.v1.Operator.ListPolicies:output_type -> quota.v1.ListPoliciesResponse
-	6,  // 31: quota.v1.Operator.ShowPolicy:output_type -> quota.v1.ShowPolicyResponse
-	9,  // 32: quota.v1.Operator.ShowAllocation:output_type -> quota.v1.ShowAllocationResponse
-	14, // 33: quota.v1.Operator.RebalanceNow:output_type -> quota.v1.RebalanceNowResponse
-	16, // 34: quota.v1.Operator.DryRun:output_type -> quota.v1.DryRunResponse
-	20, // 35: quota.v1.Operator.Freeze:output_type -> quota.v1.FreezeResponse
-	22, // 36: quota.v1.Operator.Unfreeze:output_type -> quota.v1.UnfreezeResponse
-	24, // 37: quota.v1.Operator.Pin:output_type -> quota.v1.PinResponse
-	26, // 38: quota.v1.Operator.Unpin:output_type -> quota.v1.UnpinResponse
-	28, // 39: quota.v1.Operator.SetWeight:output_type -> quota.v1.SetWeightResponse
-	30, // 40: quota.v1.Operator.SetMinimum:output_type -> quota.v1.SetMinimumResponse
-	32, // 41: quota.v1.Operator.ListAudit:output_type -> quota.v1.ListAuditResponse
-	29, // [29:42] is the sub-list for method output_type
-	16, // [16:29] is the sub-list for method input_type
+	34, // 29: quota.v1.Operator.RetireRegion:input_type -> quota.v1.RetireRegionRequest
+	1,  // 30: quota.v1.Operator.ApplyPolicy:output_type -> quota.v1.ApplyPolicyResponse
+	3,  // 31: quota.v1.Operator.ListPolicies:output_type -> quota.v1.ListPoliciesResponse
+	6,  // 32: quota.v1.Operator.ShowPolicy:output_type -> quota.v1.ShowPolicyResponse
+	9,  // 33: quota.v1.Operator.ShowAllocation:output_type -> quota.v1.ShowAllocationResponse
+	14, // 34: quota.v1.Operator.RebalanceNow:output_type -> quota.v1.RebalanceNowResponse
+	16, // 35: quota.v1.Operator.DryRun:output_type -> quota.v1.DryRunResponse
+	20, // 36: quota.v1.Operator.Freeze:output_type -> quota.v1.FreezeResponse
+	22, // 37: quota.v1.Operator.Unfreeze:output_type -> quota.v1.UnfreezeResponse
+	24, // 38: quota.v1.Operator.Pin:output_type -> quota.v1.PinResponse
+	26, // 39: quota.v1.Operator.Unpin:output_type -> quota.v1.UnpinResponse
+	28, // 40: quota.v1.Operator.SetWeight:output_type -> quota.v1.SetWeightResponse
+	30, // 41: quota.v1.Operator.SetMinimum:output_type -> quota.v1.SetMinimumResponse
+	32, // 42: quota.v1.Operator.ListAudit:output_type -> quota.v1.ListAuditResponse
+	35, // 43: quota.v1.Operator.RetireRegion:output_type -> quota.v1.RetireRegionResponse
+	30, // [30:44] is the sub-list for method output_type
+	16, // [16:30] is the sub-list for method input_type
 	16, // [16:16] is the sub-list for extension type_name
 	16, // [16:16] is the sub-list for extension extendee
 	0,  // [0:16] is the sub-list for field type_name
@@ -2412,7 +2503,7 @@ func file_quota_v1_operator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quota_v1_operator_proto_rawDesc), len(file_quota_v1_operator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   39,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

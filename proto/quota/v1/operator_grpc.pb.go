@@ -35,6 +35,7 @@ const (
 	Operator_SetWeight_FullMethodName      = "/quota.v1.Operator/SetWeight"
 	Operator_SetMinimum_FullMethodName     = "/quota.v1.Operator/SetMinimum"
 	Operator_ListAudit_FullMethodName      = "/quota.v1.Operator/ListAudit"
+	Operator_RetireRegion_FullMethodName   = "/quota.v1.Operator/RetireRegion"
 )
 
 // OperatorClient is the client API for Operator service.
@@ -84,6 +85,13 @@ type OperatorClient interface {
 	SetMinimum(ctx context.Context, in *SetMinimumRequest, opts ...grpc.CallOption) (*SetMinimumResponse, error)
 	// ListAudit lists the most recent operator actions, newest first.
 	ListAudit(ctx context.Context, in *ListAuditRequest, opts ...grpc.CallOption) (*ListAuditResponse, error)
+	// RetireRegion removes a region from every allocation from the next
+	// round on, for a region shut down for good or a mistyped name, whose
+	// minimum would otherwise stay reserved. The operator asserts that no
+	// node of it runs: a region with a registered node is
+	// FailedPrecondition. A retired region that registers again takes part
+	// again. Recorded in the audit log.
+	RetireRegion(ctx context.Context, in *RetireRegionRequest, opts ...grpc.CallOption) (*RetireRegionResponse, error)
 }
 
 type operatorClient struct {
@@ -224,6 +232,16 @@ func (c *operatorClient) ListAudit(ctx context.Context, in *ListAuditRequest, op
 	return out, nil
 }
 
+func (c *operatorClient) RetireRegion(ctx context.Context, in *RetireRegionRequest, opts ...grpc.CallOption) (*RetireRegionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RetireRegionResponse)
+	err := c.cc.Invoke(ctx, Operator_RetireRegion_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // OperatorServer is the server API for Operator service.
 // All implementations must embed UnimplementedOperatorServer
 // for forward compatibility.
@@ -271,6 +289,13 @@ type OperatorServer interface {
 	SetMinimum(context.Context, *SetMinimumRequest) (*SetMinimumResponse, error)
 	// ListAudit lists the most recent operator actions, newest first.
 	ListAudit(context.Context, *ListAuditRequest) (*ListAuditResponse, error)
+	// RetireRegion removes a region from every allocation from the next
+	// round on, for a region shut down for good or a mistyped name, whose
+	// minimum would otherwise stay reserved. The operator asserts that no
+	// node of it runs: a region with a registered node is
+	// FailedPrecondition. A retired region that registers again takes part
+	// again. Recorded in the audit log.
+	RetireRegion(context.Context, *RetireRegionRequest) (*RetireRegionResponse, error)
 	mustEmbedUnimplementedOperatorServer()
 }
 
@@ -319,6 +344,9 @@ func (UnimplementedOperatorServer) SetMinimum(context.Context, *SetMinimumReques
 }
 func (UnimplementedOperatorServer) ListAudit(context.Context, *ListAuditRequest) (*ListAuditResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListAudit not implemented")
+}
+func (UnimplementedOperatorServer) RetireRegion(context.Context, *RetireRegionRequest) (*RetireRegionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RetireRegion not implemented")
 }
 func (UnimplementedOperatorServer) mustEmbedUnimplementedOperatorServer() {}
 func (UnimplementedOperatorServer) testEmbeddedByValue()                  {}
@@ -575,6 +603,24 @@ func _Operator_ListAudit_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Operator_RetireRegion_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RetireRegionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OperatorServer).RetireRegion(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Operator_RetireRegion_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OperatorServer).RetireRegion(ctx, req.(*RetireRegionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Operator_ServiceDesc is the grpc.ServiceDesc for Operator service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -633,6 +679,10 @@ var Operator_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListAudit",
 			Handler:    _Operator_ListAudit_Handler,
+		},
+		{
+			MethodName: "RetireRegion",
+			Handler:    _Operator_RetireRegion_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
