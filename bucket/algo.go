@@ -55,7 +55,20 @@ func decide(p *params, op byte, st *state, exists bool, now float64, charge bool
 // whole), saving the copy of a returned outcome on the hot paths.
 func decideTB(p *params, op byte, st *state, exists bool, now, ttl float64, charge bool, o *outcome) {
 	lim, rate, cost := p.lim, p.p, p.cost
-	tokens, ts, t, wr := tbRead(lim, p.fill, rate, exists && now-st.a < ttl, st.a, st.b, st.c, now)
+	var tokens, ts, t float64
+	var wr bool
+	if stored := exists && now-st.a < ttl; !stored && p.born > 0 && now-p.born < ttl {
+		// Lost at born: emptied then, refilled since, at most fill;
+		// written when below full (with no refill it stays empty until
+		// ttl after born, which needs no write).
+		tokens, ts, t, _ = tbRead(lim, lim, rate, true, p.born, 0, lim, now)
+		if tokens > p.fill {
+			tokens, ts = p.fill, t
+		}
+		wr = tokens < lim && rate > 0
+	} else {
+		tokens, ts, t, wr = tbRead(lim, p.fill, rate, stored, st.a, st.b, st.c, now)
+	}
 	*o = outcome{ok: true}
 	if op == opRefund {
 		if cost > 0 {
@@ -177,6 +190,10 @@ func decideFW(p *params, op byte, st *state, exists bool, now float64, charge bo
 	lim, win, cost := p.lim, p.p, p.cost
 	ws := math.Floor(now/win) * win
 	count := 0.0
+	if !exists && p.born > 0 {
+		// Lost at born: full in born's window.
+		st, exists = &state{a: math.Floor(p.born/win) * win, b: lim}, true
+	}
 	if exists {
 		if st.a > ws {
 			ws = st.a
@@ -221,6 +238,10 @@ func decideSW(p *params, op byte, st *state, exists bool, now float64, charge bo
 	lim, win, cost := p.lim, p.p, p.cost
 	ws := math.Floor(now/win) * win
 	prev, cur := 0.0, 0.0
+	if !exists && p.born > 0 {
+		// Lost at born: a full count in born's window.
+		st, exists = &state{a: math.Floor(p.born/win) * win, c: lim}, true
+	}
 	if exists {
 		if st.a > ws {
 			ws = st.a
@@ -296,9 +317,12 @@ func decideSL(p *params, op byte, st *state, exists bool, now float64, charge bo
 	t := now
 	if exists && st.log != nil {
 		log = *st.log
-		if n := len(log); n > 0 && log[n-1].ts > t {
-			t = log[n-1].ts
-		}
+	} else if !exists && p.born > 0 {
+		// Lost at born: one entry then holding the whole capacity.
+		log = []logEntry{{ts: p.born, cost: math.Ceil(lim/1000) * 1000}}
+	}
+	if n := len(log); n > 0 && log[n-1].ts > t {
+		t = log[n-1].ts
 	}
 	first := 0
 	for first < len(log) && log[first].ts <= t-win {

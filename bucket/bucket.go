@@ -64,6 +64,16 @@ type Request struct {
 	// find this region's grown share full. 0 ≤ Withheld ≤ Share; zero
 	// starts a new bucket full. Window algorithms ignore it.
 	Withheld float64
+	// Since is when the bucket's key version came into force, zero when
+	// that is long past (longer than the bucket's idle TTL) or unknown.
+	// Under a key that is younger than the bucket's refill time, an
+	// absent bucket may be one whose spending happened under the policy's
+	// previous version (other keys): the store reads it as a bucket lost
+	// at Since, emptied (token bucket) or filled (window algorithms) at
+	// that instant, as after a loss of the store's state (see Memory and
+	// RedisConfig.LossGuard). A regional node passes the instant it
+	// loaded a policy whose limits changed.
+	Since time.Time
 }
 
 // Decision is the answer for one request. A denial is a decision, not an error.

@@ -38,7 +38,8 @@
 //     (f − Request.Withheld)·C when the request withholds part of the
 //     share: a region whose share grew within the last full refill time
 //     withholds the growth, so that a subject that spent its budget in
-//     another region finds no fresh tokens here.
+//     another region finds no fresh tokens here. A bucket that the store
+//     may have lost starts lower still (Lost state and key versions).
 //   - FixedWindow: Envoy's rate limit service windows (aligned to multiples
 //     of Window since the Unix epoch); unlike Envoy a denied hit is not
 //     counted, which gives the same decisions for unit costs.
@@ -47,6 +48,41 @@
 //   - SlidingLog: exact; one entry per admission, at most f·C entries
 //     (C ≤ MaxSlidingLogCapacity, f ≤ 1+ε ≤ 2: at most 2000 entries, 11 bytes
 //     each in Redis).
+//
+// # Lost state and key versions
+//
+// A store that loses its state (Redis restarted without persistence,
+// FLUSHALL, a failover to a replica that never had the data; an in-process
+// Memory whose process restarted) would read every bucket as absent, that
+// is full, and hand a subject that had spent its budget a second one. So
+// would a policy edit, which moves buckets to a new key version. Both are
+// answered the same way: an absent bucket that may have been lost at an
+// instant born reads, while born is younger than its refill time, as lost
+// then: a token bucket as emptied at born (what refilled since, at most
+// the request's fill; with no refill: empty until IdleTTL after born), a
+// fixed or sliding window as a full count in born's window, a sliding log
+// as one entry at born holding the whole capacity. A window W that
+// contains born then admits no more than the bound allows, C + r·W (or N
+// per window), whatever was spent before it. born is the later of:
+//
+//   - Request.Since, the instant the bucket's key version came into force
+//     (a regional node passes when it loaded the edit);
+//   - with RedisConfig.LossGuard (MemoryConfig.LossGuard), the loss marker
+//     of the bucket's group: rl:m:{g.<group>}, a string without TTL in the
+//     group's slot holding the Redis TIME it was created at. A call that
+//     finds a bucket absent reads the marker and creates it when it is
+//     missing: its absence is how a loss shows. Each group detects a loss
+//     at its first use after it, so the conservative start runs per group
+//     from then. A new Redis cannot be told from one that lost its data:
+//     with the guard, it too starts buckets this way for a refill time.
+//
+// What remains: a key evicted while its group's marker stays (use
+// maxmemory-policy noeviction; the store reports OOM as ErrMemoryFull) and
+// a failover to a replica that lags by L (its marker is there; the spending
+// of the last L is lost, at most C per bucket beyond the bound) are not
+// detected. Since comes from the node's clock and born from Redis TIME:
+// a Redis clock behind the node's makes the start more conservative, one
+// ahead shortens it by the difference.
 //
 // Peek is a Take of cost 0: it reports without consuming. Refund gives
 // cost back, never above capacity (window algorithms subtract it from the
@@ -100,9 +136,13 @@
 // the same policy version: another value puts the buckets under other keys,
 // where they start full.
 //
+// With LossGuard, each group also has its loss marker, rl:m:{g.<group>}
+// (see Lost state and key versions): at most Groups small string keys
+// without TTL, created at a group's first use and kept for good.
+//
 // Expiry of token buckets: Redis 7.0 has no per-field TTL. Each write sets
 // the group's PEXPIRE to the policy's IdleTTL, so a group idle for its TTL
-// disappears (DBSIZE returns to its baseline). A field whose stored ts is
+// disappears (DBSIZE returns to its baseline, plus the loss markers). A field whose stored ts is
 // IdleTTL or more in the past reads exactly like a missing one (a full
 // bucket: Limits.Validate makes IdleTTL cover a full refill). Each write
 // that creates a field samples 4 random fields of its group (HRANDFIELD)

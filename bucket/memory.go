@@ -52,6 +52,23 @@ type MemoryConfig struct {
 	MaxBuckets int
 	// SweepEvery is Run's sweep period; 0 means DefaultSweepEvery.
 	SweepEvery time.Duration
+	// LossGuard makes the store treat its start as a loss of state, as a
+	// Redis store with RedisConfig.LossGuard treats a missing loss
+	// marker: the store keeps a marker per group (Groups, the subject's
+	// group as in Redis), created by the first call that finds a bucket
+	// of that group absent, and a bucket absent less than its refill time
+	// (token bucket: its idle TTL; window algorithms: its window) after
+	// its group's marker was created starts empty (token bucket) or full
+	// (window algorithms) at that instant. It is what a process that
+	// decides alone from memory needs, since its buckets are lost when it
+	// restarts; without it (the default) a Memory starts as if it had
+	// never held a bucket, as the in-process fallback of a regional node
+	// does. With LossGuard and the same Groups, a Memory decides as a
+	// Redis store with LossGuard on a server that starts empty.
+	LossGuard bool
+	// Groups is the group count of the loss markers (LossGuard only); 0
+	// means DefaultGroups, at most MaxGroups.
+	Groups int
 }
 
 // Memory is the in-memory store: the specification of Redis, the embedded
@@ -77,7 +94,11 @@ type Memory struct {
 	live  atomic.Int64
 	// lastFull is when (microseconds) reserve last swept every shard.
 	lastFull atomic.Int64
-	shards   [memShards]memShard
+	// marks holds, with LossGuard, each group's loss marker: the instant
+	// (microseconds) it was created, 0 while it is not; nil without.
+	marks  []atomic.Int64
+	groups uint32
+	shards [memShards]memShard
 }
 
 type memShard struct {
@@ -139,7 +160,17 @@ func NewMemory(cfg MemoryConfig) (*Memory, error) {
 	if cfg.SweepEvery < 0 {
 		return nil, fmt.Errorf("bucket: new memory store: SweepEvery %v is negative", cfg.SweepEvery)
 	}
+	if cfg.Groups < 0 || cfg.Groups > MaxGroups {
+		return nil, fmt.Errorf("bucket: new memory store: Groups %d, want 0 (default %d) to %d", cfg.Groups, DefaultGroups, MaxGroups)
+	}
 	m := &Memory{clk: cfg.Clock, max: int64(cfg.MaxBuckets), every: cfg.SweepEvery}
+	if cfg.LossGuard {
+		m.groups = uint32(cfg.Groups)
+		if m.groups == 0 {
+			m.groups = DefaultGroups
+		}
+		m.marks = make([]atomic.Int64, m.groups)
+	}
 	if m.clk == nil {
 		m.clk = systemClock{}
 	}
@@ -199,12 +230,24 @@ func (m *Memory) one(now time.Time, req *Request, op byte) (Decision, error) {
 			return Decision{}, err
 		}
 	}
-	p := &c.p // the shard's: its cost is this request's until the unlock
+	p := &c.p // the shard's: its cost and since are this request's until the unlock
 	p.cost = float64(req.Cost) * unitsPerToken
+	p.since, p.born = 0, 0
+	if !req.Since.IsZero() {
+		since := req.Since.UnixMicro()
+		if since <= 0 || since >= maxInstant {
+			sh.mu.Unlock()
+			return Decision{}, req.Validate()
+		}
+		p.since = float64(since)
+	}
 	var o outcome
 	// One lookup serves the read and, for an existing bucket, the write,
 	// both on the stored State in place.
 	if e := sh.find(&req.Key); e != nil {
+		if e.st.absent(p, us) {
+			p.born = m.born(&req.Key, us, p.since)
+		}
 		lw := e.st.into(p, op, us, true, &o)
 		switch o.w {
 		case writeSet:
@@ -215,6 +258,7 @@ func (m *Memory) one(now time.Time, req *Request, op byte) (Decision, error) {
 		}
 	} else {
 		var st State
+		p.born = m.born(&req.Key, us, p.since)
 		lw := st.into(p, op, us, true, &o)
 		if o.w == writeSet {
 			if err := m.reserve(sh, us); err != nil {
@@ -227,6 +271,26 @@ func (m *Memory) one(now time.Time, req *Request, op byte) (Decision, error) {
 	lim := p.lim
 	sh.mu.Unlock()
 	return decision(o.ok, lim, o.rem, o.retry, o.reset), nil
+}
+
+// born returns the instant at which a bucket of k found absent at us may
+// have been lost (params.born): the later of since and, with LossGuard, the
+// marker of k's group, which this call creates at us when the group has
+// none yet. 0: the bucket is simply new.
+func (m *Memory) born(k *Key, us int64, since float64) float64 {
+	if m.marks == nil {
+		return since
+	}
+	mk := &m.marks[groupOf(k.subject, m.groups)]
+	c := mk.Load()
+	if c == 0 {
+		if mk.CompareAndSwap(0, us) {
+			c = us
+		} else {
+			c = mk.Load()
+		}
+	}
+	return max(since, float64(c))
 }
 
 // find returns k's entry in sh, or nil. The entry lives in the index: the
@@ -391,6 +455,9 @@ func (m *Memory) TakeAllAt(now time.Time, reqs []Request) ([]Decision, error) {
 		sh := &m.shards[shardIdx[i]]
 		if e := sh.find(&reqs[i].Key); e != nil {
 			sts[i] = e.st
+		}
+		if sts[i].absent(&ps[i], us) {
+			ps[i].born = m.born(&reqs[i].Key, us, ps[i].since)
 		}
 	}
 	if len(reqs) > 1 {

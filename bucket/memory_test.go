@@ -285,4 +285,5 @@ func TestRedisCluster(t *testing.T) {
 	if _, err := r.TakeAll(ctx, cross); err != nil {
 		t.Fatalf("cross-slot TakeAll: %v", err)
 	}
+	clusterLossGuard(t, cl)
 }

@@ -246,11 +246,13 @@ func TestScriptRejectsBadArguments(t *testing.T) {
 		argv []any
 		want string
 	}{
-		{"missing arguments", []any{"t", ""}, "want 9 arguments, got 2"},
-		{"unknown operation", []any{"x", "", "tb", 1000, 0.1, 1000, 60000, "s", 1000}, "unknown operation x"},
-		{"unknown algorithm", []any{"i", "", "zz", 1000, 0.1, 1000, 60000, "s", 1000}, "unknown algorithm zz"},
-		{"fill above the capacity", []any{"t", "", "tb", 1000, 0.1, 1000, 60000, "s", 1001}, "fill 1001 outside"},
-		{"fill not a number", []any{"t", "", "tb", 1000, 0.1, 1000, 60000, "s", "x"}, "fill x outside"},
+		{"missing arguments", []any{"t", ""}, "want 11 arguments, got 2"},
+		{"unknown operation", []any{"x", "", "tb", 1000, 0.1, 1000, 60000, "s", 1000, 0, 0}, "unknown operation x"},
+		{"unknown algorithm", []any{"i", "", "zz", 1000, 0.1, 1000, 60000, "s", 1000, 0, 0}, "unknown algorithm zz"},
+		{"fill above the capacity", []any{"t", "", "tb", 1000, 0.1, 1000, 60000, "s", 1001, 0, 0}, "fill 1001 outside"},
+		{"fill not a number", []any{"t", "", "tb", 1000, 0.1, 1000, 60000, "s", "x", 0, 0}, "fill x outside"},
+		{"since negative", []any{"t", "", "tb", 1000, 0.1, 1000, 60000, "s", 1000, -5, 0}, "since -5 is not an instant"},
+		{"guard not 0 or 1", []any{"t", "", "tb", 1000, 0.1, 1000, 60000, "s", 1000, 0, "yes"}, "guard yes, want 0 or 1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := c.Eval(ctx, src, []string{key}, tc.argv...).Err()

@@ -36,7 +36,18 @@ type params struct {
 	p    float64 // token bucket: refill f·r in units per microsecond; else window in microseconds
 	cost float64 // units
 	ttl  int64   // idle TTL in milliseconds, rounded up
+	// since is Request.Since in microseconds (0: none).
+	since float64
+	// born (Memory and State only, set per call) is the instant an absent
+	// bucket reads as lost at: the later of since and the store's loss
+	// marker; 0 when an absent bucket is simply new. Redis computes it in
+	// the script (lua/take.lua).
+	born float64
 }
+
+// maxInstant bounds Request.Since in microseconds: every stored number
+// stays below 2^53 (see the package doc).
+const maxInstant = 1 << 53
 
 // paramsOf converts a validated request.
 func paramsOf(r *Request) params {
@@ -45,6 +56,9 @@ func paramsOf(r *Request) params {
 		lim:  math.Floor(r.Share * float64(l.Capacity) * unitsPerToken),
 		cost: float64(r.Cost) * unitsPerToken,
 		ttl:  int64((l.IdleTTL + time.Millisecond - 1) / time.Millisecond),
+	}
+	if !r.Since.IsZero() {
+		p.since = float64(r.Since.UnixMicro())
 	}
 	p.fill = p.lim
 	if r.Withheld > 0 {

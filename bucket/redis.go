@@ -54,6 +54,21 @@ type RedisConfig struct {
 	// value: a different one puts a subject's buckets under other keys,
 	// where they start full.
 	Groups int
+	// LossGuard detects a Redis that lost its state (a restart without
+	// persistence, FLUSHALL, a failover to a replica that never had the
+	// data) and starts absent buckets conservatively for one refill time
+	// after the loss. The scripts keep a loss marker per group,
+	// rl:m:{g.<group>} (no TTL, one small string per group ever used,
+	// at most Groups), holding the Redis TIME it was created at; a script
+	// that finds a bucket absent reads its group's marker and, when there
+	// is none, creates it. A bucket absent less than its refill time
+	// after its group's marker was created reads as lost at that instant:
+	// a token bucket as emptied then (what refilled since, at most its
+	// fill), a window algorithm as full in that window. A server that
+	// starts empty cannot be told from one that lost its data, so a new
+	// Redis, too, starts its buckets this way for one refill time. Every
+	// node that shares a Redis should use the same setting.
+	LossGuard bool
 }
 
 // Redis is the store that production regional nodes use: one Lua script
@@ -117,6 +132,9 @@ type Redis struct {
 	single    bool
 	crossSlot atomic.Bool
 	args      argCache
+	// guard is the boxed guard argument of every bucket: "1" with
+	// LossGuard, else "0" (see lua/take.lua).
+	guard any
 
 	// now, when set (tests only, through export_test.go), is passed to the
 	// scripts as ARGV[2] in place of Redis TIME.
@@ -150,13 +168,14 @@ var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}
 // Script arguments boxed once: boxing a string into an interface
 // allocates on every call otherwise.
 var (
-	argOpTake, argOpRefund any = string(rune(opTake)), string(rune(opRefund))
-	argOpTakeEach          any = "i" // independent takes of a merged call (merge.go)
-	argEvalSha, argEval    any = "evalsha", "eval"
-	argEmpty               any = ""
-	argAlg                 [len(algCodes)]any
-	argHash                [len(algCodes)]any // set with the scripts (scripts.go)
-	argHashAll             any
+	argOpTake, argOpRefund  any = string(rune(opTake)), string(rune(opRefund))
+	argOpTakeEach           any = "i" // independent takes of a merged call (merge.go)
+	argEvalSha, argEval     any = "evalsha", "eval"
+	argEmpty                any = ""
+	argGuardOn, argGuardOff any = "1", "0"
+	argAlg                  [len(algCodes)]any
+	argHash                 [len(algCodes)]any // set with the scripts (scripts.go)
+	argHashAll              any
 )
 
 func init() {
@@ -196,16 +215,17 @@ type groupKeyID struct {
 	g       uint32
 }
 
-func (a *argCache) get(p *params) [5]any {
+func (a *argCache) get(p *params) [6]any {
 	if v, ok := a.nums.Load(*p); ok {
-		return v.([5]any)
+		return v.([6]any)
 	}
-	v := [5]any{
+	v := [6]any{
 		strconv.FormatFloat(p.lim, 'f', -1, 64),
 		strconv.FormatFloat(p.p, 'g', -1, 64),
 		strconv.FormatFloat(p.cost, 'f', -1, 64),
 		strconv.FormatInt(p.ttl, 10),
 		strconv.FormatFloat(p.fill, 'f', -1, 64),
+		strconv.FormatFloat(p.since, 'f', -1, 64),
 	}
 	if a.n.Add(1) > maxArgCache {
 		a.nums.Clear()
@@ -270,8 +290,12 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 		maxBatch: cfg.MaxBatch,
 		merge:    cfg.Merge,
 		groups:   uint32(cfg.Groups),
+		guard:    argGuardOff,
 		queue:    make(chan *call, cfg.QueueSize),
 		stop:     make(chan struct{}),
+	}
+	if cfg.LossGuard {
+		r.guard = argGuardOn
 	}
 	_, r.single = cfg.Client.(*redis.Client)
 	r.wg.Add(cfg.Flushers)
@@ -373,7 +397,7 @@ func wait(ctx context.Context, c *call) error {
 
 // Script arguments and reply numbers per bucket (see lua/take.lua).
 const (
-	argsPerBucket  = 7
+	argsPerBucket  = 9
 	replyPerBucket = 5
 )
 
@@ -428,7 +452,7 @@ func (r *Redis) newCall(op byte, reqs []Request, ps []params) *call {
 		if grouped(p.alg) {
 			field = fieldOf(&reqs[i].Key)
 		}
-		argv = append(argv, argAlg[p.alg], a[0], a[1], a[2], a[3], field, a[4])
+		argv = append(argv, argAlg[p.alg], a[0], a[1], a[2], a[3], field, a[4], a[5], r.guard)
 	}
 	c.argv = argv
 	return c

@@ -39,11 +39,15 @@ func TestRedisSteps(t *testing.T) {
 // steps (forward, backward, beyond the idle TTL) and demands equal
 // decisions.
 //
-// It runs twice: with the default groups (the two subjects almost surely in
-// different group hashes) and with every bucket of a policy in one group
-// hash: eight subjects, subjects seen once, more steps and longer idle jumps
-// (past two TTLs), so that writes prune each other's stale fields:
-// pruning must never change a decision.
+// It runs three times: with the default groups (the two subjects almost
+// surely in different group hashes); with every bucket of a policy in one
+// group hash: eight subjects, subjects seen once, more steps and longer
+// idle jumps (past two TTLs), so that writes prune each other's stale
+// fields: pruning must never change a decision; and with LossGuard on a
+// private server whose every key is lost now and then (FLUSHALL, while
+// Memory starts again empty), eight subjects in four groups. Every run
+// moves keys to a new version now and then, with Since the instant of
+// the move.
 func TestDifferential(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
@@ -52,22 +56,36 @@ func TestDifferential(t *testing.T) {
 		jump     int64 // microseconds, past the 30 s idle TTL
 		steps    int
 		churn    bool // add subjects seen once
+		guard    bool // LossGuard on a private server, with losses
 	}{
-		{"default groups", 0, []string{"a", "b"}, 31_000_000, 400, false},
-		{"one group", 1, []string{"a", "b", "c", "d", "e", "f", "g", "h"}, 61_000_000, 1000, true},
+		{"default groups", 0, []string{"a", "b"}, 31_000_000, 400, false, false},
+		{"one group", 1, []string{"a", "b", "c", "d", "e", "f", "g", "h"}, 61_000_000, 1000, true, false},
+		{"loss guard", 4, []string{"a", "b", "c", "d", "e", "f", "g", "h"}, 31_000_000, 1000, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r, err := bucket.NewRedis(bucket.RedisConfig{Client: redistest.Client(t), Groups: tc.groups})
+			c := redistest.Client(t)
+			if tc.guard {
+				c = redistest.Start(t).Client(t)
+			}
+			r, err := bucket.NewRedis(bucket.RedisConfig{Client: c, Groups: tc.groups, LossGuard: tc.guard})
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = r.Close() })
-			differential(t, r, tc.subjects, tc.jump, tc.steps, tc.churn)
+			var lose func() error
+			if tc.guard {
+				lose = func() error { return c.FlushAll(context.Background()).Err() }
+			}
+			mcfg := bucket.MemoryConfig{LossGuard: tc.guard, Groups: tc.groups}
+			differential(t, r, mcfg, lose, tc.subjects, tc.jump, tc.steps, tc.churn)
 		})
 	}
 }
 
-func differential(t *testing.T, r *bucket.Redis, subjects []string, jump int64, steps int, churn bool) {
+// differential runs the random sequences on r and on Memories built with
+// mcfg; lose, when set, empties r's server, and the run then starts a new
+// Memory beside it.
+func differential(t *testing.T, r *bucket.Redis, mcfg bucket.MemoryConfig, lose func() error, subjects []string, jump int64, steps int, churn bool) {
 	var now int64
 	bucket.SetRedisNow(r, func() int64 { return now })
 	ctx := context.Background()
@@ -82,9 +100,14 @@ func differential(t *testing.T, r *bucket.Redis, subjects []string, jump int64, 
 	for ai, lim := range algs {
 		t.Run(fmt.Sprintf("%d-%s", ai, lim.Algorithm), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(ai), 42))
-			m, err := bucket.NewMemory(bucket.MemoryConfig{})
+			m, err := bucket.NewMemory(mcfg)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if lose != nil {
+				if err := lose(); err != nil {
+					t.Fatal(err)
+				}
 			}
 			u := redistest.Unique(t)
 			var keys []bucket.Key
@@ -101,13 +124,16 @@ func differential(t *testing.T, r *bucket.Redis, subjects []string, jump int64, 
 			// request starts without (Request.Withheld): 0 for most
 			// keys, up to the whole share for some.
 			share, withheld := map[bucket.Key]float64{}, map[bucket.Key]float64{}
+			since := map[bucket.Key]time.Time{} // keys moved to a new version: when
 			for _, k := range keys {
 				share[k] = 1
 			}
 			now = t0.UnixMicro()
 			req := func(k bucket.Key, cost int64) bucket.Request {
-				return bucket.Request{Key: k, Limits: lim, Share: share[k], Cost: cost, Withheld: withheld[k]}
+				return bucket.Request{Key: k, Limits: lim, Share: share[k], Cost: cost, Withheld: withheld[k], Since: since[k]}
 			}
+			losses, moves := 0, 0
+			defer func() { t.Logf("losses %d, key versions moved %d", losses, moves) }()
 			tally := map[bool]int{}
 			defer func() { t.Logf("allowed %d, denied %d", tally[true], tally[false]) }()
 			for step := 0; step < steps; step++ {
@@ -121,7 +147,30 @@ func differential(t *testing.T, r *bucket.Redis, subjects []string, jump int64, 
 				case x < 45:
 					now += jump // past the idle TTL
 				}
-				k := keys[rng.IntN(len(keys))]
+				if lose != nil && rng.IntN(150) == 0 {
+					// the store loses every key: Redis is flushed, and
+					// a new Memory is one that lost its state
+					if err := lose(); err != nil {
+						t.Fatal(err)
+					}
+					if m, err = bucket.NewMemory(mcfg); err != nil {
+						t.Fatal(err)
+					}
+					losses++
+				}
+				ki := rng.IntN(len(keys))
+				if rng.IntN(50) == 0 {
+					// a policy edit: the key moves to a new version
+					old := keys[ki]
+					nk, err := bucket.NewKey(old.Policy(), old.Version()+1, old.Subject())
+					if err != nil {
+						t.Fatal(err)
+					}
+					keys[ki] = nk
+					share[nk], withheld[nk], since[nk] = share[old], withheld[old], time.UnixMicro(now)
+					moves++
+				}
+				k := keys[ki]
 				if rng.IntN(10) == 0 {
 					share[k] = 0.05 + rng.Float64()*(0.95+lim.Overcommit)
 					withheld[k] = 0

@@ -103,6 +103,13 @@ func (s *State) live(us int64) bool {
 	return s.st.ttl > 0 && us-s.st.lastWrite < s.st.ttl
 }
 
+// absent reports whether a decision at us reads s as absent (never
+// written, expired, or a token bucket whose stored ts is a TTL old): the
+// case in which a store consults its loss marker (params.born).
+func (s *State) absent(p *params, us int64) bool {
+	return !s.live(us) || p.alg == algTB && float64(us)-s.st.a >= float64(p.ttl*1000)
+}
+
 // step decides op at us without changing s; it returns the outcome and the
 // lastWrite the commit must keep (0 when the bucket is absent).
 func (s *State) step(p *params, op byte, us int64, charge bool) (outcome, int64) {

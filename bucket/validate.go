@@ -120,6 +120,9 @@ func (r Request) Validate() error {
 	if !finite(r.Withheld) || r.Withheld < 0 || r.Withheld > r.Share {
 		return requestErr("withheld share %v outside [0, %v] (the share)", r.Withheld, r.Share)
 	}
+	if !r.Since.IsZero() && (r.Since.UnixMicro() <= 0 || r.Since.UnixMicro() >= maxInstant) {
+		return requestErr("since %v outside the Unix epoch..year 2255", r.Since)
+	}
 	if r.Cost < 0 || r.Cost > r.Limits.Capacity {
 		return requestErr("cost %d outside 0..%d (capacity)", r.Cost, r.Limits.Capacity)
 	}

@@ -7,13 +7,15 @@
 -- same floating-point expressions in the same order.
 --
 -- ALG maps an algorithm code to a function
---   f(op, v, now, lim, p, cost, ttl, charge, fill) -> ok, remaining, retry, reset, val
+--   f(op, v, now, lim, p, cost, ttl, charge, fill, born) -> ok, remaining, retry, reset, val
 -- op: 't' take (cost 0 peeks) or 'r' refund; v: the stored value or false;
 -- lim: capacity in units; p: refill in units per microsecond (token bucket)
 -- or the window in microseconds; cost in units; ttl: idle TTL in
 -- microseconds; charge: false to decide without consuming; fill: the units
 -- a token bucket absent from the store starts with (lim: full; the window
--- algorithms ignore it).
+-- algorithms ignore it); born: a function, called only when the bucket is
+-- absent, returning the instant (microseconds) at which the store may have
+-- lost it, 0 when it is simply new (see take.lua).
 -- Returned val: nil writes nothing, false deletes the bucket, a string is
 -- stored with the idle TTL (see take.lua for where).
 --

@@ -4,12 +4,20 @@
 --
 -- Stored value: struct '>I7I5' = window start (microseconds), count (units).
 -- Unlike Envoy, a denial writes nothing (Envoy also adds denied hits); for
--- unit costs the decisions are the same.
-ALG['fw'] = function(op, v, now, lim, win, cost, ttl, charge)
+-- unit costs the decisions are the same. A missing count that the store may
+-- have lost at born() (see take.lua) reads as full in the window of that
+-- instant: nothing more is admitted before the next window.
+ALG['fw'] = function(op, v, now, lim, win, cost, ttl, charge, fill, born)
   local ws = math.floor(now / win) * win
   local count = 0
+  local ws0, c0
   if v then
-    local ws0, c0 = struct.unpack('>I7I5', v)
+    ws0, c0 = struct.unpack('>I7I5', v)
+  else
+    local b = born()
+    if b > 0 then ws0, c0 = math.floor(b / win) * win, lim end
+  end
+  if ws0 then
     if ws0 > ws then ws = ws0 end
     if ws0 == ws then count = c0 end
   end

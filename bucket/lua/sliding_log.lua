@@ -6,8 +6,10 @@
 -- (microseconds), cost (whole tokens); 11 bytes each. Every record holds at
 -- least one token, so a log holds at most lim/1000 records (bounded by
 -- bucket.MaxSlidingLogCapacity times 1+overcommit). An empty log is deleted.
--- A denial writes nothing.
-ALG['sl'] = function(op, v, now, lim, win, cost, ttl, charge)
+-- A denial writes nothing. A missing log that the store may have lost at
+-- born() (see take.lua) reads as one entry at that instant holding the
+-- whole capacity (rounded up to a whole token).
+ALG['sl'] = function(op, v, now, lim, win, cost, ttl, charge, fill, born)
   local ts, cs, n = {}, {}, 0
   local t = now
   if v then
@@ -18,8 +20,14 @@ ALG['sl'] = function(op, v, now, lim, win, cost, ttl, charge)
       ts[n], cs[n] = a, c * 1000
       pos = np
     end
-    if n > 0 and ts[n] > t then t = ts[n] end
+  else
+    local b = born()
+    if b > 0 then
+      n = 1
+      ts[1], cs[1] = b, math.ceil(lim / 1000) * 1000
+    end
   end
+  if n > 0 and ts[n] > t then t = ts[n] end
   local first = 1
   while first <= n and ts[first] <= t - win do first = first + 1 end
   local sum = 0

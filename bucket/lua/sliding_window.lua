@@ -5,11 +5,19 @@
 --
 -- Stored value: struct '>I7I5I5' = window start (microseconds), previous
 -- window's count, current window's count (units). A denial writes nothing.
-ALG['sw'] = function(op, v, now, lim, win, cost, ttl, charge)
+-- A missing value that the store may have lost at born() (see take.lua)
+-- reads as a full count in the window of that instant.
+ALG['sw'] = function(op, v, now, lim, win, cost, ttl, charge, fill, born)
   local ws = math.floor(now / win) * win
   local prev, cur = 0, 0
+  local ws0, p0, c0
   if v then
-    local ws0, p0, c0 = struct.unpack('>I7I5I5', v)
+    ws0, p0, c0 = struct.unpack('>I7I5I5', v)
+  else
+    local b = born()
+    if b > 0 then ws0, p0, c0 = math.floor(b / win) * win, 0, lim end
+  end
+  if ws0 then
     if ws0 > ws then ws = ws0 end
     if ws0 == ws then
       prev, cur = p0, c0

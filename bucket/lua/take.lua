@@ -16,12 +16,26 @@
 -- ARGV[2]: '' to read Redis TIME (production); tests pass a time in
 --          microseconds here to drive a differential test. Nothing but the
 --          tests ever sets it.
--- ARGV[3+7*(i-1) .. 9+7*(i-1)] for KEYS[i]: algorithm code ('tb', 'fw',
+-- ARGV[3+9*(i-1) .. 11+9*(i-1)] for KEYS[i]: algorithm code ('tb', 'fw',
 --          'sw', 'sl'), capacity in units, p (refill in units per
 --          microsecond, or the window in microseconds), cost in units,
 --          idle TTL in milliseconds, field ('' for a string key), fill:
 --          the units a token bucket this call creates starts with (the
---          capacity: full; window algorithms ignore it).
+--          capacity: full; window algorithms ignore it), since: the
+--          instant (microseconds) the key's version came into force (0:
+--          long ago), guard: '1' to consult the group's loss marker, '0'
+--          not to.
+--
+-- Lost state: an absent bucket (never written, expired, or lost with the
+-- store's data) reads as one lost at born = the later of since and, with
+-- guard '1', the loss marker of its group: the string key rl:m:{g.<group>}
+-- (the bucket's hash tag, so the same slot), without TTL, holding the
+-- instant it was created. A call that needs the marker and finds none
+-- creates it at now: the store has lost its state (a restart without
+-- persistence, FLUSHALL, a failover to a replica that never had it) or is
+-- new. A bucket lost at born starts as the algorithm says (token bucket:
+-- empty at born; window algorithms: full in born's window); long after
+-- born this is what a new bucket starts with anyway.
 -- Reply: for each bucket five integers: allowed (1/0), capacity (units),
 --          remaining (units), retry-after (microseconds), reset-after
 --          (microseconds).
@@ -44,15 +58,17 @@ local PRUNE_SAMPLE = 4
 local op = ARGV[1]
 local now = now_us()
 local n = #KEYS
-if #ARGV ~= 2 + 7 * n then
-  return redis.error_reply('ERR bucket: want ' .. (2 + 7 * n) .. ' arguments, got ' .. #ARGV)
+local NARG = 9
+if #ARGV ~= 2 + NARG * n then
+  return redis.error_reply('ERR bucket: want ' .. (2 + NARG * n) .. ' arguments, got ' .. #ARGV)
 end
 if op ~= 't' and op ~= 'i' and op ~= 'r' then
   return redis.error_reply('ERR bucket: unknown operation ' .. tostring(op))
 end
 local fs, lims, ps, costs, ttls, fields, fills, vals = {}, {}, {}, {}, {}, {}, {}, {}
+local sinces, guards = {}, {}
 for i = 1, n do
-  local b = 2 + (i - 1) * 7
+  local b = 2 + (i - 1) * NARG
   local f = ALG[ARGV[b + 1]]
   if not f then
     return redis.error_reply('ERR bucket: unknown algorithm ' .. tostring(ARGV[b + 1]))
@@ -67,6 +83,14 @@ for i = 1, n do
   if not fills[i] or fills[i] < 0 or fills[i] > lims[i] then
     return redis.error_reply('ERR bucket: fill ' .. tostring(ARGV[b + 7]) .. ' outside 0..capacity')
   end
+  sinces[i] = tonumber(ARGV[b + 8])
+  if not sinces[i] or sinces[i] < 0 then
+    return redis.error_reply('ERR bucket: since ' .. tostring(ARGV[b + 8]) .. ' is not an instant')
+  end
+  if ARGV[b + 9] ~= '0' and ARGV[b + 9] ~= '1' then
+    return redis.error_reply('ERR bucket: guard ' .. tostring(ARGV[b + 9]) .. ', want 0 or 1')
+  end
+  guards[i] = ARGV[b + 9] == '1'
   if fields[i] ~= '' and not STALE[ARGV[b + 1]] then
     return redis.error_reply('ERR bucket: algorithm ' .. ARGV[b + 1] .. ' cannot live in a group hash')
   end
@@ -77,6 +101,28 @@ local function read(i)
     return redis.call('GET', KEYS[i])
   end
   return redis.call('HGET', KEYS[i], fields[i])
+end
+
+-- born returns the instant at which bucket cur may have been lost (see
+-- Lost state above); markers caches the markers this call has read.
+local cur
+local markers = {}
+local function born()
+  local b = 0
+  if guards[cur] then
+    local mk = 'rl:m:' .. (string.match(KEYS[cur], '{g%.%d+}') or KEYS[cur])
+    b = markers[mk]
+    if not b then
+      b = tonumber(redis.call('GET', mk) or '0') or 0
+      if b == 0 then
+        b = now
+        redis.call('SET', mk, string.format('%.0f', now))
+      end
+      markers[mk] = b
+    end
+  end
+  if sinces[cur] > b then b = sinces[cur] end
+  return b
 end
 
 local function prune(key, field, stale, ttl)
@@ -96,7 +142,8 @@ if pre then
     vals[i] = read(i)
   end
   for i = 1, n do
-    local ok = fs[i](op, vals[i], now, lims[i], ps[i], costs[i], ttls[i] * 1000, false, fills[i])
+    cur = i
+    local ok = fs[i](op, vals[i], now, lims[i], ps[i], costs[i], ttls[i] * 1000, false, fills[i], born)
     if not ok then
       charge = false
       break
@@ -107,7 +154,8 @@ local reply = {}
 for i = 1, n do
   local v
   if pre then v = vals[i] else v = read(i) end
-  local ok, rem, retry, reset, val = fs[i](op, v, now, lims[i], ps[i], costs[i], ttls[i] * 1000, charge, fills[i])
+  cur = i
+  local ok, rem, retry, reset, val = fs[i](op, v, now, lims[i], ps[i], costs[i], ttls[i] * 1000, charge, fills[i], born)
   if fields[i] == '' then
     if val == false then
       redis.call('DEL', KEYS[i])
@@ -121,7 +169,7 @@ for i = 1, n do
       local created = redis.call('HSET', KEYS[i], fields[i], val)
       redis.call('PEXPIRE', KEYS[i], ttls[i])
       if created == 1 then
-        prune(KEYS[i], fields[i], STALE[ARGV[2 + (i - 1) * 7 + 1]], ttls[i] * 1000)
+        prune(KEYS[i], fields[i], STALE[ARGV[2 + (i - 1) * NARG + 1]], ttls[i] * 1000)
       end
     end
   end

@@ -20,7 +20,12 @@
 -- A value whose ts is ttl or more before now reads as a missing one: a new
 -- bucket, which holds fill units (lim unless the region withholds part of
 -- its share from new buckets, bucket.Request.Withheld) and is written at
--- once when it holds less than lim, so that it refills from now.
+-- once when it holds less than lim, so that it refills from now. When the
+-- store may have lost the bucket less than ttl ago (born(), see take.lua:
+-- the group's loss marker or the key version's start), a missing bucket
+-- reads as one emptied at that instant instead: what refilled since, at
+-- most fill, written when below lim (with no refill it stays empty until
+-- ttl after the loss, and is not written).
 -- Limits.Validate makes ttl cover a full refill, and with no refill ttl is
 -- the allowance period. Every write moves ts to within one
 -- unit's refill time of now, so a field written within the last ttl is
@@ -30,10 +35,10 @@ STALE['tb'] = function(v, now, ttl)
   return now - ts0 >= ttl
 end
 
-ALG['tb'] = function(op, v, now, lim, rate, cost, ttl, charge, fill)
+ALG['tb'] = function(op, v, now, lim, rate, cost, ttl, charge, fill, born)
   local tokens, ts, write = lim, now, false
   local flim, frate = lim, rate
-  local live = false
+  local live, lost = false, false
   if v then
     local ts0, tok0, lim0 = struct.unpack('>I7I5I5', v)
     if now - ts0 < ttl then
@@ -49,8 +54,13 @@ ALG['tb'] = function(op, v, now, lim, rate, cost, ttl, charge, fill)
       end
     end
   end
-  if not live and fill < lim then
-    tokens, write = fill, true
+  if not live then
+    local b = born()
+    if b > 0 and now - b < ttl then
+      lost, tokens, ts = true, 0, b
+    elseif fill < lim then
+      tokens, write = fill, true
+    end
   end
   local t = now
   if ts > t then t = ts end
@@ -68,6 +78,10 @@ ALG['tb'] = function(op, v, now, lim, rate, cost, ttl, charge, fill)
     end
   end
   if flim < lim then ts = t end
+  if lost then
+    if tokens > fill then tokens, ts = fill, t end
+    write = tokens < lim and rate > 0
+  end
   local ok = true
   if op == 'r' then
     if cost > 0 then

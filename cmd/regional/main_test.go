@@ -109,13 +109,13 @@ func TestParse(t *testing.T) {
 	if err != nil || d.HTTPAddr != ":8080" || !d.GRPCReflection || !d.OTLPInsecure || d.OTLPEndpoint != "otel:4317" {
 		t.Fatalf("opened: %+v, %v", d, err)
 	}
-	c, err := parse([]string{"-etcd", "http://a:2379, http://b:2379", "-node-id", "eu-1.pod_7", "-redis-merge", "8",
+	c, err := parse([]string{"-etcd", "http://a:2379, http://b:2379", "-node-id", "eu-1.pod_7", "-redis-merge", "8", "-loss-guard",
 		"-envoy-plain-keys", "tenant,path", "-unknown-policy", "deny", "-store-timeout", "20ms"},
 		[]string{"QUOTA_REGION=eu-west", "QUOTA_NODE_ID=from-env", "QUOTA_RLS_HEADERS=draft", "QUOTA_REPORT_INTERVAL=2s"}, &out)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Region != "eu-west" || c.NodeID != "eu-1.pod_7" || c.RedisMerge != 8 || c.UnknownPolicy != regional.UnknownDeny ||
+	if c.Region != "eu-west" || c.NodeID != "eu-1.pod_7" || c.RedisMerge != 8 || !c.LossGuard || c.UnknownPolicy != regional.UnknownDeny ||
 		c.Headers != regional.HeadersDraft || c.StoreTimeout != 20*time.Millisecond || c.ReportInterval != 2*time.Second ||
 		!slices.Equal(c.EtcdEndpoints, []string{"http://a:2379", "http://b:2379"}) || !slices.Equal(c.EnvoyPlainKeys, []string{"tenant", "path"}) {
 		t.Fatalf("parsed %+v", c)

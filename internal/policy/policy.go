@@ -35,7 +35,9 @@ const DefaultFailureMode = FailLocal
 type Policy struct {
 	// Name is unique within a Set, [A-Za-z0-9_.-]{1,64}.
 	Name string
-	// Version is part of every bucket key: raising it starts fresh buckets.
+	// Version is part of every bucket key: raising it starts new buckets
+	// under new keys (which a regional node starts spent for a refill
+	// time, see KeyVersion).
 	Version uint32
 	// Subject names the identity the policy limits (tenant, account,
 	// api_key, ip, or an Envoy descriptor path), for documentation and
@@ -101,8 +103,12 @@ func (p *Policy) MinShareFor(region string) float64 {
 // KeyVersion returns the version used in bucket keys. It mixes Version with
 // the limits that give stored bucket state its meaning (algorithm,
 // capacity, refill, window), so raising the version or changing those
-// limits starts fresh buckets under new keys while the old keys expire by
+// limits starts new buckets under new keys while the old keys expire by
 // their TTL. Idle TTL, overcommit and failure settings do not change it.
+// A regional node that sees the key version change starts the buckets it
+// finds absent under the new key as spent at that instant for a refill
+// time (bucket.Request.Since): a subject may have spent its budget under
+// the old key, and an edit must not hand every region a fresh one.
 func (p *Policy) KeyVersion() uint32 {
 	h := fnv.New32a()
 	var b [8]byte

@@ -245,8 +245,9 @@ func (n *Node) policyItem(p *policy.Policy, subject string, valid bucket.Subject
 		return it, nil
 	}
 	it.live = n.live.set(p)
+	now := n.cfg.Clock.Now()
 	var verdict subjectVerdict
-	verdict, it.fresh = it.live.admit(subject, n.cfg.Clock.Now())
+	verdict, it.fresh = it.live.admit(subject, now)
 	switch verdict {
 	case subjectOverflow:
 		n.m.overflow.WithLabelValues(p.Name).Inc()
@@ -272,7 +273,8 @@ func (n *Node) policyItem(p *policy.Policy, subject string, valid bucket.Subject
 	case share > 1+p.Limits.Overcommit:
 		share = 1 + p.Limits.Overcommit
 	}
-	it.req = bucket.Request{Key: key, Limits: p.Limits, Share: share, Cost: cost}
+	it.req = bucket.Request{Key: key, Limits: p.Limits, Share: share, Cost: cost,
+		Since: n.versions.since(p, key.Version(), now)}
 	return it, nil
 }
 

@@ -78,3 +78,33 @@ func TestMainRedisMerge(t *testing.T) {
 		})
 	}
 }
+
+// TestMainLossGuard: -loss-guard reaches the Redis store. A new Redis
+// reads as one that lost its state: the first check of a subject is
+// denied (its bucket starts empty for a refill time) and the group's loss
+// marker is written; without the flag the same check is admitted.
+func TestMainLossGuard(t *testing.T) {
+	for _, guard := range []bool{false, true} {
+		t.Run(fmt.Sprint("guard=", guard), func(t *testing.T) {
+			srv := redistest.Start(t)
+			rc := srv.Client(t)
+			ac, _, _ := nodeAdmission(t, DaemonConfig{Policies: "../../examples/policies", Redis: srv.Addr,
+				LossGuard: guard, StoreTimeout: 5 * time.Second})
+			ctx := ctxT(t)
+			r, err := ac.Check(ctx, &quotav1.CheckRequest{Subject: "acme", Policies: []string{"exports"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Allowed == guard || r.Degraded != "" {
+				t.Fatalf("first check on a new Redis: %v, want allowed %v", r, !guard)
+			}
+			markers, err := rc.Keys(ctx, "rl:m:*").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (len(markers) == 1) != guard {
+				t.Fatalf("loss markers %v with guard %v", markers, guard)
+			}
+		})
+	}
+}

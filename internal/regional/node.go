@@ -66,6 +66,9 @@ type Node struct {
 	lastDegLog atomic.Int64
 	degSkipped atomic.Int64
 	draining   atomic.Bool // see Drain
+	// versions tells a check when its policy's key version changed (see
+	// keyVersions), for bucket.Request.Since.
+	versions keyVersions
 }
 
 // New validates cfg, fills in its defaults and returns a Node without
@@ -119,6 +122,7 @@ func (n *Node) SetPolicies(s *policy.Set) {
 	if s == nil {
 		return
 	}
+	n.versions.update(s, n.cfg.Clock.Now())
 	n.set.Store(s)
 	n.live.forget(s)
 	n.m.policies.Set(float64(s.Len()))

@@ -62,6 +62,15 @@ type DaemonConfig struct {
 	// one script call: 0 means bucket.DefaultMerge, 1 no merging, at most
 	// 256.
 	RedisMerge int
+	// LossGuard starts buckets conservatively after the primary store
+	// lost its state (bucket.RedisConfig.LossGuard; without Redis, the
+	// in-process store treats this process's start as such a loss):
+	// for one refill time after a Redis restart without persistence,
+	// FLUSHALL or a failover to an empty replica, a bucket it finds
+	// absent starts empty (token bucket) or full (window algorithms),
+	// as does every bucket of a new Redis. Every node sharing a Redis
+	// should set it alike.
+	LossGuard bool
 	// RedisTLS connects to Redis over TLS (files reloaded on change); it
 	// needs Redis.
 	RedisTLS RedisTLS
@@ -293,7 +302,10 @@ func Run(ctx context.Context, c DaemonConfig) error {
 		tp = sdk
 	}
 
-	local, err := bucket.NewMemory(bucket.MemoryConfig{Clock: clock.Real{}, MaxBuckets: c.LocalMaxBuckets})
+	// The in-process store guards against loss only as the primary: as
+	// the fallback of failure mode local its buckets start at the
+	// region's share divided among its nodes, as documented for that mode.
+	local, err := bucket.NewMemory(bucket.MemoryConfig{Clock: clock.Real{}, MaxBuckets: c.LocalMaxBuckets, LossGuard: c.LossGuard && c.Redis == ""})
 	if err != nil {
 		return fmt.Errorf("regional: local store: %w", err)
 	}
@@ -313,7 +325,8 @@ func Run(ctx context.Context, c DaemonConfig) error {
 		// rather than splitting them over two (pipelines twice as large,
 		// 10-13% less CPU per check for the node and for a Redis on the
 		// same core, bench-regional.sh).
-		rs, err := bucket.NewRedis(bucket.RedisConfig{Client: rc, Flushers: min(bucket.DefaultFlushers, runtime.GOMAXPROCS(0)), Merge: c.RedisMerge})
+		rs, err := bucket.NewRedis(bucket.RedisConfig{Client: rc, Flushers: min(bucket.DefaultFlushers, runtime.GOMAXPROCS(0)), Merge: c.RedisMerge,
+			LossGuard: c.LossGuard})
 		if err != nil {
 			return fmt.Errorf("regional: redis store: %w", err)
 		}
