@@ -115,11 +115,11 @@ func ClientIP(p Proxies) (SubjectFunc, error) {
 		if err != nil {
 			return Subject{}, err
 		}
-		if a.Is6() {
-			pre, _ := a.Prefix(64)
-			return Subject{Value: pre.String(), Hash: true}, nil
+		g, err := addrGroup(a, DefaultIPv6PrefixBits)
+		if err != nil {
+			return Subject{}, err
 		}
-		return Subject{Value: a.String(), Hash: true}, nil
+		return Subject{Value: g, Hash: true}, nil
 	}, nil
 }
 
