@@ -164,6 +164,9 @@ func TestIdentityAgainstNode(t *testing.T) {
 		}
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, req)
+		if rec.Code != http.StatusOK {
+			t.Logf("%s from %s: %d %s RateLimit %q", user, remote, rec.Code, strings.TrimSpace(rec.Body.String()), rec.Header().Get("RateLimit"))
+		}
 		return rec.Code
 	}
 	steps := []struct {

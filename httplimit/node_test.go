@@ -52,7 +52,11 @@ func startNode(t *testing.T, pols ...nodePolicy) (*client.Client, map[string]str
 	go func() {
 		errc <- regional.Run(ctx, regional.DaemonConfig{Region: "test", GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
 			Policies: path, Redis: redistest.Addr(t),
-			Logger: hclog.New(&hclog.LoggerOptions{Name: "regional", Output: out, Level: hclog.Warn}), Announce: out})
+			// A loaded test machine (-race, other packages) can take longer
+			// than the production 5 ms per store call; a slow call would be
+			// decided by the failure mode (closed) and read as a denial.
+			StoreTimeout: 2 * time.Second,
+			Logger:       hclog.New(&hclog.LoggerOptions{Name: "regional", Output: out, Level: hclog.Warn}), Announce: out})
 	}()
 	t.Cleanup(func() {
 		cancel()
