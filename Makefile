@@ -10,8 +10,8 @@ TEST_TIMEOUT ?= 14m
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-demo: ## run the local multi-region story on embedded defaults (DEMO_DURATION=20s to shorten)
-	$(GO) run ./cmd/demo -duration $(DEMO_DURATION)
+demo: ## run the local multi-region story on embedded defaults (DEMO_DURATION=20s to shorten); writes out/demo.svg
+	$(GO) run ./cmd/demo -duration $(DEMO_DURATION) -chart out/demo.svg
 
 test: ## install redis-server/protoc if missing, start Redis on a free loopback port, run every test with -race
 	scripts/with-redis.sh $(GO) test -race -timeout $(TEST_TIMEOUT) ./...
@@ -35,7 +35,7 @@ sim: ## the simulator's default sweep into out/sim
 build: ## build every command into bin/
 	$(GO) build -o bin/ ./cmd/...
 
-deps: ## install redis-server, redis-tools and protoc from Debian when missing
+deps: ## install redis-server, redis-tools, protoc, kubectl and promtool (prometheus) from Debian when missing
 	scripts/deps.sh
 
 clean: ## remove build and run outputs

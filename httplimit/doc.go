@@ -26,6 +26,28 @@
 // a parameter without "=" is an error, so that client text cannot swallow
 // the hop a proxy appends after it.
 //
+// Identify derives the subject in the documented order (tenant, then API
+// key, then user, then client address), folding the case of e-mail
+// addresses and grouping IPv6 clients by prefix, and hashes it.
+//
+// # Policies per request
+//
+// Config.Tiers and Config.Tier choose the policies per request (free,
+// pro, enterprise), from the request or from a claim an authenticating
+// middleware put in its context, so one handler serves every plan.
+//
+// # Several dimensions
+//
+// Config.Dimensions charges each request to further subjects beside its
+// own (the client address, the endpoint with Endpoint, the whole API with
+// Fixed), in one CheckBatch round trip. A request is admitted when every
+// dimension admits it, and the RateLimit fields carry the single most
+// restrictive result (MostRestrictive): the denial with the longest wait,
+// or the least remaining budget. The dimensions are separate checks, not
+// one all-or-nothing check: a request refused by one dimension has still
+// been charged by the others. That errs on the side of refusing; no
+// dimension ever admits past its limit.
+//
 // Units: Retry-After, t and w are whole seconds; q and r are cost units of
 // the policy.
 //

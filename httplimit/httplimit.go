@@ -34,24 +34,67 @@ type Policy struct {
 
 // Config configures a Limiter.
 type Config struct {
-	// Checker decides; required.
+	// Checker decides; required. With Dimensions it must also be a
+	// BatchChecker (as *client.Client is).
 	Checker Checker
-	// Policies are checked together, all or nothing; 1 to 16.
+	// Policies are checked together, all or nothing, for the subject; 1
+	// to 16. With Tiers they are the policies of requests whose Tier is
+	// "", and may be left empty (such requests are then refused).
 	Policies []Policy
 	// Subject derives the subject from a request; required.
 	Subject SubjectFunc
+	// Tiers maps a tier name (free, pro, enterprise) to the policies the
+	// subject is checked against for requests of that tier, 1 to 16 each,
+	// so one handler serves every plan. Nil: every request is checked
+	// against Policies.
+	Tiers map[string][]Policy
+	// Tier picks a request's tier, from the request itself or from a claim
+	// an authenticating middleware stored in its context; required with
+	// Tiers. An error, or a name that is neither in Tiers nor "" with
+	// Policies set, is answered through OnError.
+	Tier func(*http.Request) (string, error)
+	// Dimensions are further subjects charged for each request beside
+	// Subject (the client address, the endpoint, the whole API); at most
+	// MaxDimensions. A request is admitted when every dimension admits it;
+	// the headers show the most restrictive result.
+	Dimensions []Dimension
 	// Cost returns the request's cost; nil means 1.
 	Cost func(*http.Request) int64
-	// OnError answers when the subject cannot be derived or the checker
-	// fails. Nil: 400 with code INVALID_SUBJECT for subject errors, 503
-	// with code RATE_LIMIT_UNAVAILABLE for checker errors.
+	// OnError answers when the subject or tier cannot be derived or the
+	// checker fails. Nil: 400 with code INVALID_SUBJECT for subject
+	// errors, 400 with code INVALID_TIER for tier errors, 503 with code
+	// RATE_LIMIT_UNAVAILABLE for checker errors.
 	OnError func(w http.ResponseWriter, r *http.Request, err error)
+}
+
+// Dimension is one more subject a request is charged to, under its own
+// policies.
+type Dimension struct {
+	// Name names the dimension in errors ("ip", "endpoint", "global").
+	Name string
+	// Subject derives the dimension's subject; see Endpoint and Fixed for
+	// the endpoint and global dimensions.
+	Subject SubjectFunc
+	// Policies are checked for this subject, 1 to 16.
+	Policies []Policy
+}
+
+// MaxDimensions bounds Config.Dimensions.
+const MaxDimensions = 8
+
+// BatchChecker decides several requests in one round trip;
+// *client.Client satisfies it.
+type BatchChecker interface {
+	CheckBatch(ctx context.Context, reqs []client.Request) ([]client.Decision, error)
 }
 
 // Limiter is the middleware.
 type Limiter struct {
 	cfg     Config
 	names   []string
+	tiers   map[string][]string
+	dims    [][]string
+	batch   BatchChecker
 	windows map[string]time.Duration
 }
 
@@ -63,41 +106,96 @@ func New(cfg Config) (*Limiter, error) {
 	if cfg.Subject == nil {
 		return nil, fmt.Errorf("%w: no Subject function", ErrInvalidConfig)
 	}
-	if len(cfg.Policies) == 0 || len(cfg.Policies) > client.MaxPolicies {
-		return nil, fmt.Errorf("%w: %d policies, want 1 to %d", ErrInvalidConfig, len(cfg.Policies), client.MaxPolicies)
+	if (cfg.Tiers == nil) != (cfg.Tier == nil) {
+		return nil, fmt.Errorf("%w: Tiers and Tier go together", ErrInvalidConfig)
 	}
 	l := &Limiter{cfg: cfg, windows: map[string]time.Duration{}}
-	for i, p := range cfg.Policies {
-		if p.Name == "" || p.Window < 0 {
-			return nil, fmt.Errorf("%w: policy %d: empty name or negative window", ErrInvalidConfig, i)
+	var err error
+	if cfg.Tiers == nil || len(cfg.Policies) > 0 {
+		if l.names, err = l.policyNames("policies", cfg.Policies); err != nil {
+			return nil, err
 		}
-		if _, dup := l.windows[p.Name]; dup {
-			return nil, fmt.Errorf("%w: policy %q listed twice", ErrInvalidConfig, p.Name)
+	}
+	if cfg.Tiers != nil {
+		if len(cfg.Tiers) == 0 {
+			return nil, fmt.Errorf("%w: no tiers", ErrInvalidConfig)
 		}
-		l.names = append(l.names, p.Name)
-		l.windows[p.Name] = p.Window
+		l.tiers = make(map[string][]string, len(cfg.Tiers))
+		for tier, pols := range cfg.Tiers {
+			if tier == "" {
+				return nil, fmt.Errorf("%w: a tier without a name (use Policies for requests without a tier)", ErrInvalidConfig)
+			}
+			if l.tiers[tier], err = l.policyNames("tier "+strconv.Quote(tier), pols); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if len(cfg.Dimensions) > MaxDimensions {
+		return nil, fmt.Errorf("%w: %d dimensions, want at most %d", ErrInvalidConfig, len(cfg.Dimensions), MaxDimensions)
+	}
+	if len(cfg.Dimensions) > 0 {
+		b, ok := cfg.Checker.(BatchChecker)
+		if !ok {
+			return nil, fmt.Errorf("%w: Dimensions need a Checker that is also a BatchChecker", ErrInvalidConfig)
+		}
+		l.batch = b
+	}
+	for i, d := range cfg.Dimensions {
+		if d.Name == "" || d.Subject == nil {
+			return nil, fmt.Errorf("%w: dimension %d: no name or no Subject function", ErrInvalidConfig, i)
+		}
+		names, err := l.policyNames("dimension "+strconv.Quote(d.Name), d.Policies)
+		if err != nil {
+			return nil, err
+		}
+		l.dims = append(l.dims, names)
 	}
 	return l, nil
+}
+
+// policyNames validates one list of policies (what names it in errors)
+// and records their windows; a name may recur across lists only with one
+// window.
+func (l *Limiter) policyNames(what string, pols []Policy) ([]string, error) {
+	if len(pols) == 0 || len(pols) > client.MaxPolicies {
+		return nil, fmt.Errorf("%w: %s: %d policies, want 1 to %d", ErrInvalidConfig, what, len(pols), client.MaxPolicies)
+	}
+	names := make([]string, 0, len(pols))
+	seen := make(map[string]bool, len(pols))
+	for i, p := range pols {
+		if p.Name == "" || p.Window < 0 {
+			return nil, fmt.Errorf("%w: %s: policy %d: empty name or negative window", ErrInvalidConfig, what, i)
+		}
+		if seen[p.Name] {
+			return nil, fmt.Errorf("%w: %s: policy %q listed twice", ErrInvalidConfig, what, p.Name)
+		}
+		seen[p.Name] = true
+		if w, ok := l.windows[p.Name]; ok && w != p.Window {
+			return nil, fmt.Errorf("%w: %s: policy %q has windows %v and %v", ErrInvalidConfig, what, p.Name, w, p.Window)
+		}
+		l.windows[p.Name] = p.Window
+		names = append(names, p.Name)
+	}
+	return names, nil
 }
 
 // Wrap returns next behind the limiter.
 func (l *Limiter) Wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		subj, err := l.cfg.Subject(r)
+		reqs, err := l.requests(r)
 		if err != nil {
-			l.fail(w, r, fmt.Errorf("%w: %w", errSubject, err))
+			l.fail(w, r, err)
 			return
 		}
-		var cost int64 = 1
-		if l.cfg.Cost != nil {
-			cost = l.cfg.Cost(r)
+		var d client.Decision
+		if len(reqs) == 1 {
+			d, err = l.cfg.Checker.Check(r.Context(), reqs[0])
+		} else {
+			var ds []client.Decision
+			if ds, err = l.batch.CheckBatch(r.Context(), reqs); err == nil {
+				d = MostRestrictive(ds)
+			}
 		}
-		d, err := l.cfg.Checker.Check(r.Context(), client.Request{
-			Subject:     subj.Value,
-			HashSubject: subj.Hash,
-			Policies:    l.names,
-			Cost:        cost,
-		})
 		if err != nil {
 			l.fail(w, r, fmt.Errorf("httplimit: check: %w", err))
 			return
@@ -111,7 +209,107 @@ func (l *Limiter) Wrap(next http.Handler) http.Handler {
 	})
 }
 
-var errSubject = errors.New("httplimit: no subject")
+// requests builds r's checks: the subject under its tier's policies, then
+// one per dimension.
+func (l *Limiter) requests(r *http.Request) ([]client.Request, error) {
+	names := l.names
+	if l.tiers != nil {
+		tier, err := l.cfg.Tier(r)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", errTier, err)
+		}
+		if tier != "" {
+			names = l.tiers[tier]
+		}
+		if names == nil {
+			return nil, fmt.Errorf("%w: unknown tier %q", errTier, tier)
+		}
+	}
+	subj, err := l.cfg.Subject(r)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errSubject, err)
+	}
+	var cost int64 = 1
+	if l.cfg.Cost != nil {
+		cost = l.cfg.Cost(r)
+	}
+	reqs := make([]client.Request, 0, 1+len(l.dims))
+	reqs = append(reqs, client.Request{Subject: subj.Value, HashSubject: subj.Hash, Policies: names, Cost: cost})
+	for i, d := range l.cfg.Dimensions {
+		s, err := d.Subject(r)
+		if err != nil {
+			return nil, fmt.Errorf("%w: dimension %s: %w", errSubject, d.Name, err)
+		}
+		reqs = append(reqs, client.Request{Subject: s.Value, HashSubject: s.Hash, Policies: l.dims[i], Cost: cost})
+	}
+	return reqs, nil
+}
+
+// MostRestrictive folds the decisions of one request's dimensions into
+// one: allowed only when every one is, degraded when any is, and carrying
+// the single most restrictive policy result: the denial that asks to wait
+// longest, or when nothing denied, the least remaining budget (the longer
+// reset on a tie). A client-made denial (no policy results) counts as a
+// denial with its RetryAfter.
+func MostRestrictive(ds []client.Decision) client.Decision {
+	out := client.Decision{Allowed: true}
+	var best client.PolicyDecision
+	found := false
+	var clientWait time.Duration
+	clientDenied := false
+	for _, d := range ds {
+		out.Allowed = out.Allowed && d.Allowed
+		out.Replayed = out.Replayed || d.Replayed
+		if out.Degraded == "" {
+			out.Degraded, out.Cause = d.Degraded, d.Cause
+		}
+		pols := d.Policies
+		if len(pols) == 0 && d.DecidedBy != "" {
+			// A decision without per-policy results still names its bucket.
+			pols = []client.PolicyDecision{{Policy: d.DecidedBy, Allowed: d.Allowed, Limit: d.Limit,
+				Remaining: d.Remaining, RetryAfter: d.RetryAfter, ResetAfter: d.ResetAfter}}
+		}
+		if len(pols) == 0 && !d.Allowed {
+			clientDenied, clientWait = true, max(clientWait, d.RetryAfter)
+		}
+		for _, p := range pols {
+			if !found || moreRestrictive(p, best) {
+				best, found = p, true
+			}
+		}
+	}
+	if clientDenied && (!found || best.Allowed || clientWait > best.RetryAfter) {
+		out.RetryAfter = clientWait
+		return out
+	}
+	if found {
+		out.DecidedBy, out.Limit, out.Remaining = best.Policy, best.Limit, best.Remaining
+		out.RetryAfter, out.ResetAfter = best.RetryAfter, best.ResetAfter
+		out.Policies = []client.PolicyDecision{best}
+	}
+	return out
+}
+
+// moreRestrictive reports whether p restricts more than q: a denial over
+// an admission, the longer wait between denials, the smaller remaining
+// budget (then the longer reset) between admissions.
+func moreRestrictive(p, q client.PolicyDecision) bool {
+	switch {
+	case p.Allowed != q.Allowed:
+		return !p.Allowed
+	case !p.Allowed:
+		return p.RetryAfter > q.RetryAfter
+	case p.Remaining != q.Remaining:
+		return p.Remaining < q.Remaining
+	default:
+		return p.ResetAfter > q.ResetAfter
+	}
+}
+
+var (
+	errSubject = errors.New("httplimit: no subject")
+	errTier    = errors.New("httplimit: no tier")
+)
 
 func (l *Limiter) fail(w http.ResponseWriter, r *http.Request, err error) {
 	if l.cfg.OnError != nil {
@@ -120,6 +318,10 @@ func (l *Limiter) fail(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	if errors.Is(err, errSubject) {
 		writeError(w, http.StatusBadRequest, "INVALID_SUBJECT", "the request does not identify who is calling", nil)
+		return
+	}
+	if errors.Is(err, errTier) {
+		writeError(w, http.StatusBadRequest, "INVALID_TIER", "the request names no known plan", nil)
 		return
 	}
 	writeError(w, http.StatusServiceUnavailable, "RATE_LIMIT_UNAVAILABLE", "admission control is unavailable, retry later", nil)

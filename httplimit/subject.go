@@ -115,11 +115,11 @@ func ClientIP(p Proxies) (SubjectFunc, error) {
 		if err != nil {
 			return Subject{}, err
 		}
-		if a.Is6() {
-			pre, _ := a.Prefix(64)
-			return Subject{Value: pre.String(), Hash: true}, nil
+		g, err := addrGroup(a, DefaultIPv6PrefixBits)
+		if err != nil {
+			return Subject{}, err
 		}
-		return Subject{Value: a.String(), Hash: true}, nil
+		return Subject{Value: g, Hash: true}, nil
 	}, nil
 }
 
@@ -287,4 +287,29 @@ func parseHost(s string) (netip.Addr, error) {
 		}
 	}
 	return netip.Addr{}, errors.New("not an IP address")
+}
+
+// Endpoint charges requests to the route pattern mux would serve them
+// with ("GET /exports/{id}"), so that each endpoint has one budget
+// whatever its path parameters; requests mux has no route for share the
+// subject "unmatched". The number of subjects is bounded by the patterns
+// registered. The pattern is hashed by the node.
+func Endpoint(mux *http.ServeMux) SubjectFunc {
+	return func(r *http.Request) (Subject, error) {
+		_, pattern := mux.Handler(r)
+		if pattern == "" {
+			pattern = "unmatched"
+		}
+		return Subject{Value: pattern, Hash: true}, nil
+	}
+}
+
+// Fixed charges every request to one subject, such as "all" for a limit
+// on the whole API. It returns an error wrapping ErrInvalidConfig when
+// name is not a valid subject.
+func Fixed(name string) (SubjectFunc, error) {
+	if err := bucket.ValidateSubject(name); err != nil {
+		return nil, fmt.Errorf("%w: fixed subject: %w", ErrInvalidConfig, err)
+	}
+	return func(*http.Request) (Subject, error) { return Subject{Value: name}, nil }, nil
 }

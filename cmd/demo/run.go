@@ -22,6 +22,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	serve := fs.Bool("serve", false, "keep the deployment serving after the story, printing its ports, until Ctrl-C")
 	embedded := fs.Bool("embedded", false, "use the in-process store even when redis-server is installed")
 	plain := fs.Bool("plain", false, "print plain lines instead of a refreshing table")
+	chart := fs.String("chart", "", "write an SVG chart of the run (admitted rate and share per region against the global line, phases marked) to this path")
 	rebalance := fs.Duration("rebalance-interval", time.Second, "the coordinator's rebalance interval")
 	leaseTTL := fs.Duration("lease-ttl", 3*time.Second, "the regions' lease TTL: a failed region's share moves after it plus a 500ms skew margin")
 	agree := fs.Bool("agree", false, "instead of the story, run a simulator scenario both in the simulator and live, and compare overshoot and under-admission")
@@ -44,7 +45,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return errors.New("-scenario needs -agree")
 	}
 	cfg := demo.Config{Duration: *duration, Serve: *serve, Out: stdout, Embedded: *embedded,
-		RebalanceInterval: *rebalance, LeaseTTL: *leaseTTL}
+		RebalanceInterval: *rebalance, LeaseTTL: *leaseTTL, Chart: *chart}
 	if *plain {
 		f := false
 		cfg.Terminal = &f

@@ -16,7 +16,19 @@
 // id from the header named by -header (default X-Tenant), "apikey" hashes
 // that header's value on the node, "ip" uses the client address (believing
 // the one header named by -forwarded-header, and only from
-// -trusted-proxies).
+// -trusted-proxies), and "identity" takes the first of X-Tenant, X-Api-Key,
+// X-User (set by an authenticating proxy; e-mail addresses case folded)
+// and the client address (IPv6 by /64), normalized and hashed
+// (httplimit.Identify).
+//
+// Plans: -tiers free=exports-free,pro=exports-pro with -tier-header X-Plan
+// checks each request against its plan's policy (-policy for requests
+// without a plan). Dimensions: -ip-policy, -endpoint-policy and
+// -global-policy charge each request also to its client address, its
+// route and the whole service; the RateLimit fields then show the most
+// restrictive result.
+//
+//	curl -i -H 'X-Tenant: acme' -H 'X-Plan: pro' http://127.0.0.1:8000/exports
 package main
 
 import (
@@ -54,6 +66,12 @@ type options struct {
 	listen, node, policy, subject, header, unreachable string
 	window, timeout                                    time.Duration
 	proxies                                            httplimit.Proxies
+	// tiers maps a plan to its policy; tierHeader names the plan header.
+	tiers      map[string]string
+	tierHeader string
+	// ipPolicy, endpointPolicy and globalPolicy name the further
+	// dimensions' policies ("" leaves a dimension out).
+	ipPolicy, endpointPolicy, globalPolicy string
 }
 
 func parse(args []string, out io.Writer) (options, error) {
@@ -65,14 +83,33 @@ func parse(args []string, out io.Writer) (options, error) {
 	fs.StringVar(&o.node, "node", "127.0.0.1:8081", "gRPC address of a regional node")
 	fs.StringVar(&o.policy, "policy", "exports", "policy that limits /exports")
 	fs.DurationVar(&o.window, "window", 0, "the policy's window shown as w in RateLimit-Policy (for a token bucket: capacity / refill); 0 leaves it out")
-	fs.StringVar(&o.subject, "subject", "tenant", "who is charged: tenant (header value as is), apikey (header value hashed) or ip")
+	fs.StringVar(&o.subject, "subject", "tenant", "who is charged: tenant (header value as is), apikey (header value hashed), ip, or identity (X-Tenant, then X-Api-Key, then X-User, then the address)")
 	fs.StringVar(&o.header, "header", "X-Tenant", "header holding the tenant id or API key")
 	fs.StringVar(&trusted, "trusted-proxies", "", "comma-separated proxy prefixes whose -forwarded-header is believed (with -subject ip)")
 	fs.StringVar(&o.proxies.Header, "forwarded-header", "X-Forwarded-For", "the one forwarding header the trusted proxies set: X-Forwarded-For, Forwarded or another address list; any other is ignored")
 	fs.StringVar(&o.unreachable, "unreachable", "error", "when the node cannot answer: error (503), open (admit) or closed (deny)")
 	fs.DurationVar(&o.timeout, "timeout", 250*time.Millisecond, "deadline of one check")
+	var tiers string
+	fs.StringVar(&tiers, "tiers", "", "plan=policy pairs, comma-separated (free=exports-free,pro=exports-pro): each plan's policy; -policy serves requests without a plan")
+	fs.StringVar(&o.tierHeader, "tier-header", "X-Plan", "with -tiers: the header holding the caller's plan (set by an authenticating proxy)")
+	fs.StringVar(&o.ipPolicy, "ip-policy", "", "also charge the client address to this policy")
+	fs.StringVar(&o.endpointPolicy, "endpoint-policy", "", "also charge the route (one budget per endpoint) to this policy")
+	fs.StringVar(&o.globalPolicy, "global-policy", "", "also charge the whole service (subject \"all\") to this policy")
 	if err := fs.Parse(args); err != nil {
 		return o, err
+	}
+	for _, pair := range strings.Split(tiers, ",") {
+		if pair = strings.TrimSpace(pair); pair == "" {
+			continue
+		}
+		plan, pol, ok := strings.Cut(pair, "=")
+		if !ok || plan == "" || pol == "" {
+			return o, fmt.Errorf("-tiers: %q is not plan=policy", pair)
+		}
+		if o.tiers == nil {
+			o.tiers = map[string]string{}
+		}
+		o.tiers[plan] = pol
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
@@ -106,22 +143,62 @@ func handler(o options, c httplimit.Checker) (http.Handler, error) {
 		if subject, err = httplimit.ClientIP(o.proxies); err != nil {
 			return nil, fmt.Errorf("-forwarded-header: %w", err)
 		}
+	case "identity":
+		subject, err = httplimit.Identify(httplimit.Identity{
+			TenantHeader: "X-Tenant", APIKeyHeader: "X-Api-Key",
+			User:    func(r *http.Request) string { return r.Header.Get("X-User") },
+			Proxies: o.proxies,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("-subject identity: %w", err)
+		}
 	default:
-		return nil, fmt.Errorf("-subject %q, want tenant, apikey or ip", o.subject)
+		return nil, fmt.Errorf("-subject %q, want tenant, apikey, ip or identity", o.subject)
 	}
-	limiter, err := httplimit.New(httplimit.Config{
+	// The routes, known before the limiter so that the endpoint
+	// dimension charges each route pattern.
+	routes := http.NewServeMux()
+	routes.HandleFunc("POST /exports", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]string{"status": "export queued"})
+	})
+	cfg := httplimit.Config{
 		Checker:  c,
 		Policies: []httplimit.Policy{{Name: o.policy, Window: o.window}},
 		Subject:  subject,
-	})
+	}
+	if len(o.tiers) > 0 {
+		cfg.Tiers = map[string][]httplimit.Policy{}
+		for plan, pol := range o.tiers {
+			cfg.Tiers[plan] = []httplimit.Policy{{Name: pol, Window: o.window}}
+		}
+		header := o.tierHeader
+		cfg.Tier = func(r *http.Request) (string, error) { return strings.TrimSpace(r.Header.Get(header)), nil }
+	}
+	if o.ipPolicy != "" {
+		ip, err := httplimit.ClientIP(o.proxies)
+		if err != nil {
+			return nil, fmt.Errorf("-ip-policy: %w", err)
+		}
+		cfg.Dimensions = append(cfg.Dimensions, httplimit.Dimension{Name: "ip", Subject: ip, Policies: []httplimit.Policy{{Name: o.ipPolicy}}})
+	}
+	if o.endpointPolicy != "" {
+		cfg.Dimensions = append(cfg.Dimensions, httplimit.Dimension{Name: "endpoint", Subject: httplimit.Endpoint(routes),
+			Policies: []httplimit.Policy{{Name: o.endpointPolicy}}})
+	}
+	if o.globalPolicy != "" {
+		all, err := httplimit.Fixed("all")
+		if err != nil {
+			return nil, err
+		}
+		cfg.Dimensions = append(cfg.Dimensions, httplimit.Dimension{Name: "global", Subject: all, Policies: []httplimit.Policy{{Name: o.globalPolicy}}})
+	}
+	limiter, err := httplimit.New(cfg)
 	if err != nil {
 		return nil, err
 	}
 	mux := http.NewServeMux()
-	mux.Handle("POST /exports", limiter.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(map[string]string{"status": "export queued"})
-	})))
+	mux.Handle("POST /exports", limiter.Wrap(routes))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
 	return mux, nil
 }

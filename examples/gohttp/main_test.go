@@ -62,13 +62,9 @@ func start(t *testing.T, name string, re *regexp.Regexp, fn func(ctx context.Con
 	}
 }
 
-// startNode runs a real regional node (regional.Run, standalone, the
-// in-process store) with one policy: exports, burst 3, refill 0.5/s.
-func startNode(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	pol := filepath.Join(dir, "policies.yaml")
-	doc := `policies:
+// exportsDoc is the node's policy file for most tests: exports, burst 3,
+// refill 0.5/s.
+const exportsDoc = `policies:
   - name: exports
     version: 1
     subject: tenant
@@ -76,6 +72,13 @@ func startNode(t *testing.T) string {
     refill_per_second: 0.5
     failure_mode: closed
 `
+
+// startNode runs a real regional node (regional.Run, standalone, the
+// in-process store) with the policies of doc.
+func startNode(t *testing.T, doc string) string {
+	t.Helper()
+	dir := t.TempDir()
+	pol := filepath.Join(dir, "policies.yaml")
 	if err := os.WriteFile(pol, []byte(doc), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -101,12 +104,21 @@ type answer struct {
 
 func post(t *testing.T, url, tenant string) answer {
 	t.Helper()
+	h := map[string]string{}
+	if tenant != "" {
+		h["X-Tenant"] = tenant
+	}
+	return postWith(t, url, h)
+}
+
+func postWith(t *testing.T, url string, headers map[string]string) answer {
+	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, url+"/exports", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tenant != "" {
-		req.Header.Set("X-Tenant", tenant)
+	for k, v := range headers {
+		req.Header.Set(k, v)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -128,7 +140,7 @@ func post(t *testing.T, url, tenant string) answer {
 // fields counting down, then 429 with Retry-After; another tenant is not
 // affected.
 func TestAgainstRegionalNode(t *testing.T) {
-	node := startNode(t)
+	node := startNode(t, exportsDoc)
 	url := startService(t, "-node", node, "-policy", "exports", "-window", "6s")
 	wantPolicy := `"exports";q=3;w=6`
 	for i, wantR := range []string{"2", "1", "0"} {
@@ -169,6 +181,44 @@ func TestAgainstRegionalNode(t *testing.T) {
 	}
 }
 
+// TestPlansIdentityAndDimensions: the service with -subject identity,
+// plans (-tiers) and an address and a global dimension, against a real
+// regional node: two spellings of one e-mail share a budget, the pro plan
+// gets its own policy, the RateLimit fields show the most restrictive
+// dimension, which then refuses; an unknown plan is a 400.
+func TestPlansIdentityAndDimensions(t *testing.T) {
+	node := startNode(t, `policies:
+  - {name: exports, subject: user, capacity: 1, refill_per_second: 0.001, failure_mode: closed}
+  - {name: exports-pro, subject: tenant, capacity: 4, refill_per_second: 0.001, failure_mode: closed}
+  - {name: per-ip, subject: ip, capacity: 5, refill_per_second: 0.001, failure_mode: closed}
+  - {name: everything, subject: all, capacity: 100, refill_per_second: 0.001, failure_mode: closed}
+`)
+	url := startService(t, "-node", node, "-subject", "identity", "-tiers", "pro=exports-pro",
+		"-ip-policy", "per-ip", "-global-policy", "everything")
+	pro := map[string]string{"X-Tenant": "globex", "X-Plan": "pro"}
+	steps := []struct {
+		headers   map[string]string
+		code      int
+		rateLimit string // prefix
+	}{
+		{map[string]string{"X-User": "Bob@Example.com"}, 200, `"exports";r=0;`},
+		{map[string]string{"X-User": "bob@example.COM"}, 429, `"exports";r=0;`},
+		{pro, 200, `"per-ip";r=2;`},
+		{pro, 200, `"per-ip";r=1;`},
+		{pro, 200, `"per-ip";r=0;`},
+		{pro, 429, `"per-ip";r=0;`},
+	}
+	for i, s := range steps {
+		a := postWith(t, url, s.headers)
+		if a.code != s.code || !strings.HasPrefix(a.rateLimit, s.rateLimit) {
+			t.Errorf("step %d: %d RateLimit %q, want %d %s… (%v)", i, a.code, a.rateLimit, s.code, s.rateLimit, a.body)
+		}
+	}
+	if a := postWith(t, url, map[string]string{"X-Tenant": "initech", "X-Plan": "platinum"}); a.code != 400 || a.body["error"]["code"] != "INVALID_TIER" {
+		t.Errorf("unknown plan: %d %v", a.code, a.body)
+	}
+}
+
 // TestNodeUnreachable: with no node the service answers per -unreachable.
 func TestNodeUnreachable(t *testing.T) {
 	cases := []struct {
@@ -197,6 +247,8 @@ func TestBadFlags(t *testing.T) {
 		{"-trusted-proxies", "10.0.0.0/99"},
 		{"-timeout", "0s"},
 		{"-window", "-1s"},
+		{"-tiers", "pro"},
+		{"-subject", "identity", "-trusted-proxies", "10.0.0.0/8", "-forwarded-header", ""},
 		{"extra"},
 	}
 	for _, args := range cases {

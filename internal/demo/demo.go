@@ -35,6 +35,9 @@ type Config struct {
 	// in a real regional failure. Default for the default story: us-east
 	// fails when its traffic fails over.
 	FailOnPhase map[int][]string
+	// Chart, when set, is the path Run writes the run's picture to (an SVG:
+	// see Chart) and prints after the summary.
+	Chart string
 }
 
 // Summary is what a run measured.
@@ -46,8 +49,10 @@ type Summary struct {
 	PhaseAdmitted, PhaseOffered []float64
 	// PhaseShares are the shares reported at the end of each phase.
 	PhaseShares [][]float64
-	Errors      int64
-	Shed        int64
+	// ChartPath is the absolute path of the chart written, if any.
+	ChartPath string
+	Errors    int64
+	Shed      int64
 	// Degraded counts decisions a failure mode made instead of the store.
 	Degraded int64
 	Dropped  int64
@@ -134,6 +139,8 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	sum := &Summary{Store: store, PhaseShares: make([][]float64, len(story.Phases))}
 	start := time.Now()
 	view := &View{Out: cfg.Out, Terminal: terminal, Story: story}
+	chart := ChartOf(story)
+	chart.AddShares(0, rec.Rates(0, 1).Share)
 	// Shares as the coordinator published them for the story's subject.
 	shareCtx, shareCancel := context.WithCancel(ctx)
 	shareDone := make(chan struct{})
@@ -176,7 +183,9 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 				return
 			case <-t.C:
 				now := time.Since(start)
-				view.Show(now, rec.Rates(now-time.Second, now))
+				w := rec.Rates(now-time.Second, now)
+				chart.AddShares(now, w.Share)
+				view.Show(now, w)
 			}
 		}
 	}()
@@ -210,6 +219,14 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 		from = end
 	}
 	printSummary(cfg.Out, story, sum)
+	if cfg.Chart != "" {
+		chart.AddShares(min(time.Since(start), story.Length()), rec.Rates(0, 1).Share)
+		chart.FillAdmitted(rec, story.Length())
+		if sum.ChartPath, err = WriteChartFile(cfg.Chart, chart); err != nil {
+			return sum, err
+		}
+		say("chart of the run (admitted rate and share per region, global line, phases): %s", sum.ChartPath)
+	}
 	if runErr != nil {
 		return sum, runErr
 	}

@@ -3,6 +3,8 @@ package demo
 import (
 	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,13 +15,14 @@ import (
 // for an 18 s story and checks the summary: the global line held, shares
 // followed the campaign and, after us-east was cut off from etcd, its
 // share moved to eu-west (lease 3 s + skew margin 0.5 s + a round fit in
-// the 6 s failover phase), everything stopped.
+// the 6 s failover phase), everything stopped; the run's chart is written.
 func TestRunShortStory(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 80*time.Second)
 	defer cancel()
 	var out bytes.Buffer
 	plain := false
-	sum, err := Run(ctx, Config{Duration: 18 * time.Second, Out: &out, Terminal: &plain})
+	chartPath := filepath.Join(t.TempDir(), "out", "run.svg")
+	sum, err := Run(ctx, Config{Duration: 18 * time.Second, Out: &out, Terminal: &plain, Chart: chartPath})
 	t.Log(out.String())
 	if err != nil {
 		t.Fatal(err)
@@ -29,6 +32,20 @@ func TestRunShortStory(t *testing.T) {
 			t.Errorf("output lacks %q", want)
 		}
 	}
+	// The chart: printed, well formed, every region and phase on it.
+	if !strings.Contains(out.String(), "chart of the run (admitted rate and share per region, global line, phases): "+sum.ChartPath) {
+		t.Errorf("output does not print the chart's path %q", sum.ChartPath)
+	}
+	raw, err := os.ReadFile(chartPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	story := PartnerStory(18*time.Second, 100)
+	var phases []string
+	for _, p := range story.Phases {
+		phases = append(phases, p.Name)
+	}
+	checkChart(t, raw, story.Regions, phases)
 	f := sum.Figures
 	if f.Offered < 500 || f.Admitted == 0 {
 		t.Fatalf("offered %d admitted %d: the driver did not run", f.Offered, f.Admitted)

@@ -359,6 +359,7 @@ func (n *Node) checkNow(ctx context.Context, now time.Time, c *check) (*quotav1.
 			resp.Policies[decider].Allowed = false
 		}
 	}
+	traceDecision(span, c.items, out, resp.DecidedBy)
 	return resp, nil
 }
 

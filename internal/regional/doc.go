@@ -182,7 +182,9 @@
 // carries a subject or a key. Logs are hclog; sampled decision logs carry a
 // one-way hash of the subject only. Checks and their store calls are traced
 // with OpenTelemetry (spans "regional.Check", "regional.ShouldRateLimit" and
-// "bucket.TakeAll" under otelgrpc's server span).
+// "bucket.TakeAll" under otelgrpc's server span). A check's span carries
+// quota.policies, quota.allowed, quota.decided_by and quota.degraded, never
+// the subject, raw or hashed.
 //
 // # Concurrency and zero values
 //

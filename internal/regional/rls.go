@@ -104,6 +104,7 @@ func (r *rls) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) 
 	}
 	r.n.account(ec.items, out)
 	r.n.logDecision("envoy", req.GetDomain(), ec.items, out)
+	traceDecision(span, ec.items, out, "")
 	refunded := r.n.refund(ctx, now, ec.refunds)
 
 	// The reply's messages are allocated in blocks, one per kind, rather
