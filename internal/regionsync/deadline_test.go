@@ -40,3 +40,24 @@ func TestStalledAllocationWatchFallsBack(t *testing.T) {
 	s.holdAllocWatch.Store(false)
 	waitFor(t, 10*time.Second, "the published share once the watch delivers again", func() bool { return s.Ready() && s.Share("p", "x") == 0.6 })
 }
+
+// TestFallbackNeverRaisesAShare: a node that loses its lease enforces the
+// lower of its safe share and the share it held, so a safe share above
+// the held one (a raised minimum not yet granted by a growth) is not
+// taken on top of what the other regions hold.
+func TestFallbackNeverRaisesAShare(t *testing.T) {
+	srv := etcdtest.Start(t)
+	c := srv.Client(t)
+	putJSON(t, c, lay.Alloc("p"), alloc("p", 1, map[string]float64{"eu": 0.1}, map[string]float64{"eu": 0.3},
+		map[string]map[string]float64{"hot": {"eu": 0.5}}))
+	s, _ := start(t, srv, Config{Node: "n1", LeaseTTL: 10 * time.Second})
+	waitFor(t, 5*time.Second, "the published shares", func() bool { return s.Ready() && s.Share("p", "x") == 0.1 })
+	srv.Stop() // closing etcd deletes the registration: a lost lease
+	waitFor(t, 5*time.Second, "the fallback", s.Lost)
+	if got := s.Share("p", "x"); got != 0.1 {
+		t.Errorf("fallback share of a subject held at 0.1 with safe share 0.3: %v, want 0.1", got)
+	}
+	if got := s.Share("p", "hot"); got != 0.3 {
+		t.Errorf("fallback share of a subject held at 0.5 with safe share 0.3: %v, want 0.3", got)
+	}
+}

@@ -214,6 +214,17 @@ func (s *Syncer) shareOf(ps *policyShares, lost bool, policy, subject string) fl
 		}
 	}
 	if ps.hasSafe {
+		// Falling back never raises a share: a safe share published above
+		// the share the region held (an operator raised a minimum) is the
+		// leader's to grant with a growth, not the node's to take.
+		if ps.valid {
+			if v, ok := ps.override[subject]; ok {
+				return min(ps.safe, v)
+			}
+			if ps.hasDef {
+				return min(ps.safe, ps.def)
+			}
+		}
 		return ps.safe
 	}
 	return s.minShare(policy)
