@@ -112,6 +112,45 @@ type View struct {
 type Node struct {
 	// Acked maps policy to the latest epoch the node acknowledged.
 	Acked map[string]uint64
+	// Fingerprint identifies what decides a subject's bucket on the node:
+	// its policies and their versions, its subject naming (salt, plain
+	// keys, address grouping). Nodes that disagree count one tenant as
+	// different subjects or limits; empty: not reported.
+	Fingerprint string
+}
+
+// Mismatched lists the live regions that a round does not count as live
+// because a node of theirs reports a fingerprint other than the one most
+// nodes report (ties: the smallest), sorted.
+func (v *View) Mismatched() []string {
+	votes := map[string]int{}
+	for _, nodes := range v.Regions {
+		for _, n := range nodes {
+			if n.Fingerprint != "" {
+				votes[n.Fingerprint]++
+			}
+		}
+	}
+	if len(votes) < 2 {
+		return nil
+	}
+	best := ""
+	for fp, n := range votes {
+		if best == "" || n > votes[best] || n == votes[best] && fp < best {
+			best = fp
+		}
+	}
+	var out []string
+	for r, nodes := range v.Regions {
+		for _, n := range nodes {
+			if n.Fingerprint != "" && n.Fingerprint != best {
+				out = append(out, r)
+				break
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // nodeKey names a node within the leader's view.

@@ -41,6 +41,9 @@ type Decision struct {
 	// growth stopped waiting for at the deadline (Params.AckDeadline):
 	// they count at their safe shares, to which they fell back.
 	Missed []string
+	// Mismatched lists the live regions the split did not count as live
+	// (View.Mismatched): they get their minimum until their nodes agree.
+	Mismatched []string
 }
 
 // Plan computes one round for policy p, whose allocation in force is cur
@@ -91,7 +94,8 @@ func (l *Leader) Plan(now time.Time, v *View, p Policy, cur *Allocation, ctl Con
 		return d
 	}
 	held := l.held(now, v, p.Name, cur)
-	next, regions, safe, err := l.proposal(v, &p, cur, ctl, held)
+	d.Mismatched = v.Mismatched()
+	next, regions, safe, err := l.proposal(v, &p, cur, ctl, held, d.Mismatched)
 	if err != nil {
 		d.Note = err.Error()
 		return d
@@ -211,7 +215,7 @@ func (l *Leader) ackWait(now time.Time, v *View, cur *Allocation) (why string, u
 }
 
 // proposal computes the default split and the subject overrides.
-func (l *Leader) proposal(v *View, p *Policy, cur *Allocation, ctl Control, held map[string]float64) (*Shares, []allocator.Region, map[string]float64, error) {
+func (l *Leader) proposal(v *View, p *Policy, cur *Allocation, ctl Control, held map[string]float64, mismatched []string) (*Shares, []allocator.Region, map[string]float64, error) {
 	names := make(map[string]bool)
 	for r := range v.Regions {
 		names[r] = true
@@ -270,7 +274,10 @@ func (l *Leader) proposal(v *View, p *Policy, cur *Allocation, ctl Control, held
 		if pin, ok := ctl.Pins[name]; ok {
 			r.Pinned, r.Pin = true, pin
 		}
+		// A region whose nodes disagree with the others on policies or
+		// subject naming is not counted: it keeps its minimum.
 		_, r.Live = v.Regions[name]
+		r.Live = r.Live && !slices.Contains(mismatched, name)
 		r.Current = r.Min
 		if cur != nil {
 			if s, ok := cur.Default[name]; ok {

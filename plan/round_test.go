@@ -724,3 +724,33 @@ func TestRetiredRegionLeavesTheAllocation(t *testing.T) {
 		t.Fatalf("a retired region back with a node: proposal %+v (%q)", d.Proposal, d.Note)
 	}
 }
+
+// TestMismatchedRegionNotCounted: a region one of whose nodes decides
+// with other policies or subject naming than most nodes (another
+// fingerprint) would count a tenant under other subjects or limits; the
+// split does not count it as live, so it keeps its minimum.
+func TestMismatchedRegionNotCounted(t *testing.T) {
+	fp := func(f string) Node { return Node{Fingerprint: f} }
+	v := &View{Regions: map[string]map[string]Node{
+		"a": {"1": fp("x"), "2": fp("x")},
+		"b": {"1": fp("x")},
+		"c": {"1": fp("x"), "2": fp("y")},
+	}, Demand: map[string]map[string]PolicyDemand{}}
+	for _, r := range []string{"a", "b", "c"} {
+		offered(v, r, 10)
+	}
+	if got := v.Mismatched(); len(got) != 1 || got[0] != "c" {
+		t.Fatalf("Mismatched() = %v, want [c]", got)
+	}
+	l := leader(t, params(), t0)
+	l.Observe(v, []Policy{exports})
+	d := l.Plan(t0, v, exports, nil, Control{}, true)
+	if d.Publish == nil || d.Publish.Default["c"] != exports.DefaultMinShare || len(d.Mismatched) != 1 {
+		t.Fatalf("c with a node of another fingerprint: %+v, mismatched %v; want c at its minimum", d.Publish, d.Mismatched)
+	}
+	// Every node agrees (or reports nothing): everyone counts.
+	v.Regions["c"]["2"] = fp("")
+	if got := v.Mismatched(); got != nil {
+		t.Fatalf("Mismatched() = %v once c agrees", got)
+	}
+}

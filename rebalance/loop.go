@@ -427,6 +427,10 @@ func (l *Loop) doRound(ctx context.Context, f fence, full bool) (Result, error) 
 	var res Result
 	for _, d := range plans {
 		res.deferred = res.deferred || d.Deferred
+		if len(d.Mismatched) > 0 {
+			l.cfg.Logger.Warn("regions not counted: a node of theirs reports other policies or subject naming than most nodes",
+				"policy", d.Policy, "regions", d.Mismatched)
+		}
 		for _, n := range d.Missed {
 			region, _, _ := strings.Cut(n, "/")
 			l.m.acksMissed.WithLabelValues(region).Inc()
@@ -562,7 +566,7 @@ func (l *Loop) read(ctx context.Context) (*snapshot, error) {
 					if live[region] == nil {
 						live[region] = map[string]plan.Node{}
 					}
-					live[region][node] = plan.Node{}
+					live[region][node] = plan.Node{Fingerprint: v.Fingerprint}
 				case 1:
 					var v etcdlayout.DemandReport
 					if derr = json.Unmarshal(kv.Value, &v); derr == nil && len(reports[region]) < MaxNodes {
@@ -610,7 +614,7 @@ func (l *Loop) read(ctx context.Context) (*snapshot, error) {
 	}
 	for region, ns := range live {
 		for n := range ns {
-			ns[n] = plan.Node{Acked: acks[region][n].Epochs}
+			ns[n] = plan.Node{Acked: acks[region][n].Epochs, Fingerprint: ns[n].Fingerprint}
 		}
 	}
 	snap.policies, snap.policyErrs = policy.LoadStored(docs)

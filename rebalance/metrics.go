@@ -13,6 +13,7 @@ type metrics struct {
 	ackLag     *prometheus.GaugeVec
 	publishErr prometheus.Counter
 	acksMissed *prometheus.CounterVec
+	mismatch   *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -42,6 +43,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		publishErr: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "quota_coordinator_publish_conflicts_total", Help: "Fenced publishes that etcd refused (lost lead or concurrent change).",
 		}),
+		mismatch: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "quota_coordinator_region_config_mismatch", Help: "1 for a live region not counted because a node of it reports other policies or subject naming than most nodes (the fingerprint of its registration), else 0.",
+		}, []string{"region"}),
 		acksMissed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "quota_coordinator_acks_missed_total", Help: "Nodes whose acknowledgement a growth stopped waiting for at the acknowledgement deadline (they fell back to their safe shares), by region.",
 		}, []string{"region"}),
@@ -49,7 +53,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.leader, m.rounds, m.duration, m.epochs, m.share, m.regions, m.ackLag, m.publishErr, m.acksMissed} {
+	for _, c := range []prometheus.Collector{m.leader, m.rounds, m.duration, m.epochs, m.share, m.regions, m.ackLag, m.publishErr, m.acksMissed, m.mismatch} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -76,6 +80,10 @@ func (m *metrics) observe(snap *snapshot) {
 				lag[r] += float64(worst)
 			}
 		}
+	}
+	m.mismatch.Reset()
+	for _, r := range snap.view.Mismatched() {
+		m.mismatch.WithLabelValues(r).Set(1)
 	}
 	m.ackLag.Reset()
 	for r, v := range lag {

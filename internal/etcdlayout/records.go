@@ -18,6 +18,9 @@ type Registration struct {
 	// lives under.
 	LeaseTTLSeconds int64     `json:"lease_ttl_s"`
 	StartedAt       time.Time `json:"started_at"`
+	// Fingerprint identifies the node's policies and subject naming
+	// (plan.Node.Fingerprint); rewritten when they change.
+	Fingerprint string `json:"fingerprint,omitempty"`
 }
 
 // DemandReport is one node's demand over one report interval, for every

@@ -30,6 +30,8 @@ var errBreakerOpen = errors.New("regional: store circuit breaker open")
 type Node struct {
 	cfg Config
 	set atomic.Pointer[policy.Set]
+	// fingerprint is fingerprintOf the current policies (a string).
+	fingerprint atomic.Value
 	// pins is Config.Shares when it pins (nil otherwise): asserted once
 	// here so that a check pays no interface assertion.
 	pins PinnedShareSource
@@ -124,6 +126,7 @@ func (n *Node) SetPolicies(s *policy.Set) {
 	}
 	n.versions.update(s, n.cfg.Clock.Now())
 	n.set.Store(s)
+	n.fingerprint.Store(fingerprintOf(s, &n.cfg))
 	n.live.forget(s)
 	n.m.policies.Set(float64(s.Len()))
 	n.RefreshShareGauges()

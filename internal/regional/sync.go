@@ -62,6 +62,12 @@ func startSync(ctx context.Context, c DaemonConfig, log hclog.Logger) (*syncer, 
 	cfg := regionsync.Config{
 		Region: c.Region, Node: c.NodeID, Addr: c.GRPCAddr, Client: client, ReportInterval: c.ReportInterval,
 		Recorder: rec, Logger: log,
+		Fingerprint: func() string {
+			if n := node.Load(); n != nil {
+				return n.Fingerprint()
+			}
+			return ""
+		},
 		// Outside an allocation the region may enforce only a minimum the
 		// policy names for it explicitly: those are validated to sum to at
 		// most 1 and the coordinator reserves them in every allocation. A

@@ -48,6 +48,12 @@ type Config struct {
 	// Addr is the node's admission address, written in the registration
 	// for operators.
 	Addr string
+	// Fingerprint, when set, says what decides a subject's bucket on this
+	// node (its policies and their versions, its subject naming); it goes
+	// into the registration and is rewritten there when it changes, so
+	// that the leader can leave out a region whose nodes disagree. It is
+	// called often: keep it cheap.
+	Fingerprint func() string
 	// Client talks to etcd. Required; Dial builds one. The Syncer does not
 	// close it.
 	Client *clientv3.Client

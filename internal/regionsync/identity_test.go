@@ -3,6 +3,7 @@ package regionsync
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -65,4 +66,30 @@ func TestRegistrationDeletedIsALostLease(t *testing.T) {
 		found, after := getJSON(t, c, lay.Node("eu", "n1"), &etcdlayout.Registration{})
 		return found && after != before && s.Ready()
 	})
+}
+
+// TestRegistrationCarriesTheFingerprint: the registration holds the
+// node's fingerprint and is rewritten when it changes (a policy reload),
+// under the same lease.
+func TestRegistrationCarriesTheFingerprint(t *testing.T) {
+	srv := etcdtest.Start(t)
+	c := srv.Client(t)
+	var fp atomic.Value
+	fp.Store("aaaa")
+	s, _ := start(t, srv, Config{Node: "n1", LeaseTTL: 10 * time.Second, Fingerprint: func() string { return fp.Load().(string) }})
+	var reg etcdlayout.Registration
+	var lease int64
+	waitFor(t, 5*time.Second, "the registration with the first fingerprint", func() bool {
+		var found bool
+		found, lease = getJSON(t, c, lay.Node("eu", "n1"), &reg)
+		return found && reg.Fingerprint == "aaaa"
+	})
+	fp.Store("bbbb")
+	waitFor(t, 5*time.Second, "the registration with the new fingerprint", func() bool {
+		found, l := getJSON(t, c, lay.Node("eu", "n1"), &reg)
+		return found && reg.Fingerprint == "bbbb" && l == lease
+	})
+	if s.Losses() != 0 {
+		t.Errorf("%d losses while rewriting the registration", s.Losses())
+	}
 }

@@ -77,6 +77,9 @@ type Syncer struct {
 	// holdAllocWatch, set by a test, makes the allocation watch ignore
 	// what it receives, as a stalled watch would.
 	holdAllocWatch atomic.Bool
+	// registered is the registration written last; only the session
+	// goroutine uses it (establish, keepAlive's fingerprint refresh).
+	registered etcdlayout.Registration
 	// prevLease is the lease this node registered under last (0: none):
 	// a registration still held under it is this node's own.
 	prevLease atomic.Int64
@@ -412,9 +415,10 @@ func (s *Syncer) establish(ctx context.Context) (clientv3.LeaseID, error) {
 	if err != nil {
 		return 0, fmt.Errorf("grant lease: %w", err)
 	}
+	fp := s.fingerprint()
 	reg, err := json.Marshal(etcdlayout.Registration{
 		Region: s.cfg.Region, Node: s.cfg.Node, Addr: s.cfg.Addr,
-		LeaseTTLSeconds: int64(ttl / time.Second), StartedAt: sent,
+		LeaseTTLSeconds: int64(ttl / time.Second), StartedAt: sent, Fingerprint: fp,
 	})
 	if err != nil {
 		return 0, fmt.Errorf("encode registration: %w", err)
@@ -453,10 +457,49 @@ func (s *Syncer) establish(ctx context.Context) (clientv3.LeaseID, error) {
 	}
 	s.regRev.Store(resp.Header.Revision)
 	s.prevLease.Store(int64(lr.ID))
+	s.registered = etcdlayout.Registration{Region: s.cfg.Region, Node: s.cfg.Node, Addr: s.cfg.Addr,
+		LeaseTTLSeconds: int64(ttl / time.Second), StartedAt: sent, Fingerprint: fp}
 	s.lastOK.Store(int64(sentMono))
 	s.lease.Store(int64(lr.ID))
 	s.log.Info("registered", "lease", fmt.Sprintf("%x", lr.ID), "ttl", ttl)
 	return lr.ID, nil
+}
+
+// fingerprint is Config.Fingerprint's answer, "" without one.
+func (s *Syncer) fingerprint() string {
+	if s.cfg.Fingerprint == nil {
+		return ""
+	}
+	return s.cfg.Fingerprint()
+}
+
+// refreshFingerprint rewrites this node's registration under lease id
+// when its fingerprint changed (policies reloaded), so that the leader
+// sees what the node decides with; the write requires the registration
+// to be the one this node created.
+func (s *Syncer) refreshFingerprint(ctx context.Context, id clientv3.LeaseID) {
+	fp := s.fingerprint()
+	if fp == s.registered.Fingerprint {
+		return
+	}
+	reg := s.registered
+	reg.Fingerprint = fp
+	data, err := json.Marshal(reg)
+	if err != nil {
+		return
+	}
+	key := s.cfg.Layout.Node(s.cfg.Region, s.cfg.Node)
+	cctx, cancel := context.WithTimeout(ctx, s.requestTimeout())
+	defer cancel()
+	resp, err := s.cfg.Client.Txn(cctx).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", s.regRev.Load())).
+		Then(clientv3.OpPut(key, string(data), clientv3.WithLease(id))).
+		Commit()
+	if err != nil || !resp.Succeeded {
+		return // retried at the next tick; a lost registration is handled by regionNodes
+	}
+	s.registered = reg
+	s.log.Info("registration updated with a new fingerprint", "fingerprint", fp)
 }
 
 // revokeQuietly revokes lease id, which holds nothing of this node's, in
@@ -565,6 +608,7 @@ func (s *Syncer) keepAlive(ctx context.Context, id clientv3.LeaseID) {
 				s.markLost(id, why)
 				return
 			}
+			s.refreshFingerprint(ctx, id)
 			if !inflight && time.Since(lastTry) >= every {
 				inflight, lastTry = true, time.Now()
 				sent := s.monoNow()
