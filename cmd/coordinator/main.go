@@ -58,7 +58,7 @@ func parse(args, env []string, stderr io.Writer) (coordinator.Config, error) {
 	fs.StringVar(&cfg.DataDir, "data-dir", "coordinator-data", "embedded etcd data and default token file")
 	fs.StringVar(&cfg.EmbeddedEtcdAddr, "embedded-etcd-addr", "127.0.0.1:2379", "client address of the embedded etcd")
 	fs.StringVar(&cfg.GRPCAddr, "grpc-addr", "127.0.0.1:8091", "operator gRPC API address (off loopback it needs -tls-cert/-tls-key or -insecure-operator-plaintext)")
-	fs.StringVar(&cfg.HTTPAddr, "http-addr", "127.0.0.1:8090", "/metrics and /healthz address; loopback unless given, e.g. :8090")
+	fs.StringVar(&cfg.HTTPAddr, "http-addr", coordinator.DefaultHTTPAddr, "/metrics and /healthz address; loopback unless given, e.g. :8090")
 	fs.BoolVar(&cfg.GRPCReflection, "grpc-reflection", false, "serve gRPC reflection on -grpc-addr (lists every service to anyone who reaches it)")
 	fs.StringVar(&cfg.TokenFile, "operator-token-file", "", "operator tokens, one read:TOKEN or write:TOKEN per line; created with a random write token when absent (default DATA_DIR/operator-tokens)")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "operator API TLS certificate")

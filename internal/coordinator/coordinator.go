@@ -106,6 +106,11 @@ type Config struct {
 	Logger hclog.Logger
 }
 
+// DefaultHTTPAddr is where the coordinator serves /metrics and /healthz
+// unless told otherwise: loopback, until an operator opens the port
+// (-http-addr).
+const DefaultHTTPAddr = "127.0.0.1:8090"
+
 // Coordinator is a running coordinator.
 type Coordinator struct {
 	// GRPCAddr and HTTPAddr are the bound addresses.
@@ -134,7 +139,7 @@ func Start(ctx context.Context, cfg Config) (*Coordinator, error) {
 		cfg.GRPCAddr = "127.0.0.1:8091"
 	}
 	if cfg.HTTPAddr == "" {
-		cfg.HTTPAddr = "127.0.0.1:8090"
+		cfg.HTTPAddr = DefaultHTTPAddr
 	}
 	if cfg.Drain < 0 {
 		return nil, fmt.Errorf("%w: -drain %v is negative", ErrConfig, cfg.Drain)

@@ -155,6 +155,11 @@ type RedisTLS struct {
 	CAFile, CertFile, KeyFile, ServerName string
 }
 
+// DefaultHTTPAddr is where a node serves /metrics, /healthz and /readyz
+// unless told otherwise: loopback, so that only the host's scraper reads
+// them until an operator opens the port (-http-addr).
+const DefaultHTTPAddr = "127.0.0.1:8080"
+
 // MaxRedisMerge bounds DaemonConfig.RedisMerge: a merged script call holds
 // single-threaded Redis for the time of every bucket in it
 // (bucket.DefaultMerge).
@@ -236,7 +241,7 @@ func (c DaemonConfig) withDefaults() (DaemonConfig, error) {
 		c.GRPCAddr = ":8081"
 	}
 	if c.HTTPAddr == "" {
-		c.HTTPAddr = "127.0.0.1:8080"
+		c.HTTPAddr = DefaultHTTPAddr
 	}
 	if c.LocalMaxBuckets == 0 {
 		c.LocalMaxBuckets = 100000
