@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -15,12 +16,16 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/hashicorp/go-hclog"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/quotacoord/quota/internal/coordinator"
+	"github.com/quotacoord/quota/internal/etcdauth"
+	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/internal/etcdtest"
 	"github.com/quotacoord/quota/internal/grpctest"
 	"github.com/quotacoord/quota/internal/logbuf"
@@ -28,6 +33,7 @@ import (
 	"github.com/quotacoord/quota/internal/redistest"
 	"github.com/quotacoord/quota/internal/regional"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
+	"github.com/quotacoord/quota/rebalance"
 )
 
 // TestRedisCredentialAttack (issue 14 item 10): a node given no Redis
@@ -321,4 +327,75 @@ func TestRollingUpdateAttack(t *testing.T) {
 	if d := time.Since(start); d < drain {
 		t.Errorf("the node stopped %v after being told to, before its drain of %v", d, drain)
 	}
+}
+
+// TestEtcdCredentialAttack (issue 14 item 9): whoever holds a region's
+// etcd credential, as written by a coordinator run with
+// -embedded-etcd-auth, tries to rewrite what only the coordinator and
+// the operators may: an allocation (its region's share), a policy, a
+// control, the published settings, the audit log, the election, and
+// another region's registration, demand and acknowledgement; an
+// anonymous client tries an allocation. Each write is a request; each
+// one etcd accepts lifts a limit.
+func TestEtcdCredentialAttack(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	etcdAddr := l.Addr().String()
+	l.Close()
+	dataDir := t.TempDir()
+	cfg := coordinator.Config{DataDir: dataDir, EmbeddedEtcdAddr: etcdAddr, EmbeddedAuthRegions: []string{"eu"},
+		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", TokenFile: filepath.Join(dataDir, "tokens"),
+		Rebalance: rebalance.Config{Interval: time.Hour, SessionTTL: time.Second}, Logger: hclog.NewNullLogger()}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cctx, stop := context.WithCancel(ctx)
+	c, err := coordinator.Start(cctx, cfg)
+	if err != nil {
+		stop()
+		t.Fatal(err)
+	}
+	defer func() {
+		stop()
+		if err := c.Wait(); err != nil {
+			t.Errorf("coordinator: %v", err)
+		}
+	}()
+	pw, err := os.ReadFile(cfg.RegionPasswordFile("eu"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dial := func(user, password string) *clientv3.Client {
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"http://" + etcdAddr}, DialTimeout: 5 * time.Second,
+			Logger: zap.NewNop(), Username: user, Password: password})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cli.Close() })
+		return cli
+	}
+	region, anon := dial(etcdauth.RegionUser("eu"), strings.TrimSpace(string(pw))), dial("", "")
+	lay := etcdlayout.Layout{}
+	// The credential works for what it is for.
+	if _, err := region.Put(ctx, lay.Node("eu", "n1"), "{}"); err != nil {
+		t.Fatalf("the region's credential cannot register its node: %v", err)
+	}
+	var o attackOutcome
+	for _, w := range []struct {
+		cli *clientv3.Client
+		key string
+	}{
+		{region, lay.Alloc("capped")}, {region, lay.PolicyDoc("p.yaml")}, {region, lay.Control("capped")},
+		{region, lay.Settings()}, {region, lay.Audit(time.Now(), 1)}, {region, lay.Election() + "/attacker"},
+		{region, lay.Node("us", "n1")}, {region, lay.NodeDemand("us", "n1")}, {region, lay.NodeAck("us", "n1")},
+		{anon, lay.Alloc("capped")},
+	} {
+		o.sent++
+		if _, err := w.cli.Put(ctx, w.key, `{"epoch":99}`); err == nil {
+			o.admitted++
+			t.Errorf("wrote %s", w.key)
+		}
+	}
+	reportAttack(t, "etcd: a region's credential rewrites allocations, policies, controls, other regions", o, 0)
 }
