@@ -2,8 +2,10 @@ package reliability
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -22,6 +24,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/quotacoord/quota/internal/coordinator"
 	"github.com/quotacoord/quota/internal/etcdauth"
@@ -398,4 +401,80 @@ func TestEtcdCredentialAttack(t *testing.T) {
 		}
 	}
 	reportAttack(t, "etcd: a region's credential rewrites allocations, policies, controls, other regions", o, 0)
+}
+
+// TestDemandInflationAttack (issue 14 item 6): denied cost counts as
+// offered demand, and demand moves shares between regions. An attacker
+// sends two requests of the largest hits_addend (one with a single
+// descriptor, one with 64 descriptors of the same bucket) among 20
+// honest requests of cost 1, through a node joined to etcd; the node's
+// demand reports (every version written to etcd) may count the
+// attacker's requests at most one capacity each. Each unit of offered
+// demand beyond honest + 2×capacity is counted as a lifted limit (in
+// units of the capacity, rounded up).
+func TestDemandInflationAttack(t *testing.T) {
+	const capacity, honest = 5, 20
+	etcd := etcdtest.Start(t)
+	pol := writePolicies(t, "policies:\n  - {name: plain, capacity: 5, rate: 5/hour, failure_mode: closed}\n")
+	writeFile(t, filepath.Join(filepath.Dir(pol), "envoy.yaml"),
+		[]byte("domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 5}\n"))
+	cli := etcd.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	demandKey := etcdlayout.Layout{}.NodeDemand("eu", "n1")
+	watch := cli.Watch(ctx, demandKey)
+	n := startNode(t, regional.DaemonConfig{Region: "eu", NodeID: "n1", EtcdEndpoints: etcd.Endpoints, Policies: filepath.Dir(pol),
+		SubjectSalt: "inflation-salt", ReportInterval: 300 * time.Millisecond}, nil)
+	rls := rlsv3.NewRateLimitServiceClient(n.conn)
+	tenant := func(v string, cost uint64) *rlcommon.RateLimitDescriptor {
+		d := &rlcommon.RateLimitDescriptor{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "tenant", Value: v}}}
+		if cost > 0 {
+			d.HitsAddend = wrapperspb.UInt64(cost)
+		}
+		return d
+	}
+	var o attackOutcome
+	for i := range honest {
+		if _, err := rls.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlcommon.RateLimitDescriptor{tenant(fmt.Sprintf("t%d", i/2), 0)}}); err != nil {
+			t.Fatalf("honest request: %v", err)
+		}
+	}
+	many := make([]*rlcommon.RateLimitDescriptor, 64)
+	for i := range many {
+		many[i] = tenant("attacker", 1<<53)
+	}
+	sendEnvoy(ctx, rls, &o, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlcommon.RateLimitDescriptor{tenant("attacker", 1<<53)}})
+	sendEnvoy(ctx, rls, &o, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: many})
+
+	// Sum the offered demand of every report written, until two reports
+	// in a row add nothing after some demand was seen.
+	var offered float64
+	for empty := 0; empty < 2; {
+		select {
+		case wr := <-watch:
+			for _, ev := range wr.Events {
+				var rep etcdlayout.DemandReport
+				if err := json.Unmarshal(ev.Kv.Value, &rep); err != nil {
+					t.Fatalf("demand report: %v", err)
+				}
+				added := 0.0
+				for _, pd := range rep.Policies {
+					added += pd.Offered * rep.IntervalSeconds
+				}
+				if offered += added; added == 0 && offered > 0 {
+					empty++
+				} else {
+					empty = 0
+				}
+			}
+		case <-ctx.Done():
+			t.Fatalf("demand reports: %v (offered so far %v)", ctx.Err(), offered)
+		}
+	}
+	if offered < honest {
+		t.Fatalf("offered demand %v from %d honest requests: the reports do not hold the requests", offered, honest)
+	}
+	bound := float64(honest + o.sent*capacity)
+	o.admitted = int(math.Ceil(math.Max(offered-bound, 0) / capacity))
+	reportAttack(t, fmt.Sprintf("denied hits_addend of 2^53 inflating demand (%.0f offered, at most %.0f)", offered, bound), o, 0)
 }
