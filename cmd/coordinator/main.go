@@ -46,6 +46,7 @@ func parse(args, env []string, stderr io.Writer) (coordinator.Config, error) {
 	var (
 		cfg                      coordinator.Config
 		etcd, writeNames, prefix string
+		embeddedAuth             string
 		algorithm, protocol      string
 		name                     string
 		logs                     daemon.LogFlags
@@ -59,7 +60,7 @@ func parse(args, env []string, stderr io.Writer) (coordinator.Config, error) {
 	fs.StringVar(&cfg.DataDir, "data-dir", "coordinator-data", "embedded etcd data and default token file")
 	fs.StringVar(&cfg.EmbeddedEtcdAddr, "embedded-etcd-addr", "127.0.0.1:2379", "client address of the embedded etcd")
 	fs.StringVar(&cfg.GRPCAddr, "grpc-addr", "127.0.0.1:8091", "operator gRPC API address (off loopback it needs -tls-cert/-tls-key or -insecure-operator-plaintext)")
-	fs.StringVar(&cfg.HTTPAddr, "http-addr", "127.0.0.1:8090", "/metrics and /healthz address; loopback unless given, e.g. :8090")
+	fs.StringVar(&cfg.HTTPAddr, "http-addr", coordinator.DefaultHTTPAddr, "/metrics and /healthz address; loopback unless given, e.g. :8090")
 	fs.BoolVar(&cfg.GRPCReflection, "grpc-reflection", false, "serve gRPC reflection on -grpc-addr (lists every service to anyone who reaches it)")
 	fs.StringVar(&cfg.TokenFile, "operator-token-file", "", "operator tokens, one read:TOKEN or write:TOKEN per line; created with a random write token when absent (default DATA_DIR/operator-tokens)")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "operator API TLS certificate")
@@ -70,6 +71,9 @@ func parse(args, env []string, stderr io.Writer) (coordinator.Config, error) {
 	fs.StringVar(&cfg.EtcdTLS.CAFile, "etcd-tls-ca", "", "PEM CA bundle etcd's certificates are verified against (https; reloaded on change); with the embedded etcd default -embedded-etcd-tls-cert itself")
 	fs.StringVar(&cfg.EtcdTLS.CertFile, "etcd-tls-cert", "", "PEM client certificate presented to etcd (with -etcd-tls-key; mutual TLS, reloaded on change)")
 	fs.StringVar(&cfg.EtcdTLS.KeyFile, "etcd-tls-key", "", "PEM private key of -etcd-tls-cert")
+	fs.StringVar(&cfg.EtcdAuth.Username, "etcd-username", "", "etcd user to authenticate as with -etcd (with -etcd-password-file or QUOTA_ETCD_PASSWORD); empty = none, or the -etcd-tls-cert common name")
+	fs.StringVar(&cfg.EtcdAuth.PasswordFile, "etcd-password-file", "", "file holding the etcd password (one line); or set QUOTA_ETCD_PASSWORD, never a flag")
+	fs.StringVar(&embeddedAuth, "embedded-etcd-auth", "", "comma-separated regions: turn authentication on in the embedded etcd, with a user for the coordinator and one shared by each region's nodes (quota-region/REGION, password in DATA_DIR/etcd-auth/region-REGION.password); empty = no authentication")
 	fs.StringVar(&cfg.EtcdTLS.ServerName, "etcd-tls-server-name", "", "name every etcd certificate must carry; default each endpoint's host")
 	fs.StringVar(&cfg.EmbeddedTLSCert, "embedded-etcd-tls-cert", "", "PEM certificate: the embedded etcd serves its clients over TLS (https)")
 	fs.StringVar(&cfg.EmbeddedTLSKey, "embedded-etcd-tls-key", "", "PEM private key of -embedded-etcd-tls-cert")
@@ -95,6 +99,8 @@ func parse(args, env []string, stderr io.Writer) (coordinator.Config, error) {
 		return cfg, err
 	}
 	cfg.EtcdEndpoints = daemon.SplitList(etcd)
+	cfg.EmbeddedAuthRegions = daemon.SplitList(embeddedAuth)
+	cfg.EtcdAuth.Password = daemon.Secret(env, "etcd-password")
 	cfg.WriteNames = daemon.SplitList(writeNames)
 	var err error
 	if cfg.Logger, err = logs.Logger("coordinator", stderr); err != nil {

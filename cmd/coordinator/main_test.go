@@ -28,7 +28,17 @@ func TestParse(t *testing.T) {
 	if err != nil || len(cfg.EtcdEndpoints) != 2 || cfg.Rebalance.Protocol != rebalance.ProtocolNaive || cfg.HTTPAddr != ":8090" || !cfg.GRPCReflection {
 		t.Fatalf("flags: %+v %v", cfg, err)
 	}
-	for _, bad := range [][]string{{"-log-level", "loud"}, {"extra"}, {"-max-step", "x"}} {
+	if len(cfg.EmbeddedAuthRegions) != 0 {
+		t.Fatalf("embedded etcd authentication on without -embedded-etcd-auth: %v", cfg.EmbeddedAuthRegions)
+	}
+	// etcd credentials: the password only from QUOTA_ETCD_PASSWORD or a file.
+	cfg, err = parse([]string{"-embedded-etcd-auth", "eu, us", "-etcd-username", "coord", "-etcd-password-file", "/run/pw"},
+		[]string{"QUOTA_ETCD_PASSWORD=s3cret"}, io.Discard)
+	if err != nil || len(cfg.EmbeddedAuthRegions) != 2 || cfg.EmbeddedAuthRegions[1] != "us" ||
+		cfg.EtcdAuth.Username != "coord" || cfg.EtcdAuth.PasswordFile != "/run/pw" || cfg.EtcdAuth.Password != "s3cret" {
+		t.Fatalf("etcd auth flags: %+v %+v %v", cfg.EmbeddedAuthRegions, cfg.EtcdAuth, err)
+	}
+	for _, bad := range [][]string{{"-log-level", "loud"}, {"extra"}, {"-max-step", "x"}, {"-etcd-password", "s3cret"}} {
 		if _, err := parse(bad, nil, io.Discard); err == nil {
 			t.Errorf("%v accepted", bad)
 		}

@@ -2,26 +2,21 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
 	"net"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/quotacoord/quota/internal/operatortoken"
+	"github.com/quotacoord/quota/internal/operatorclient"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -125,82 +120,11 @@ func number(s, what string) (float64, error) {
 	return v, nil
 }
 
+// dial connects to the coordinator as the connection flags say.
 func (o *options) dial() (*grpc.ClientConn, error) {
-	var creds credentials.TransportCredentials = insecure.NewCredentials()
-	if o.tls || o.tlsCA != "" || o.tlsCert != "" {
-		tc := &tls.Config{MinVersion: tls.VersionTLS12}
-		if o.tlsCA != "" {
-			pem, err := os.ReadFile(o.tlsCA)
-			if err != nil {
-				return nil, err
-			}
-			pool := x509.NewCertPool()
-			if !pool.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("--tls-ca %s holds no PEM certificate", o.tlsCA)
-			}
-			tc.RootCAs = pool
-		}
-		if o.tlsCert != "" {
-			cert, err := tls.LoadX509KeyPair(o.tlsCert, o.tlsKey)
-			if err != nil {
-				return nil, err
-			}
-			tc.Certificates = []tls.Certificate{cert}
-		}
-		creds = credentials.NewTLS(tc)
-	}
-	secure := creds.Info().SecurityProtocol == "tls"
-	if o.tokenFile != "" && !secure && !o.insecurePlaintext && !plaintextSafe(o.addr) {
-		return nil, fmt.Errorf("refusing to send the bearer token of --token-file in plaintext to %q, which is not a loopback address: "+
-			"use --tls (with --tls-ca for a private CA), or --insecure-plaintext if the path is encrypted otherwise", o.addr)
-	}
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
-	if o.dialer != nil {
-		opts = append(opts, grpc.WithContextDialer(o.dialer))
-	}
-	if o.tokenFile != "" {
-		data, err := os.ReadFile(o.tokenFile)
-		if err != nil {
-			return nil, err
-		}
-		tok, err := operatortoken.ForClient(data)
-		if err != nil {
-			return nil, err
-		}
-		opts = append(opts, grpc.WithPerRPCCredentials(bearer{token: tok}))
-	}
-	return grpc.NewClient(o.addr, opts...)
+	return operatorclient.Dial(operatorclient.Config{Addr: o.addr, TokenFile: o.tokenFile, TLS: o.tls,
+		TLSCA: o.tlsCA, TLSCert: o.tlsCert, TLSKey: o.tlsKey, InsecurePlaintext: o.insecurePlaintext, Dialer: o.dialer})
 }
-
-// plaintextSafe reports whether a gRPC target keeps what is sent to it on
-// this machine: a Unix socket, or a host:port (bare or after dns:/// or
-// passthrough:///) that operatortoken.LoopbackAddr accepts. Any other
-// name or resolver may lead off the machine.
-func plaintextSafe(target string) bool {
-	scheme, rest, ok := strings.Cut(target, ":")
-	switch {
-	case ok && (scheme == "unix" || scheme == "unix-abstract"):
-		return true
-	case ok && (scheme == "dns" || scheme == "passthrough") && strings.HasPrefix(rest, "//"):
-		// scheme://[authority]/endpoint: the authority names a DNS
-		// server, the endpoint is where the call goes.
-		_, endpoint, found := strings.Cut(strings.TrimPrefix(rest, "//"), "/")
-		return found && operatortoken.LoopbackAddr(endpoint)
-	}
-	return operatortoken.LoopbackAddr(target)
-}
-
-// bearer sends the operator token with every call.
-type bearer struct{ token string }
-
-func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
-	return map[string]string{"authorization": "Bearer " + b.token}, nil
-}
-
-// RequireTransportSecurity is false so that tokens work on loopback
-// without TLS; dial refuses plaintext elsewhere unless
-// --insecure-plaintext.
-func (b bearer) RequireTransportSecurity() bool { return false }
 
 func (o *options) print(m proto.Message, table func(*tabwriter.Writer)) error {
 	switch o.output {

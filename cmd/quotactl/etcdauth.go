@@ -23,7 +23,7 @@ type etcdOptions struct {
 	tls                                   tlsconfig.Etcd
 }
 
-// newEtcdAuthCmd is "etcd-auth enable|coordinator|node": the etcd users
+// newEtcdAuthCmd is "etcd-auth enable|coordinator|node|region": the etcd users
 // and roles of a deployment (see internal/etcdauth), created directly in
 // etcd, not through the coordinator.
 func newEtcdAuthCmd(o *options) *cobra.Command {
@@ -83,6 +83,18 @@ func newEtcdAuthCmd(o *options) *cobra.Command {
 				fmt.Fprintf(o.stdout, "user %s\n", etcdauth.NodeUser(a[0], a[1]))
 				return nil
 			})}, "the node's user"),
+		withPassword(&cobra.Command{Use: "region REGION", Short: "Create the role and user shared by one region's nodes (any node's registration, demand and ack keys of that region; reads allocations, policies, settings)", Args: cobra.ExactArgs(1),
+			RunE: run(func(ctx context.Context, cli *clientv3.Client, l etcdlayout.Layout, pw string, a []string) error {
+				role, err := etcdauth.RegionRole(l, a[0])
+				if err != nil {
+					return err
+				}
+				if err := etcdauth.Ensure(ctx, cli, role, etcdauth.RegionUser(a[0]), pw); err != nil {
+					return err
+				}
+				fmt.Fprintf(o.stdout, "user %s\n", etcdauth.RegionUser(a[0]))
+				return nil
+			})}, "the region's user"),
 	)
 	return cmd
 }

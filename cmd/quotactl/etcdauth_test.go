@@ -20,9 +20,10 @@ import (
 )
 
 // TestEtcdAuthCommands: quotactl etcd-auth creates the coordinator's and a
-// node's users, turns authentication on, and goes on as root; the node's
-// credential then cannot write an allocation or another region's
-// registration. A missing password file is a clear error.
+// node's users, turns authentication on, and goes on as root, creating a
+// region's shared user; the node's credential then cannot write an
+// allocation or another region's registration, nor the region's another
+// region's. A missing password file is a clear error.
 func TestEtcdAuthCommands(t *testing.T) {
 	srv := etcdtest.Start(t)
 	dir := t.TempDir()
@@ -44,6 +45,7 @@ func TestEtcdAuthCommands(t *testing.T) {
 		{"coordinator", "quota-coordinator", "--password-file", coordPw},
 		{"enable", "--password-file", rootPw},
 		{"node", "eu", "n1", "--password-file", nodePw, "--etcd-user", "root", "--etcd-password-file", rootPw},
+		{"region", "us", "--password-file", nodePw, "--etcd-user", "root", "--etcd-password-file", rootPw},
 	} {
 		if out, err := quotactl(args...); err != nil || !strings.Contains(out, "ok") {
 			t.Fatalf("quotactl etcd-auth %v: %q, %v", args, out, err)
@@ -70,5 +72,17 @@ func TestEtcdAuthCommands(t *testing.T) {
 		if _, err := node.Put(ctx, key, "{}"); !errors.Is(err, rpctypes.ErrPermissionDenied) {
 			t.Errorf("node writes %s: %v, want permission denied", key, err)
 		}
+	}
+	region, err := clientv3.New(clientv3.Config{Endpoints: srv.Endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		Username: etcdauth.RegionUser("us"), Password: "node-pw"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer region.Close()
+	if _, err := region.Put(ctx, l.Node("us", "n9"), "{}"); err != nil {
+		t.Errorf("region us registers a node: %v", err)
+	}
+	if _, err := region.Put(ctx, l.Node("eu", "n9"), "{}"); !errors.Is(err, rpctypes.ErrPermissionDenied) {
+		t.Errorf("region us registers an eu node: %v, want permission denied", err)
 	}
 }

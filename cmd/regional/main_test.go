@@ -139,6 +139,15 @@ func TestParse(t *testing.T) {
 	if _, err := parse([]string{"-redis-password", "s3cret"}, nil, io.Discard); err == nil {
 		t.Fatal("-redis-password accepted: a password on the command line")
 	}
+	// etcd credentials alike, the password only from QUOTA_ETCD_PASSWORD.
+	c, err = parse([]string{"-etcd", "a:2379", "-etcd-username", "quota-region/eu"},
+		[]string{"QUOTA_ETCD_PASSWORD=e-s3cret", "QUOTA_ETCD_PASSWORD_FILE=/run/secrets/etcd"}, &out)
+	if err != nil || c.EtcdAuth.Username != "quota-region/eu" || c.EtcdAuth.Password != "e-s3cret" || c.EtcdAuth.PasswordFile != "/run/secrets/etcd" {
+		t.Fatalf("etcd credentials: %+v, %v", c.EtcdAuth, err)
+	}
+	if _, err := parse([]string{"-etcd-password", "s3cret"}, nil, io.Discard); err == nil {
+		t.Fatal("-etcd-password accepted: a password on the command line")
+	}
 }
 
 // TestSIGTERMDrains runs the command as a process and sends it SIGTERM:

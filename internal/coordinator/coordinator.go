@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/quotacoord/quota/internal/clock"
 	"github.com/quotacoord/quota/internal/daemon"
+	"github.com/quotacoord/quota/internal/etcdauth"
 	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/internal/operatortoken"
 	"github.com/quotacoord/quota/internal/tlsconfig"
@@ -61,6 +62,19 @@ type Config struct {
 	// EtcdEndpoints or the embedded etcd; its files are reloaded when they
 	// change. The zero value means plaintext.
 	EtcdTLS tlsconfig.Etcd
+	// EtcdAuth is the etcd user the coordinator authenticates as, for
+	// EtcdEndpoints (-etcd-username, -etcd-password-file or
+	// QUOTA_ETCD_PASSWORD). Credentials etcd refuses stop Start with an
+	// error wrapping etcdauth.ErrRefused.
+	EtcdAuth etcdauth.Credentials
+	// EmbeddedAuthRegions turns authentication on in the embedded etcd
+	// (-embedded-etcd-auth): the coordinator creates etcd's root user,
+	// its own user CoordinatorEtcdUser, and for each region listed a user
+	// etcdauth.RegionUser(region) shared by the region's nodes, with
+	// random passwords kept in DataDir/etcd-auth (RegionPasswordFile).
+	// At every start it adds the regions newly listed. Empty leaves the
+	// embedded etcd without authentication.
+	EmbeddedAuthRegions []string
 	// GRPCAddr serves the operator API and health (and reflection with
 	// GRPCReflection). Default
 	// 127.0.0.1:8091: loopback, because without TLS bearer tokens travel
@@ -106,6 +120,11 @@ type Config struct {
 	Logger hclog.Logger
 }
 
+// DefaultHTTPAddr is where the coordinator serves /metrics and /healthz
+// unless told otherwise: loopback, until an operator opens the port
+// (-http-addr).
+const DefaultHTTPAddr = "127.0.0.1:8090"
+
 // Coordinator is a running coordinator.
 type Coordinator struct {
 	// GRPCAddr and HTTPAddr are the bound addresses.
@@ -134,7 +153,7 @@ func Start(ctx context.Context, cfg Config) (*Coordinator, error) {
 		cfg.GRPCAddr = "127.0.0.1:8091"
 	}
 	if cfg.HTTPAddr == "" {
-		cfg.HTTPAddr = "127.0.0.1:8090"
+		cfg.HTTPAddr = DefaultHTTPAddr
 	}
 	if cfg.Drain < 0 {
 		return nil, fmt.Errorf("%w: -drain %v is negative", ErrConfig, cfg.Drain)
@@ -159,6 +178,7 @@ func Start(ctx context.Context, cfg Config) (*Coordinator, error) {
 	if err != nil {
 		return fail(err)
 	}
+	etcdAuth := cfg.EtcdAuth
 	if len(cfg.EtcdEndpoints) == 0 {
 		stopEtcd, err := startEmbedded(cfg)
 		if err != nil {
@@ -166,16 +186,24 @@ func Start(ctx context.Context, cfg Config) (*Coordinator, error) {
 		}
 		cleanup.Push(stopEtcd)
 		log.Info("embedded etcd serving", "client_url", endpoints[0], "data_dir", cfg.DataDir,
-			"client_cert_auth", cfg.EmbeddedClientCA != "", "log", embeddedLogFile(cfg))
+			"client_cert_auth", cfg.EmbeddedClientCA != "", "auth", len(cfg.EmbeddedAuthRegions) > 0, "log", embeddedLogFile(cfg))
+		if len(cfg.EmbeddedAuthRegions) > 0 {
+			if etcdAuth, err = embeddedAuth(ctx, cfg, endpoints, etcdTLS, log); err != nil {
+				return fail(err)
+			}
+		}
 	}
 	ccfg := clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()}
 	if err := etcdTLS.Apply(&ccfg); err != nil {
 		return fail(fmt.Errorf("coordinator: etcd client: %w", err))
 	}
+	if err := etcdAuth.Apply(&ccfg); err != nil {
+		return fail(fmt.Errorf("coordinator: etcd client: %w", err))
+	}
 	c.EtcdEndpoints = ccfg.Endpoints
 	cli, err := clientv3.New(ccfg)
 	if err != nil {
-		return fail(fmt.Errorf("coordinator: etcd client: %w", err))
+		return fail(fmt.Errorf("coordinator: etcd client: %w", etcdauth.Refusal(err)))
 	}
 	cleanup.Push(func() { _ = cli.Close() })
 	tokenFile := cfg.TokenFile
@@ -317,6 +345,17 @@ func (cfg Config) EmbeddedEtcdAddrOrDefault() string {
 // embedded TLS flags (ErrConfig) without reading any file.
 func etcdClientSettings(cfg Config) ([]string, tlsconfig.Etcd, error) {
 	embedded := cfg.EmbeddedTLSCert != "" || cfg.EmbeddedTLSKey != "" || cfg.EmbeddedClientCA != ""
+	if len(cfg.EmbeddedAuthRegions) > 0 {
+		if len(cfg.EtcdEndpoints) > 0 || cfg.EtcdAuth != (etcdauth.Credentials{}) {
+			return nil, cfg.EtcdTLS, fmt.Errorf("%w: -embedded-etcd-auth is for the embedded etcd, whose users the coordinator creates "+
+				"(no -etcd, -etcd-username, -etcd-password-file)", ErrConfig)
+		}
+		for _, r := range cfg.EmbeddedAuthRegions {
+			if !etcdlayout.ValidName(r) {
+				return nil, cfg.EtcdTLS, fmt.Errorf("%w: -embedded-etcd-auth region %q, want [A-Za-z0-9_.-]{1,%d}", ErrConfig, r, etcdlayout.MaxNameLen)
+			}
+		}
+	}
 	if len(cfg.EtcdEndpoints) > 0 {
 		if embedded {
 			return nil, cfg.EtcdTLS, fmt.Errorf("%w: embedded etcd TLS settings with etcd endpoints (no embedded etcd runs)", ErrConfig)

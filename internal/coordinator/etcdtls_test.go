@@ -13,6 +13,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/quotacoord/quota/internal/etcdauth"
 	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/internal/etcdtest"
 	"github.com/quotacoord/quota/internal/regionsync"
@@ -192,6 +193,10 @@ func TestEtcdClientSettings(t *testing.T) {
 		{"client CA without certificate", Config{EmbeddedClientCA: "ca.pem"}, "", "", "-embedded-etcd-tls-key"},
 		{"client TLS to a plaintext embedded etcd", Config{EtcdTLS: tlsconfig.Etcd{CAFile: "ca.pem"}}, "", "", "serves plain http"},
 		{"embedded TLS with external endpoints", Config{EtcdEndpoints: ext, EmbeddedTLSCert: "s.crt", EmbeddedTLSKey: "s.key"}, "", "", "no embedded etcd"},
+		{"embedded auth", Config{EmbeddedAuthRegions: []string{"eu"}}, "http://127.0.0.1:2379", "", ""},
+		{"embedded auth with external endpoints", Config{EtcdEndpoints: ext, EmbeddedAuthRegions: []string{"eu"}}, "", "", "-embedded-etcd-auth is for the embedded etcd"},
+		{"embedded auth with an etcd user", Config{EmbeddedAuthRegions: []string{"eu"}, EtcdAuth: etcdauth.Credentials{Username: "u"}}, "", "", "-etcd-username"},
+		{"embedded auth, bad region", Config{EmbeddedAuthRegions: []string{"eu/x"}}, "", "", "region \"eu/x\""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

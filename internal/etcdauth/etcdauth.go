@@ -61,14 +61,46 @@ func NodeRole(l etcdlayout.Layout, region, node string) (Role, error) {
 	if !etcdlayout.ValidName(region) || !etcdlayout.ValidName(node) {
 		return Role{}, fmt.Errorf("%w: region %q, node %q: want [A-Za-z0-9_.-]{1,%d}", ErrInvalid, region, node, etcdlayout.MaxNameLen)
 	}
-	return Role{Name: NodeUser(region, node), Permissions: []Permission{
+	return Role{Name: NodeUser(region, node), Permissions: append([]Permission{
 		{Key: l.Node(region, node), Type: readWrite},
 		{Key: l.NodeDemand(region, node), Type: readWrite},
 		{Key: l.NodeAck(region, node), Type: readWrite},
+	}, follower(l)...)}, nil
+}
+
+// RegionUser is the etcd user (and role) name shared by every node of a
+// region (RegionRole).
+func RegionUser(region string) string { return "quota-region/" + region }
+
+// RegionRole is the role of one region's nodes under a shared credential:
+// it writes the registrations, demand reports and acknowledgements of
+// any node of that region (regions/{region}/, demand/{region}/,
+// acks/{region}/), nothing of another region, and reads what a node
+// follows. Fewer credentials than a role per node, at the price that a
+// stolen credential can pose as any node of its region.
+func RegionRole(l etcdlayout.Layout, region string) (Role, error) {
+	if !etcdlayout.ValidName(region) {
+		return Role{}, fmt.Errorf("%w: region %q: want [A-Za-z0-9_.-]{1,%d}", ErrInvalid, region, etcdlayout.MaxNameLen)
+	}
+	return Role{Name: RegionUser(region), Permissions: append([]Permission{
+		prefixRange(l.RegionNodes(region), readWrite),
+		prefixRange(l.DemandPrefix()+region+"/", readWrite),
+		prefixRange(l.AcksPrefix()+region+"/", readWrite),
+	}, follower(l)...)}, nil
+}
+
+// follower is what every node reads: allocations, policies, the published
+// settings, and the deployment's subject salt, which the first node to
+// start creates in a create-only transaction (etcd checks the permissions
+// of both branches of a transaction, so creating needs write access; the
+// transaction itself never replaces a stored salt).
+func follower(l etcdlayout.Layout) []Permission {
+	return []Permission{
 		prefixRange(l.AllocPrefix(), read),
 		prefixRange(l.PoliciesPrefix(), read),
 		{Key: l.Settings(), Type: read},
-	}}, nil
+		{Key: l.SubjectSalt(), Type: readWrite},
+	}
 }
 
 // Ensure creates role (if missing) with its permissions, and user (if

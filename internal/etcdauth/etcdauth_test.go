@@ -28,11 +28,14 @@ func login(t *testing.T, srv *etcdtest.Server, user, password string) *clientv3.
 
 // TestNodeRoleOnRealEtcd: on an embedded etcd with authentication on, a
 // node's credential writes its own registration, demand report and
-// acknowledgement and reads allocations, policies and settings, but
+// acknowledgement, creates the subject salt, and reads allocations,
+// policies and settings, but
 // cannot write another node's or region's keys, an allocation, a policy,
 // a control or the audit log, nor read other nodes' reports; the
 // coordinator's credential writes everything under the prefix, and
-// nothing outside it.
+// nothing outside it. A region's shared credential (RegionRole) does for
+// any node of its region what a node's does for itself, and nothing for
+// another region.
 func TestNodeRoleOnRealEtcd(t *testing.T) {
 	srv := etcdtest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -49,6 +52,13 @@ func TestNodeRoleOnRealEtcd(t *testing.T) {
 	if err := etcdauth.Ensure(ctx, admin, role, etcdauth.NodeUser("eu", "n1"), "node-pw"); err != nil {
 		t.Fatal(err)
 	}
+	eu, err := etcdauth.RegionRole(l, "eu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := etcdauth.Ensure(ctx, admin, eu, etcdauth.RegionUser("eu"), "region-pw"); err != nil {
+		t.Fatal(err)
+	}
 	if err := etcdauth.EnableAuth(ctx, admin, "root-pw"); err != nil {
 		t.Fatal(err)
 	}
@@ -59,6 +69,7 @@ func TestNodeRoleOnRealEtcd(t *testing.T) {
 	}
 	coord := login(t, srv, "quota-coordinator", "coord-pw")
 	node := login(t, srv, etcdauth.NodeUser("eu", "n1"), "node-pw")
+	region := login(t, srv, etcdauth.RegionUser("eu"), "region-pw")
 	if _, err := coord.Put(ctx, l.Alloc("exports"), `{"epoch":1}`); err != nil {
 		t.Fatalf("coordinator publishes an allocation: %v", err)
 	}
@@ -95,6 +106,24 @@ func TestNodeRoleOnRealEtcd(t *testing.T) {
 		{"node takes the election", node, clientv3.OpPut(l.Election()+"/x", "me"), false},
 		{"node reads all demand reports", node, clientv3.OpGet(l.DemandPrefix(), clientv3.WithPrefix()), false},
 		{"node reads the audit log", node, clientv3.OpGet(l.AuditPrefix(), clientv3.WithPrefix()), false},
+		{"node creates the subject salt", node, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(l.SubjectSalt()), "=", 0)},
+			[]clientv3.Op{clientv3.OpPut(l.SubjectSalt(), "salt")}, []clientv3.Op{clientv3.OpGet(l.SubjectSalt())}), true},
+		{"region registers any of its nodes", region, clientv3.OpPut(l.Node("eu", "n7"), "{}"), true},
+		{"region reports a node's demand", region, clientv3.OpPut(l.NodeDemand("eu", "n7"), "{}"), true},
+		{"region acknowledges for a node", region, clientv3.OpPut(l.NodeAck("eu", "n7"), "{}"), true},
+		{"region reads allocations", region, clientv3.OpGet(l.AllocPrefix(), clientv3.WithPrefix()), true},
+		{"region reads the subject salt", region, clientv3.OpGet(l.SubjectSalt()), true},
+		{"region registers another region", region, clientv3.OpPut(l.Node("us", "n1"), "{}"), false},
+		{"region registers a region named like it", region, clientv3.OpPut(l.RegionsPrefix()+"eux/n1", "{}"), false},
+		{"region reports another region's demand", region, clientv3.OpPut(l.NodeDemand("us", "n1"), "{}"), false},
+		{"region acknowledges for another region", region, clientv3.OpPut(l.NodeAck("us", "n1"), "{}"), false},
+		{"region writes an allocation", region, clientv3.OpPut(l.Alloc("exports"), `{"epoch":99}`), false},
+		{"region writes a policy", region, clientv3.OpPut(l.PolicyDoc("p.yaml"), "policies: []"), false},
+		{"region writes a control", region, clientv3.OpPut(l.Control("exports"), "{}"), false},
+		{"region writes settings", region, clientv3.OpPut(l.Settings(), "{}"), false},
+		{"region writes the audit log", region, clientv3.OpPut(l.Audit(time.Now(), 1), "{}"), false},
+		{"region takes the election", region, clientv3.OpPut(l.Election()+"/x", "me"), false},
+		{"region reads all demand reports", region, clientv3.OpGet(l.DemandPrefix(), clientv3.WithPrefix()), false},
 		{"coordinator writes a control", coord, clientv3.OpPut(l.Control("exports"), "{}"), true},
 		{"coordinator reads the registrations", coord, clientv3.OpGet(l.RegionsPrefix(), clientv3.WithPrefix()), true},
 		{"coordinator writes outside its prefix", coord, clientv3.OpPut("/other/app", "x"), false},
@@ -116,6 +145,9 @@ func TestNodeRoleOnRealEtcd(t *testing.T) {
 	}
 	if _, err := etcdauth.NodeRole(l, "eu/x", "n1"); !errors.Is(err, etcdauth.ErrInvalid) {
 		t.Errorf("region with a slash: %v, want ErrInvalid", err)
+	}
+	if _, err := etcdauth.RegionRole(l, "eu/x"); !errors.Is(err, etcdauth.ErrInvalid) {
+		t.Errorf("RegionRole, region with a slash: %v, want ErrInvalid", err)
 	}
 	anon := login(t, srv, "", "")
 	if _, err := anon.Put(ctx, l.Alloc("exports"), "{}"); err == nil {

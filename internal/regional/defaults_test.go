@@ -8,47 +8,19 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
-	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
 
+	"github.com/quotacoord/quota/internal/grpctest"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
 )
-
-// listServices asks the gRPC server at addr for its services by
-// reflection.
-func listServices(t *testing.T, addr string) ([]string, error) {
-	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	stream, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(ctxT(t))
-	if err != nil {
-		return nil, err
-	}
-	// A stream the server ended makes Send return io.EOF; Recv then
-	// returns the server's status.
-	_ = stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}})
-	r, err := stream.Recv()
-	if err != nil {
-		return nil, err
-	}
-	var names []string
-	for _, s := range r.GetListServicesResponse().GetService() {
-		names = append(names, s.Name)
-	}
-	return names, nil
-}
 
 // TestReflectionOffByDefault: a node serves no gRPC reflection (which
 // lists every service to anyone who reaches the port) unless
 // GRPCReflection (-grpc-reflection) asks for it.
 func TestReflectionOffByDefault(t *testing.T) {
 	g, _, _, stop := runNode(t, DaemonConfig{Policies: "../../examples/policies"})
-	_, err := listServices(t, g)
+	_, err := grpctest.ReflectionServices(ctxT(t), g)
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +28,7 @@ func TestReflectionOffByDefault(t *testing.T) {
 		t.Fatalf("reflection by default: %v, want Unimplemented", err)
 	}
 	g, _, _, stop = runNode(t, DaemonConfig{Policies: "../../examples/policies", GRPCReflection: true})
-	names, err := listServices(t, g)
+	names, err := grpctest.ReflectionServices(ctxT(t), g)
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}

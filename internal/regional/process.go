@@ -27,6 +27,7 @@ import (
 	"github.com/quotacoord/quota/bucket"
 	"github.com/quotacoord/quota/internal/clock"
 	"github.com/quotacoord/quota/internal/daemon"
+	"github.com/quotacoord/quota/internal/etcdauth"
 	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/internal/regionsync"
 	"github.com/quotacoord/quota/internal/tlsconfig"
@@ -87,6 +88,13 @@ type DaemonConfig struct {
 	// EtcdTLS is the etcd client's TLS; it needs EtcdEndpoints. Its Logger
 	// is filled in.
 	EtcdTLS tlsconfig.Etcd
+	// EtcdAuth is the etcd user the node authenticates as (-etcd-username)
+	// and its password (-etcd-password-file or QUOTA_ETCD_PASSWORD); it
+	// needs EtcdEndpoints. With a user the node authenticates at start:
+	// credentials etcd refuses stop Run with an error wrapping
+	// etcdauth.ErrRefused. The zero value authenticates as nobody (or by
+	// the client certificate's common name).
+	EtcdAuth etcdauth.Credentials
 	// Policies is a policy file or directory, reloaded on change; without
 	// it the policies come from etcd. One of Policies and EtcdEndpoints
 	// is required.
@@ -164,6 +172,11 @@ type RedisTLS struct {
 	CAFile, CertFile, KeyFile, ServerName string
 }
 
+// DefaultHTTPAddr is where a node serves /metrics, /healthz and /readyz
+// unless told otherwise: loopback, so that only the host's scraper reads
+// them until an operator opens the port (-http-addr).
+const DefaultHTTPAddr = "127.0.0.1:8080"
+
 // MaxRedisMerge bounds DaemonConfig.RedisMerge: a merged script call holds
 // single-threaded Redis for the time of every bucket in it
 // (bucket.DefaultMerge).
@@ -205,6 +218,9 @@ func (c DaemonConfig) withDefaults() (DaemonConfig, error) {
 	if c.EtcdTLS.Enabled() && len(c.EtcdEndpoints) == 0 {
 		return bad("-etcd-tls-* flags need -etcd")
 	}
+	if c.EtcdAuth != (etcdauth.Credentials{}) && len(c.EtcdEndpoints) == 0 {
+		return bad("-etcd-username, -etcd-password-file and QUOTA_ETCD_PASSWORD need -etcd")
+	}
 	if c.OTLPInsecure && c.OTLPEndpoint == "" {
 		return bad("-otlp-insecure needs -otlp-endpoint")
 	}
@@ -245,7 +261,7 @@ func (c DaemonConfig) withDefaults() (DaemonConfig, error) {
 		c.GRPCAddr = ":8081"
 	}
 	if c.HTTPAddr == "" {
-		c.HTTPAddr = "127.0.0.1:8080"
+		c.HTTPAddr = DefaultHTTPAddr
 	}
 	if c.LocalMaxBuckets == 0 {
 		c.LocalMaxBuckets = 100000

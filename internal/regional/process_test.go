@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/quotacoord/quota/internal/daemon"
+	"github.com/quotacoord/quota/internal/etcdauth"
 	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/internal/tlsconfig"
 )
@@ -43,6 +44,7 @@ func TestDaemonConfigDefaults(t *testing.T) {
 		{"password without redis", DaemonConfig{Policies: "p", RedisPasswordFile: "f"}, "need -redis"},
 		{"etcd tls half", DaemonConfig{EtcdEndpoints: etcd, EtcdTLS: tlsconfig.Etcd{CertFile: "c"}}, "-etcd-tls-cert and -etcd-tls-key"},
 		{"etcd tls without etcd", DaemonConfig{Policies: "p", EtcdTLS: tlsconfig.Etcd{CAFile: "ca"}}, "need -etcd"},
+		{"etcd user without etcd", DaemonConfig{Policies: "p", EtcdAuth: etcdauth.Credentials{Username: "u"}}, "need -etcd"},
 		{"node id", DaemonConfig{EtcdEndpoints: etcd, NodeID: "a b"}, "-node-id"},
 		{"node id with a slash", DaemonConfig{EtcdEndpoints: etcd, NodeID: "a/b"}, "-node-id"},
 		{"node id too long", DaemonConfig{EtcdEndpoints: etcd, NodeID: strings.Repeat("n", etcdlayout.MaxNameLen+1)}, "-node-id"},

@@ -2,6 +2,7 @@ package regional
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/quotacoord/quota/internal/demand"
+	"github.com/quotacoord/quota/internal/etcdauth"
 	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/internal/policy"
 	"github.com/quotacoord/quota/internal/regionsync"
@@ -28,6 +30,10 @@ type syncer struct {
 	salt string
 }
 
+// etcdCredentialFlags names what gives the node its etcd credentials, for
+// errors saying etcd refused them.
+const etcdCredentialFlags = "(see -etcd-username, -etcd-password-file, QUOTA_ETCD_PASSWORD, -etcd-tls-cert)"
+
 // startSync wires the region to etcd when c has EtcdEndpoints (over TLS
 // with c.EtcdTLS, files reloaded on change): shares and acknowledgements
 // through internal/regionsync, demand through an internal/demand recorder
@@ -41,14 +47,20 @@ func startSync(ctx context.Context, c DaemonConfig, log hclog.Logger) (*syncer, 
 	if etls.Logger == nil {
 		etls.Logger = log.Named("etcd-tls")
 	}
-	client, err := regionsync.DialTLS(c.EtcdEndpoints, etls)
+	client, err := regionsync.DialAuth(c.EtcdEndpoints, etls, c.EtcdAuth)
 	if err != nil {
+		if errors.Is(err, etcdauth.ErrRefused) {
+			return nil, fmt.Errorf("regional: -etcd: %w %s", err, etcdCredentialFlags)
+		}
 		return nil, fmt.Errorf("regional: -etcd: %w", err)
 	}
 	var salt string
 	if c.SubjectSalt == "" {
 		if salt, err = sharedSubjectSalt(ctx, client, etcdlayout.Layout{}); err != nil {
 			client.Close()
+			if err := etcdauth.Refusal(err); errors.Is(err, etcdauth.ErrRefused) {
+				return nil, fmt.Errorf("%w %s", err, etcdCredentialFlags)
+			}
 			return nil, fmt.Errorf("%w (or give -subject-salt)", err)
 		}
 		log.Info("using the deployment's subject salt from etcd")

@@ -77,11 +77,17 @@ var listenRE = regexp.MustCompile(`(grpc|http) listening on (\S+)`)
 
 // startNode runs regional.Run with c on loopback listeners, logging every
 // level as JSON lines to n.out (the leak tests read all of it); it is
-// stopped at cleanup. dial, when not nil, replaces the insecure client.
+// stopped at cleanup. Listeners not given in c are on loopback, port 0.
+// dial, when not nil, replaces the insecure client.
 func startNode(t testing.TB, c regional.DaemonConfig, dial func(addr string) (*grpc.ClientConn, error)) *node {
 	t.Helper()
 	n := &node{out: &logbuf.Buffer{Max: 64 << 20}}
-	c.GRPCAddr, c.HTTPAddr, c.ShutdownTimeout = "127.0.0.1:0", "127.0.0.1:0", 5*time.Second
+	for _, a := range []*string{&c.GRPCAddr, &c.HTTPAddr} {
+		if *a == "" {
+			*a = "127.0.0.1:0"
+		}
+	}
+	c.ShutdownTimeout = 5 * time.Second
 	c.Logger = hclog.New(&hclog.LoggerOptions{Name: "regional", Output: n.out, Level: hclog.Trace, JSONFormat: true})
 	c.Announce = n.out
 	ctx, cancel := context.WithCancel(context.Background())
