@@ -167,7 +167,7 @@ field() { sed -n "s/.*\"$2\":\([-0-9.e+]*\).*/\1/p" "$work/$1.json"; }
 # (0.1 units per microsecond), cost 1 token, idle TTL 60 s, field 'bench'
 # of a group hash, a new bucket filled to its capacity.
 SHA=$(go run ./bucket/internal/tbscript | redis-cli -p "$RP" -x SCRIPT LOAD)
-one=$(redis-cli -p "$RP" EVALSHA "$SHA" 1 'rl:v1:{g.0}:bench' t '' tb 100000 0.1 1000 60000 bench 100000)
+one=$(redis-cli -p "$RP" EVALSHA "$SHA" 1 'rl:v1:{g.0}:bench' t '' tb 100000 0.1 1000 60000 bench 100000 0 0)
 if [ "$(printf '%s\n' "$one" | grep -cE '^-?[0-9]+$')" -ne 5 ]; then
 	echo "bench-regional: the bare EVALSHA does not reply 5 integers: $one" >&2
 	exit 1
@@ -175,7 +175,7 @@ fi
 evalsha() {
 	echo "run redis-benchmark EVALSHA ..."
 	taskset -c 1 redis-benchmark -h 127.0.0.1 -p "$RP" -c 50 -P 16 -n 600000 -r 10000 --csv \
-		EVALSHA "$SHA" 1 'rl:v1:{g.__rand_int__}:bench' t '' tb 100000 0.1 1000 60000 bench 100000 |
+		EVALSHA "$SHA" 1 'rl:v1:{g.__rand_int__}:bench' t '' tb 100000 0.1 1000 60000 bench 100000 0 0 |
 		awk -F'","' 'NR==2 {print $2}' | tr -d '"' >"$work/evalsha.$1"
 }
 

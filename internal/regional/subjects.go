@@ -72,8 +72,8 @@ type subjectSet struct {
 	fullUntil atomic.Int64
 }
 
-// subjectShard is a part of a policy's live subjects, least recently
-// checked first.
+// subjectShard is a part of a policy's live subjects, soonest to expire
+// first. A subject stays listed at least ttl after its last check.
 type subjectShard struct {
 	mu    sync.Mutex
 	m     map[string]*list.Element // of *liveEntry
@@ -162,8 +162,15 @@ func (s *subjectSet) admit(subject string, now time.Time) (v subjectVerdict, fre
 	if el, ok := sh.m[subject]; ok {
 		e := el.Value.(*liveEntry)
 		if now.Before(e.expires) {
-			e.expires = now.Add(s.ttl)
-			sh.order.MoveToBack(el)
+			// Moving an entry to the back on every check cost a list
+			// operation per check; an entry is moved once less than ttl
+			// of its life is left, and then lives 1.5 ttl, so it is still
+			// listed ttl after its last check (as its bucket may be), and
+			// the list stays in expiry order.
+			if e.expires.Sub(now) < s.ttl {
+				e.expires = now.Add(s.ttl + s.ttl/2)
+				sh.order.MoveToBack(el)
+			}
 			return subjectOwn, false
 		}
 		sh.order.Remove(el)
@@ -183,7 +190,7 @@ func (s *subjectSet) admit(subject string, now time.Time) (v subjectVerdict, fre
 	if len(sh.m) >= s.per {
 		return subjectOverflow, false
 	}
-	sh.m[subject] = sh.order.PushBack(&liveEntry{subject: subject, expires: now.Add(s.ttl)})
+	sh.m[subject] = sh.order.PushBack(&liveEntry{subject: subject, expires: now.Add(s.ttl + s.ttl/2)})
 	return subjectOwn, true
 }
 
