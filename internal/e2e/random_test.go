@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"math/rand/v2"
 	"os"
 	"strconv"
@@ -14,11 +15,13 @@ import (
 // TestRandomDemandRestartsAndFailover is must-show 2 beyond the demand
 // test: seeded random demand in three regions, random region restarts
 // (graceful, which revokes the lease, and crash-like, which leaves it to
-// expire), and, halfway, the leading coordinator killed while a shrink is
-// pending (a region cut off from etcd cannot acknowledge it) and replaced
-// by the standby, with a fresh standby started. etcd's whole history is
-// then replayed: at no revision do the shares the regions may be
-// enforcing sum above 1 + ε.
+// expire), random Redis flushes (the nodes run with the loss guard), and,
+// halfway, the leading coordinator killed while a shrink is pending (a
+// region cut off from etcd cannot acknowledge it) and replaced by the
+// standby, with a fresh standby started. Every admitted decision is then
+// checked against the bound (boundcheck), and etcd's whole history
+// replayed: at no revision do the shares the regions may be enforcing sum
+// above 1 + ε.
 func TestRandomDemandRestartsAndFailover(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv("E2E_SEED"); s != "" {
@@ -36,7 +39,7 @@ func TestRandomDemandRestartsAndFailover(t *testing.T) {
 		steps   = 10
 		stepDur = 1500 * time.Millisecond
 	)
-	var restarts, crashes int
+	var restarts, crashes, flushes int
 	for step := range steps {
 		for _, r := range e.regions {
 			r.load.setRate(rates[rng.IntN(len(rates))])
@@ -44,6 +47,17 @@ func TestRandomDemandRestartsAndFailover(t *testing.T) {
 		switch {
 		case step == steps/2:
 			killLeaderMidShrink(t, e, rng)
+		case rng.Float64() < 0.15:
+			// Redis loses its state: every bucket of the region is gone.
+			r := e.regions[rng.IntN(len(e.regions))]
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			err := r.redis.Client(t).FlushAll(ctx).Err()
+			cancel()
+			if err != nil {
+				t.Fatal(err)
+			}
+			flushes++
+			t.Logf("step %d: region %s's Redis flushed", step, r.name)
 		case rng.Float64() < 0.4:
 			r := e.regions[rng.IntN(len(e.regions))]
 			graceful := rng.IntN(2) == 0
@@ -72,7 +86,7 @@ func TestRandomDemandRestartsAndFailover(t *testing.T) {
 		t.Logf("region %s: %d starts; %d admitted, %d denied, %d degraded, %d failed checks",
 			r.name, r.starts, s.allowed, s.denied, s.degraded, s.failed)
 	}
-	t.Logf("%d graceful restarts, %d crashes, 1 coordinator killed mid-shrink", restarts, crashes)
+	t.Logf("%d graceful restarts, %d crashes, %d Redis flushes, 1 coordinator killed mid-shrink", restarts, crashes, flushes)
 	e.checkBound()
 	rep := e.replay()
 	if rep.Epochs < 6 || rep.Acks < 10 || rep.Revisions < 20 {
