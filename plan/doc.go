@@ -31,6 +31,16 @@
 //  4. Settle: reports whether the round that published a growth a full
 //     round had to wait for must be followed by a full round at once.
 //
+// What a split counts: a live region is one with a registered node,
+// unless one of its nodes reports another fingerprint (policies, subject
+// naming) than most nodes (View.Mismatched); a retired region without a
+// node is left out (View.Retired); every region is reserved at least the
+// largest safe share it may still fall back to (Allocation.Held). A
+// shrink epoch publishes min(old, new) safe shares (TargetSafe holds the
+// new), and with Params.AckDeadline a node that has not acknowledged a
+// shrink within the deadline (plus the skew margin) since the leader
+// first saw it counts at its safe share, to which it fell back.
+//
 // ReportArrived tells a caller that watches demand reports that a region
 // back from having no node just reported: a full round at once spares it
 // an interval at its minimum.
