@@ -245,11 +245,15 @@ var stepTables = []struct {
 
 func runSteps(t *testing.T, d driver, subject string) {
 	t.Helper()
+	_, state := d.(stateDriver)
 	for n, tab := range stepTables {
+		if state && (tab.withheld != 0 || !tab.since.IsZero()) {
+			// Not State's tables: a State starts new buckets full;
+			// Request.Withheld and Since are the stores' (Memory, Redis),
+			// which run every table.
+			continue
+		}
 		t.Run(tab.name, func(t *testing.T) {
-			if _, state := d.(stateDriver); state && (tab.withheld != 0 || !tab.since.IsZero()) {
-				t.Skip("a State starts new buckets full: Request.Withheld and Since are the stores' (Memory, Redis)")
-			}
 			key, err := bucket.NewKey("steps", 1, subject+"-"+fmt.Sprint(n))
 			if err != nil {
 				t.Fatal(err)
