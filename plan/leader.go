@@ -216,6 +216,10 @@ type Leader struct {
 	// epoch, that epoch and when this leader first saw it: the start of
 	// its acknowledgement deadline on this leader's clock.
 	shrinkSeen map[string]seenEpoch
+	// mismatched is View.Mismatched of the view last tracked (tracked):
+	// a round asks it once, not once per policy.
+	tracked    *View
+	mismatched []string
 }
 
 // seenEpoch is an epoch and when the leader first saw it.
@@ -282,6 +286,7 @@ func (l *Leader) Track(now time.Time, v *View, allocs map[string]*Allocation) {
 			delete(l.returned, r)
 		}
 	}
+	l.tracked, l.mismatched = v, v.Mismatched()
 	for k := range l.nodes {
 		if _, ok := v.Regions[k.region][k.node]; !ok {
 			l.NodeGone(k.region, now)

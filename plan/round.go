@@ -94,7 +94,10 @@ func (l *Leader) Plan(now time.Time, v *View, p Policy, cur *Allocation, ctl Con
 		return d
 	}
 	held := l.held(now, v, p.Name, cur)
-	d.Mismatched = v.Mismatched()
+	d.Mismatched = l.mismatched
+	if l.tracked != v {
+		d.Mismatched = v.Mismatched() // a view Track has not seen
+	}
 	next, regions, safe, err := l.proposal(v, &p, cur, ctl, held, d.Mismatched)
 	if err != nil {
 		d.Note = err.Error()
