@@ -278,17 +278,14 @@ func (r *Recorder) snapshot(now time.Time) (map[string]etcdlayout.PolicyDemand, 
 
 	acc := map[string]*drained{}
 	drain := func(pd *policyDemand) bool {
-		// Admitted before offered: Record adds offered first, so every
-		// admitted cost taken here has its offered cost taken too.
+		// A record adds its offered cost before its admitted cost, so a
+		// record racing this drain may have its offered cost taken here
+		// and its admitted cost by the next snapshot. Each report then
+		// may show admitted above offered by the costs of the few records
+		// that straddle its boundary; summed over reports both are exact,
+		// and no cost waits for later traffic to be reported.
 		a := pd.admitted.Swap(0)
 		o := pd.offered.Swap(0)
-		if a > o {
-			// Only a record split across two snapshots (offered taken by
-			// the previous one) gets here: its admitted cost waits for the
-			// next snapshot so that admitted ≤ offered in every report.
-			addSaturating(&pd.admitted, a-o)
-			a = o
-		}
 		d := acc[pd.name]
 		if d == nil {
 			d = &drained{}
