@@ -170,6 +170,23 @@ func orNone(s []string) string {
 
 // nodeList renders a region's nodes as "id(epoch)", a dead node marked
 // with "†".
+// printMismatches lists, for each region whose nodes disagree on policies
+// or subject naming, every node's fingerprint, so an operator can find
+// the node that differs.
+func printMismatches(w io.Writer, regions map[string][]*quotav1.NodeAck) {
+	for _, r := range slices.Sorted(maps.Keys(regions)) {
+		fmt.Fprintf(w, "config mismatch: region %s is not counted as live (it holds its minimum) until its nodes agree:", r)
+		for _, n := range regions[r] {
+			fp := n.Fingerprint
+			if fp == "" {
+				fp = "-"
+			}
+			fmt.Fprintf(w, " %s=%s", n.Node, fp)
+		}
+		fmt.Fprintln(w)
+	}
+}
+
 func nodeList(nodes []*quotav1.NodeAck) string {
 	if len(nodes) == 0 {
 		return "-"

@@ -16,6 +16,7 @@ import (
 	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/internal/etcdtest"
 	"github.com/quotacoord/quota/rebalance"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 )
 
@@ -38,6 +39,7 @@ type harness struct {
 	addr     string
 	tokens   string
 	readOnly string
+	cli      *clientv3.Client
 }
 
 func start(t *testing.T) *harness {
@@ -94,7 +96,7 @@ func start(t *testing.T) *harness {
 	if err := os.WriteFile(pf, []byte(policyDoc), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return &harness{t: t, addr: c.GRPCAddr, tokens: c.TokenFile, readOnly: ro}
+	return &harness{t: t, addr: c.GRPCAddr, tokens: c.TokenFile, readOnly: ro, cli: cli}
 }
 
 func (h *harness) run(args ...string) (string, error) {
@@ -238,6 +240,55 @@ func TestEveryCommand(t *testing.T) {
 	var audit struct{ Entries []struct{ Action string } }
 	if err := json.Unmarshal([]byte(h.must("audit", "list", "--limit", "2", "-o", "json")), &audit); err != nil || len(audit.Entries) != 2 || audit.Entries[0].Action != "retire-region" {
 		t.Fatalf("audit json: %+v %v", audit, err)
+	}
+}
+
+// TestAllocShowsConfigMismatch registers one more node in each region, eu's
+// and us's with different fingerprints: us loses the vote (ties go to the
+// smaller fingerprint), and alloc show marks it and names every node's
+// fingerprint so an operator can find the one that differs.
+func TestAllocShowsConfigMismatch(t *testing.T) {
+	h := start(t)
+	ctx := context.Background()
+	for region, fp := range map[string]string{"eu": "fp-a", "us": "fp-b"} {
+		n := coordtest.NewNode(h.cli, etcdlayout.Layout{}, region, "node-1")
+		n.Fingerprint = fp
+		if err := n.Register(ctx, time.Second); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(n.Kill)
+	}
+	h.must("policy", "apply", "-f", filepath.Join(filepath.Dir(h.tokens), "exports.yaml"))
+	h.must("rebalance", "now")
+	out := h.must("alloc", "show", "exports")
+	var rows []string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "exports") {
+			rows = append(rows, strings.Join(strings.Fields(l)[3:], " "))
+		}
+	}
+	if len(rows) != 2 || !strings.Contains(rows[0], "eu") || !strings.Contains(rows[0], " ok ") ||
+		!strings.Contains(rows[1], "us") || !strings.Contains(rows[1], " MISMATCH ") {
+		t.Fatalf("alloc show rows %q, want eu ok and us MISMATCH:\n%s", rows, out)
+	}
+	if !strings.Contains(out, "config mismatch: region us") || !strings.Contains(out, "node-1=fp-b") || !strings.Contains(out, "node-0=-") {
+		t.Fatalf("alloc show lacks us's fingerprints:\n%s", out)
+	}
+	var alloc struct {
+		Allocations []struct {
+			Regions []struct {
+				Region         string
+				ConfigMismatch bool `json:"configMismatch"`
+			}
+		}
+	}
+	if err := json.Unmarshal([]byte(h.must("alloc", "show", "exports", "-o", "json")), &alloc); err != nil || len(alloc.Allocations) != 1 {
+		t.Fatalf("alloc json: %+v %v", alloc, err)
+	}
+	for _, r := range alloc.Allocations[0].Regions {
+		if r.ConfigMismatch != (r.Region == "us") {
+			t.Fatalf("json: region %s config_mismatch %v", r.Region, r.ConfigMismatch)
+		}
 	}
 }
 

@@ -96,12 +96,19 @@ func newAllocCmd(o *options) *cobra.Command {
 			}
 			return o.print(r, func(w *tabwriter.Writer) {
 				fmt.Fprintf(w, "leader: %s\n", r.Leader)
-				fmt.Fprintln(w, "POLICY\tEPOCH\tPHASE\tREGION\tSHARE\tTARGET\tSAFE\tLIVE\tACKED\tOFFERED/S\tADMITTED/S\tPINNED\tNODES (ACKED)")
+				fmt.Fprintln(w, "POLICY\tEPOCH\tPHASE\tREGION\tSHARE\tTARGET\tSAFE\tLIVE\tACKED\tOFFERED/S\tADMITTED/S\tPINNED\tCONFIG\tNODES (ACKED)")
+				mismatched := map[string][]*quotav1.NodeAck{}
 				for _, a := range r.Allocations {
 					for _, s := range a.Regions {
-						fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%.4f\t%.4f\t%.4f\t%v\t%d\t%.2f\t%.2f\t%v\t%s\n", a.Policy, a.Epoch, a.Phase, s.Region, s.Share, s.Target, s.Safe, s.Live, s.AckedEpoch, s.Offered, s.Admitted, s.Pinned, nodeList(s.Nodes))
+						config := "ok"
+						if s.ConfigMismatch {
+							config = "MISMATCH"
+							mismatched[s.Region] = s.Nodes
+						}
+						fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%.4f\t%.4f\t%.4f\t%v\t%d\t%.2f\t%.2f\t%v\t%s\t%s\n", a.Policy, a.Epoch, a.Phase, s.Region, s.Share, s.Target, s.Safe, s.Live, s.AckedEpoch, s.Offered, s.Admitted, s.Pinned, config, nodeList(s.Nodes))
 					}
 				}
+				printMismatches(w, mismatched)
 			})
 		}),
 	}))

@@ -18,6 +18,7 @@ import (
 	"github.com/quotacoord/quota/internal/clock"
 	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/internal/policy"
+	"github.com/quotacoord/quota/plan"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
 	"github.com/quotacoord/quota/rebalance"
 	"github.com/quotacoord/quota/sim"
@@ -338,8 +339,9 @@ func (o *operator) ShowAllocation(ctx context.Context, req *quotav1.ShowAllocati
 		return nil, status.Errorf(codes.Unavailable, "read allocations: %v", err)
 	}
 	allocs := map[string]etcdlayout.Allocation{}
-	// live, acks and demand are per region, then per node.
-	live := map[string]map[string]bool{}
+	// live (each registered node's fingerprint), acks and demand are per
+	// region, then per node.
+	live := map[string]map[string]string{}
 	acks := map[string]map[string]etcdlayout.Ack{}
 	demand := map[string]map[string]etcdlayout.DemandReport{}
 	controls := map[string]etcdlayout.Control{}
@@ -354,8 +356,10 @@ func (o *operator) ShowAllocation(ctx context.Context, req *quotav1.ShowAllocati
 					allocs[name] = a
 				}
 			case 1:
+				var reg etcdlayout.Registration
 				if nodeKey && len(live) < maxShownRegions {
-					setIn(live, region, node, true)
+					_ = json.Unmarshal(kv.Value, &reg) // a record that does not parse still makes its node live
+					setIn(live, region, node, reg.Fingerprint)
 				}
 			case 2:
 				var a etcdlayout.Ack
@@ -387,6 +391,14 @@ func (o *operator) ShowAllocation(ctx context.Context, req *quotav1.ShowAllocati
 	if l, err := o.loop.Leader(ctx); err == nil {
 		out.Leader = l
 	}
+	view := plan.View{Regions: map[string]map[string]plan.Node{}}
+	for r, nodes := range live {
+		view.Regions[r] = map[string]plan.Node{}
+		for n, fp := range nodes {
+			view.Regions[r][n] = plan.Node{Fingerprint: fp}
+		}
+	}
+	mismatched := view.Mismatched()
 	for _, name := range slices.Sorted(maps.Keys(allocs)) {
 		if req.Policy != "" && name != req.Policy {
 			continue
@@ -407,7 +419,7 @@ func (o *operator) ShowAllocation(ctx context.Context, req *quotav1.ShowAllocati
 		for _, r := range slices.Sorted(maps.Keys(regions)) {
 			rs := &quotav1.RegionShare{
 				Region: r, Share: a.Default[r], Target: a.Default[r], Safe: a.Safe[r], Live: len(live[r]) > 0,
-				AckedEpoch: regionAck(live[r], acks[r], name),
+				AckedEpoch: regionAck(live[r], acks[r], name), ConfigMismatch: slices.Contains(mismatched, r),
 			}
 			if a.Target != nil {
 				rs.Target = a.Target.Default[r]
@@ -439,7 +451,7 @@ func setIn[V any](m map[string]map[string]V, outer, inner string, v V) {
 // over its registered nodes (a node without an acknowledgement counts as
 // 0), or, for a region without registered nodes, the least over the
 // acknowledgements still stored.
-func regionAck(nodes map[string]bool, acks map[string]etcdlayout.Ack, policy string) uint64 {
+func regionAck(nodes map[string]string, acks map[string]etcdlayout.Ack, policy string) uint64 {
 	first := true
 	var least uint64
 	consider := func(e uint64) {
@@ -461,7 +473,7 @@ func regionAck(nodes map[string]bool, acks map[string]etcdlayout.Ack, policy str
 
 // nodeAcks lists a region's nodes, registered or with a stored
 // acknowledgement, sorted by id.
-func nodeAcks(nodes map[string]bool, acks map[string]etcdlayout.Ack, policy string) []*quotav1.NodeAck {
+func nodeAcks(nodes map[string]string, acks map[string]etcdlayout.Ack, policy string) []*quotav1.NodeAck {
 	ids := map[string]bool{}
 	for n := range nodes {
 		ids[n] = true
@@ -471,7 +483,8 @@ func nodeAcks(nodes map[string]bool, acks map[string]etcdlayout.Ack, policy stri
 	}
 	out := make([]*quotav1.NodeAck, 0, len(ids))
 	for _, n := range slices.Sorted(maps.Keys(ids)) {
-		out = append(out, &quotav1.NodeAck{Node: n, AckedEpoch: acks[n].Epochs[policy], Live: nodes[n]})
+		fp, live := nodes[n]
+		out = append(out, &quotav1.NodeAck{Node: n, AckedEpoch: acks[n].Epochs[policy], Live: live, Fingerprint: fp})
 	}
 	return out
 }

@@ -16,8 +16,12 @@ import (
 // its own per-node keys.
 type Region struct {
 	// Name is the region's name, Node the node's id within it.
-	Name   string
-	Node   string
+	Name string
+	Node string
+	// Fingerprint is written in the node's registration
+	// (etcdlayout.Registration.Fingerprint); set it before Register.
+	Fingerprint string
+
 	cli    *clientv3.Client
 	layout etcdlayout.Layout
 
@@ -67,7 +71,7 @@ func (r *Region) Register(ctx context.Context, ttl time.Duration) error {
 		for range ch {
 		}
 	}()
-	reg := etcdlayout.Registration{Region: r.Name, Node: r.Node, LeaseTTLSeconds: g.TTL, StartedAt: time.Now()}
+	reg := etcdlayout.Registration{Region: r.Name, Node: r.Node, LeaseTTLSeconds: g.TTL, StartedAt: time.Now(), Fingerprint: r.Fingerprint}
 	if err := r.put(ctx, r.layout.Node(r.Name, r.Node), reg, g.ID); err != nil {
 		cancel()
 		return err

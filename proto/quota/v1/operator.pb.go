@@ -795,9 +795,13 @@ type RegionShare struct {
 	// nodes are the region's nodes, registered or with a stored
 	// acknowledgement, by node id. acked_epoch above is the least of them
 	// over the registered nodes.
-	Nodes         []*NodeAck `protobuf:"bytes,10,rep,name=nodes,proto3" json:"nodes,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Nodes []*NodeAck `protobuf:"bytes,10,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// config_mismatch says a node of the region reports a fingerprint
+	// (policies and subject naming) other than most nodes': rounds do not
+	// count the region as live, so it holds its minimum until they agree.
+	ConfigMismatch bool `protobuf:"varint,11,opt,name=config_mismatch,json=configMismatch,proto3" json:"config_mismatch,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RegionShare) Reset() {
@@ -900,6 +904,13 @@ func (x *RegionShare) GetNodes() []*NodeAck {
 	return nil
 }
 
+func (x *RegionShare) GetConfigMismatch() bool {
+	if x != nil {
+		return x.ConfigMismatch
+	}
+	return false
+}
+
 // NodeAck is one regional node's acknowledgement of a policy.
 type NodeAck struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -908,7 +919,10 @@ type NodeAck struct {
 	// acked_epoch is the latest epoch of the policy the node applied (0: none).
 	AckedEpoch uint64 `protobuf:"varint,2,opt,name=acked_epoch,json=ackedEpoch,proto3" json:"acked_epoch,omitempty"`
 	// live says the node holds its registration lease.
-	Live          bool `protobuf:"varint,3,opt,name=live,proto3" json:"live,omitempty"`
+	Live bool `protobuf:"varint,3,opt,name=live,proto3" json:"live,omitempty"`
+	// fingerprint identifies the node's policies and subject naming, as its
+	// registration reports it (empty: not reported).
+	Fingerprint   string `protobuf:"bytes,4,opt,name=fingerprint,proto3" json:"fingerprint,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -962,6 +976,13 @@ func (x *NodeAck) GetLive() bool {
 		return x.Live
 	}
 	return false
+}
+
+func (x *NodeAck) GetFingerprint() string {
+	if x != nil {
+		return x.Fingerprint
+	}
+	return ""
 }
 
 // RebalanceNowRequest has no fields.
@@ -2272,7 +2293,7 @@ const file_quota_v1_operator_proto_rawDesc = "" +
 	"\n" +
 	"overcommit\x18\b \x01(\x01R\n" +
 	"overcommit\x12\x16\n" +
-	"\x06frozen\x18\t \x01(\bR\x06frozen\"\x93\x02\n" +
+	"\x06frozen\x18\t \x01(\bR\x06frozen\"\xbc\x02\n" +
 	"\vRegionShare\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x14\n" +
 	"\x05share\x18\x02 \x01(\x01R\x05share\x12\x16\n" +
@@ -2285,12 +2306,14 @@ const file_quota_v1_operator_proto_rawDesc = "" +
 	"\badmitted\x18\b \x01(\x01R\badmitted\x12\x16\n" +
 	"\x06pinned\x18\t \x01(\bR\x06pinned\x12'\n" +
 	"\x05nodes\x18\n" +
-	" \x03(\v2\x11.quota.v1.NodeAckR\x05nodes\"R\n" +
+	" \x03(\v2\x11.quota.v1.NodeAckR\x05nodes\x12'\n" +
+	"\x0fconfig_mismatch\x18\v \x01(\bR\x0econfigMismatch\"t\n" +
 	"\aNodeAck\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1f\n" +
 	"\vacked_epoch\x18\x02 \x01(\x04R\n" +
 	"ackedEpoch\x12\x12\n" +
-	"\x04live\x18\x03 \x01(\bR\x04live\"\x15\n" +
+	"\x04live\x18\x03 \x01(\bR\x04live\x12 \n" +
+	"\vfingerprint\x18\x04 \x01(\tR\vfingerprint\"\x15\n" +
 	"\x13RebalanceNowRequest\"N\n" +
 	"\x14RebalanceNowResponse\x12\x1c\n" +
 	"\tpublished\x18\x01 \x03(\tR\tpublished\x12\x18\n" +
