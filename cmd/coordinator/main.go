@@ -3,7 +3,10 @@
 // regional nodes can join on -embedded-etcd-addr (https with
 // -embedded-etcd-tls-cert and -embedded-etcd-tls-key, client certificates
 // required with -embedded-etcd-client-ca; its log goes to
-// DATA_DIR/etcd.log). The -etcd-tls-* flags configure the coordinator's
+// DATA_DIR/etcd.log). The embedded etcd requires authentication unless
+// -embedded-etcd-no-auth: the coordinator makes the users, and the users
+// of the regions named by -embedded-etcd-auth, with passwords in
+// DATA_DIR/etcd-auth. The -etcd-tls-* flags configure the coordinator's
 // own etcd client. It serves the operator API on -grpc-addr and /metrics
 // and /healthz on -http-addr.
 //
@@ -16,6 +19,7 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 	"io"
 	"time"
 
@@ -47,6 +51,7 @@ func parse(args, env []string, stderr io.Writer) (coordinator.Config, error) {
 		cfg                      coordinator.Config
 		etcd, writeNames, prefix string
 		embeddedAuth             string
+		embeddedNoAuth           bool
 		algorithm, protocol      string
 		name                     string
 		logs                     daemon.LogFlags
@@ -73,7 +78,8 @@ func parse(args, env []string, stderr io.Writer) (coordinator.Config, error) {
 	fs.StringVar(&cfg.EtcdTLS.KeyFile, "etcd-tls-key", "", "PEM private key of -etcd-tls-cert")
 	fs.StringVar(&cfg.EtcdAuth.Username, "etcd-username", "", "etcd user to authenticate as with -etcd (with -etcd-password-file or QUOTA_ETCD_PASSWORD); empty = none, or the -etcd-tls-cert common name")
 	fs.StringVar(&cfg.EtcdAuth.PasswordFile, "etcd-password-file", "", "file holding the etcd password (one line); or set QUOTA_ETCD_PASSWORD, never a flag")
-	fs.StringVar(&embeddedAuth, "embedded-etcd-auth", "", "comma-separated regions: turn authentication on in the embedded etcd, with a user for the coordinator and one shared by each region's nodes (quota-region/REGION, password in DATA_DIR/etcd-auth/region-REGION.password); empty = no authentication")
+	fs.StringVar(&embeddedAuth, "embedded-etcd-auth", "", "comma-separated regions whose nodes get an embedded etcd user, shared by the region's nodes (quota-region/REGION, password in DATA_DIR/etcd-auth/region-REGION.password)")
+	fs.BoolVar(&embeddedNoAuth, "embedded-etcd-no-auth", false, "run the embedded etcd without authentication (anyone who reaches it can rewrite allocations, policies and controls); by default it requires the users the coordinator makes, with passwords in DATA_DIR/etcd-auth")
 	fs.StringVar(&cfg.EtcdTLS.ServerName, "etcd-tls-server-name", "", "name every etcd certificate must carry; default each endpoint's host")
 	fs.StringVar(&cfg.EmbeddedTLSCert, "embedded-etcd-tls-cert", "", "PEM certificate: the embedded etcd serves its clients over TLS (https)")
 	fs.StringVar(&cfg.EmbeddedTLSKey, "embedded-etcd-tls-key", "", "PEM private key of -embedded-etcd-tls-cert")
@@ -100,6 +106,10 @@ func parse(args, env []string, stderr io.Writer) (coordinator.Config, error) {
 	}
 	cfg.EtcdEndpoints = daemon.SplitList(etcd)
 	cfg.EmbeddedAuthRegions = daemon.SplitList(embeddedAuth)
+	if embeddedNoAuth && len(cfg.EmbeddedAuthRegions) > 0 {
+		return cfg, fmt.Errorf("-embedded-etcd-no-auth with -embedded-etcd-auth: region users need authentication on")
+	}
+	cfg.EmbeddedAuth = len(cfg.EtcdEndpoints) == 0 && !embeddedNoAuth
 	cfg.EtcdAuth.Password = daemon.Secret(env, "etcd-password")
 	cfg.WriteNames = daemon.SplitList(writeNames)
 	var err error

@@ -28,8 +28,18 @@ func TestParse(t *testing.T) {
 	if err != nil || len(cfg.EtcdEndpoints) != 2 || cfg.Rebalance.Protocol != rebalance.ProtocolNaive || cfg.HTTPAddr != ":8090" || !cfg.GRPCReflection {
 		t.Fatalf("flags: %+v %v", cfg, err)
 	}
-	if len(cfg.EmbeddedAuthRegions) != 0 {
-		t.Fatalf("embedded etcd authentication on without -embedded-etcd-auth: %v", cfg.EmbeddedAuthRegions)
+	if cfg.EmbeddedAuth || len(cfg.EmbeddedAuthRegions) != 0 {
+		t.Fatalf("embedded etcd authentication on with -etcd: %v %v", cfg.EmbeddedAuth, cfg.EmbeddedAuthRegions)
+	}
+	// The embedded etcd requires authentication unless told not to.
+	if cfg, err = parse(nil, nil, io.Discard); err != nil || !cfg.EmbeddedAuth {
+		t.Fatalf("embedded etcd without authentication by default: %v %v", cfg.EmbeddedAuth, err)
+	}
+	if cfg, err = parse([]string{"-embedded-etcd-no-auth"}, nil, io.Discard); err != nil || cfg.EmbeddedAuth {
+		t.Fatalf("-embedded-etcd-no-auth: %v %v", cfg.EmbeddedAuth, err)
+	}
+	if _, err = parse([]string{"-embedded-etcd-no-auth", "-embedded-etcd-auth", "eu"}, nil, io.Discard); err == nil {
+		t.Fatal("-embedded-etcd-no-auth with region users accepted")
 	}
 	// etcd credentials: the password only from QUOTA_ETCD_PASSWORD or a file.
 	cfg, err = parse([]string{"-embedded-etcd-auth", "eu, us", "-etcd-username", "coord", "-etcd-password-file", "/run/pw"},

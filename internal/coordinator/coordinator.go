@@ -67,13 +67,19 @@ type Config struct {
 	// QUOTA_ETCD_PASSWORD). Credentials etcd refuses stop Start with an
 	// error wrapping etcdauth.ErrRefused.
 	EtcdAuth etcdauth.Credentials
-	// EmbeddedAuthRegions turns authentication on in the embedded etcd
-	// (-embedded-etcd-auth): the coordinator creates etcd's root user,
-	// its own user CoordinatorEtcdUser, and for each region listed a user
-	// etcdauth.RegionUser(region) shared by the region's nodes, with
-	// random passwords kept in DataDir/etcd-auth (RegionPasswordFile).
-	// At every start it adds the regions newly listed. Empty leaves the
-	// embedded etcd without authentication.
+	// EmbeddedAuth turns authentication on in the embedded etcd (the
+	// command's default; -embedded-etcd-no-auth turns it off): the
+	// coordinator creates etcd's root user and its own user
+	// CoordinatorEtcdUser, with random passwords kept in
+	// DataDir/etcd-auth, and then nobody without a password reads or
+	// writes allocations, policies or controls.
+	EmbeddedAuth bool
+	// EmbeddedAuthRegions (-embedded-etcd-auth) are the regions whose
+	// nodes get a user, etcdauth.RegionUser(region), shared by the
+	// region's nodes, its password in RegionPasswordFile. At every start
+	// the coordinator adds the regions newly listed; later regions can
+	// also be added with quotactl etcd-auth region as root. Listing any
+	// implies EmbeddedAuth.
 	EmbeddedAuthRegions []string
 	// GRPCAddr serves the operator API and health (and reflection with
 	// GRPCReflection). Default
@@ -186,8 +192,8 @@ func Start(ctx context.Context, cfg Config) (*Coordinator, error) {
 		}
 		cleanup.Push(stopEtcd)
 		log.Info("embedded etcd serving", "client_url", endpoints[0], "data_dir", cfg.DataDir,
-			"client_cert_auth", cfg.EmbeddedClientCA != "", "auth", len(cfg.EmbeddedAuthRegions) > 0, "log", embeddedLogFile(cfg))
-		if len(cfg.EmbeddedAuthRegions) > 0 {
+			"client_cert_auth", cfg.EmbeddedClientCA != "", "auth", cfg.embeddedAuthOn(), "log", embeddedLogFile(cfg))
+		if cfg.embeddedAuthOn() {
 			if etcdAuth, err = embeddedAuth(ctx, cfg, endpoints, etcdTLS, log); err != nil {
 				return fail(err)
 			}
@@ -343,9 +349,13 @@ func (cfg Config) EmbeddedEtcdAddrOrDefault() string {
 // embedded etcd's URL, https with its TLS flags, where the client trusts
 // the embedded certificate itself unless EtcdTLS names a CA. It checks the
 // embedded TLS flags (ErrConfig) without reading any file.
+// embeddedAuthOn says whether the coordinator turns authentication on in
+// its embedded etcd.
+func (cfg Config) embeddedAuthOn() bool { return cfg.EmbeddedAuth || len(cfg.EmbeddedAuthRegions) > 0 }
+
 func etcdClientSettings(cfg Config) ([]string, tlsconfig.Etcd, error) {
 	embedded := cfg.EmbeddedTLSCert != "" || cfg.EmbeddedTLSKey != "" || cfg.EmbeddedClientCA != ""
-	if len(cfg.EmbeddedAuthRegions) > 0 {
+	if cfg.embeddedAuthOn() {
 		if len(cfg.EtcdEndpoints) > 0 || cfg.EtcdAuth != (etcdauth.Credentials{}) {
 			return nil, cfg.EtcdTLS, fmt.Errorf("%w: -embedded-etcd-auth is for the embedded etcd, whose users the coordinator creates "+
 				"(no -etcd, -etcd-username, -etcd-password-file)", ErrConfig)

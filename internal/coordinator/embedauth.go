@@ -26,7 +26,7 @@ import (
 const CoordinatorEtcdUser = "quota-coordinator"
 
 // EmbeddedAuthDir is the directory under DataDir that holds the embedded
-// etcd's passwords (EmbeddedAuthRegions): root.password,
+// etcd's passwords (EmbeddedAuth): root.password,
 // coordinator.password and region-{region}.password, each mode 0600.
 const EmbeddedAuthDir = "etcd-auth"
 
@@ -120,6 +120,10 @@ func embeddedAuth(ctx context.Context, cfg Config, endpoints []string, t tlsconf
 			return etcdauth.Credentials{}, err
 		}
 		log.Info("embedded etcd authentication enabled", "root_password_file", rootFile)
+	}
+	if len(cfg.EmbeddedAuthRegions) == 0 {
+		log.Warn("embedded etcd authentication is on and no region has a user: regional nodes cannot join until one is made "+
+			"(restart with -embedded-etcd-auth REGIONS, or quotactl etcd-auth region REGION as root)", "root_password_file", rootFile)
 	}
 	return etcdauth.Credentials{Username: CoordinatorEtcdUser, PasswordFile: coordFile}, nil
 }
