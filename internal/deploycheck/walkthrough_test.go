@@ -1,6 +1,7 @@
 package deploycheck
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -215,5 +216,51 @@ func TestSteps(t *testing.T) {
 	}
 	if _, err := Steps([]byte("```sh\n" + strings.Repeat("true\n", maxSteps+1) + "```\n")); err == nil || errors.Is(err, nil) {
 		t.Errorf("more than %d commands: %v", maxSteps, err)
+	}
+}
+
+// TestRegionOverlaysAreOneFile: every region overlay is the same
+// kustomization.yaml and a region.env naming its own directory with
+// exactly the keys the region component reads, so that a copy and a new
+// region.env make a region (as deploy/README.md says).
+func TestRegionOverlaysAreOneFile(t *testing.T) {
+	root, _ := repo(t)
+	envs, err := filepath.Glob(filepath.Join(root, "deploy", "kubernetes", "overlays", "*", "region.env"))
+	if err != nil || len(envs) < 3 {
+		t.Fatalf("region overlays: %v, %v", envs, err)
+	}
+	var first []byte
+	for _, env := range append(envs, filepath.Join(root, "deploy", "try", "region.env")) {
+		dir := filepath.Dir(env)
+		b, err := os.ReadFile(env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys := map[string]string{}
+		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			k, v, ok := strings.Cut(line, "=")
+			if !ok || v == "" || keys[k] != "" {
+				t.Errorf("%s: line %q is not a new KEY=VALUE", env, line)
+			}
+			keys[k] = v
+		}
+		if len(keys) != 3 || keys["REGION"] == "" || keys["REDIS"] == "" || keys["ETCD"] == "" {
+			t.Errorf("%s: keys %v, want REGION, REDIS and ETCD", env, keys)
+		}
+		if filepath.Base(filepath.Dir(dir)) != "overlays" {
+			continue // deploy/try
+		}
+		if keys["REGION"] != filepath.Base(dir) {
+			t.Errorf("%s: REGION=%s in directory %s", env, keys["REGION"], filepath.Base(dir))
+		}
+		k, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if first == nil {
+			first = k
+		} else if !bytes.Equal(k, first) {
+			t.Errorf("%s/kustomization.yaml differs from the other regions'", dir)
+		}
 	}
 }
