@@ -376,6 +376,40 @@ func TestEmergencyShrinksToTheNodesLimit(t *testing.T) {
 	}
 }
 
+// TestEmergencyWithoutShare: a region the node reports no share for
+// denies everything locally too, charging nothing, with the unreachable
+// retry-after; a share that comes back is used again.
+func TestEmergencyWithoutShare(t *testing.T) {
+	srv := clienttest.Start(t, map[string]int64{"exports": 4, "daily": 4}, nil)
+	srv.SetShare(0)
+	pols := []client.EmergencyPolicy{{Name: "exports", Limits: bucket.Limits{Capacity: 4}}, {Name: "daily", Limits: bucket.Limits{Capacity: 4}, Share: 1}}
+	c := newClient(t, srv.Addr, client.WithUnreachable(client.UnreachableOpen), client.WithUnreachableRetryAfter(7*time.Second),
+		client.WithEmergency(client.Emergency{Clients: 1, Policies: pols}))
+	ctx := context.Background()
+	if _, err := c.Allow(ctx, "warm-up", "exports", 1); err != nil {
+		t.Fatal(err)
+	}
+	srv.SetDelay(time.Second) // beyond the client's 250ms timeout
+	d, err := c.Check(ctx, client.Request{Subject: "s", Policies: []string{"daily", "exports"}})
+	if err != nil || d.Allowed || d.Degraded != client.DegradedClientLocal || d.DecidedBy != "exports" || d.RetryAfter != 7*time.Second ||
+		!d.Policies[0].Allowed || d.Policies[1].Allowed || d.Policies[1].Share != 0 {
+		t.Fatalf("no share: %+v, %v", d, err)
+	}
+	// daily was not charged: its bucket of 4 admits 4.
+	if d, err := c.Allow(ctx, "s", "daily", 4); err != nil || !d.Allowed {
+		t.Errorf("daily after the denial: %+v, %v", d, err)
+	}
+	srv.SetDelay(0)
+	srv.SetShare(0.5)
+	if _, err := c.Allow(ctx, "warm-up", "exports", 1); err != nil {
+		t.Fatal(err)
+	}
+	srv.SetDelay(time.Second)
+	if d, err := c.Allow(ctx, "s", "exports", 2); err != nil || !d.Allowed || d.Limit != 2 {
+		t.Errorf("share 0.5 of 4: %+v, %v", d, err)
+	}
+}
+
 func TestEmergencyConfig(t *testing.T) {
 	ok := client.EmergencyPolicy{Name: "p", Limits: bucket.Limits{Capacity: 10, RefillPerSecond: 1}}
 	tests := []struct {
