@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -91,14 +92,15 @@ type Decision struct {
 	ResetAfter time.Duration
 	// Degraded is empty for a normal decision; the node's failure mode
 	// ("open", "closed", "local") when Redis could not decide; or
-	// "client_open" / "client_closed" when this client decided because the
-	// node could not answer.
+	// "client_local" (its emergency bucket), "client_open" or
+	// "client_closed" when this client decided because the node could not
+	// answer.
 	Degraded string
 	// Replayed is true when the node repeated an earlier decision for the
 	// same idempotency key.
 	Replayed bool
 	// Policies has one entry per requested policy, in request order (empty
-	// when the client decided).
+	// when the unreachable mode decided).
 	Policies []PolicyDecision
 	// Cause is the error behind a client-made decision.
 	Cause error
@@ -111,7 +113,9 @@ type PolicyDecision struct {
 	Limit, Remaining int64
 	RetryAfter       time.Duration
 	ResetAfter       time.Duration
-	// Share is the fraction of the global budget this region enforced.
+	// Share is the fraction of the global budget this region enforced;
+	// for an emergency bucket's decision, the fraction this client
+	// enforced (the region's share over Emergency.Clients).
 	Share float64
 }
 
@@ -126,6 +130,8 @@ type options struct {
 	dialOpts    []grpc.DialOption
 	conn        grpc.ClientConnInterface
 	token       string
+	emergency   *Emergency
+	registerer  prometheus.Registerer
 }
 
 // WithTLS connects with TLS. Without it the connection is plaintext, for
@@ -139,8 +145,22 @@ func WithTimeout(d time.Duration) Option { return func(o *options) { o.timeout =
 // WithUnreachable chooses what Check does when the node cannot answer.
 func WithUnreachable(u Unreachable) Option { return func(o *options) { o.unreachable = u } }
 
+// WithEmergency gives the client local emergency buckets that decide
+// checks of e's policies while the node is unreachable (see Emergency);
+// the unreachable mode (WithUnreachable) still decides the checks they
+// cannot.
+func WithEmergency(e Emergency) Option { return func(o *options) { o.emergency = &e } }
+
+// WithRegisterer registers the client's metrics with reg:
+// quota_client_local_decisions_total{outcome}, the checks it decided
+// without its node. Clients sharing a registry share the counter.
+func WithRegisterer(reg prometheus.Registerer) Option {
+	return func(o *options) { o.registerer = reg }
+}
+
 // WithUnreachableRetryAfter sets RetryAfter of UnreachableClosed decisions
-// (default DefaultUnreachableRetryAfter).
+// and of emergency denials for want of any share (default
+// DefaultUnreachableRetryAfter).
 func WithUnreachableRetryAfter(d time.Duration) Option {
 	return func(o *options) { o.retryAfter = d }
 }
@@ -178,9 +198,11 @@ func WithConn(cc grpc.ClientConnInterface) Option { return func(o *options) { o.
 // Client checks admission against one regional node (or a load balancer in
 // front of several).
 type Client struct {
-	api  quotav1.AdmissionClient
-	conn *grpc.ClientConn // nil with WithConn
-	opts options
+	api   quotav1.AdmissionClient
+	conn  *grpc.ClientConn // nil with WithConn
+	opts  options
+	local *emergency // nil without WithEmergency
+	m     localDecisions
 }
 
 // New returns a client of the node at addr (host:port, or any gRPC target
@@ -203,6 +225,18 @@ func New(addr string, opts ...Option) (*Client, error) {
 		return nil, fmt.Errorf("%w: unreachable retry-after %v must not be negative", ErrInvalidConfig, o.retryAfter)
 	}
 	c := &Client{opts: o}
+	if o.emergency != nil {
+		em, err := newEmergency(o.emergency, o.retryAfter)
+		if err != nil {
+			return nil, err
+		}
+		c.local = em
+	}
+	m, err := newLocalDecisions(o.registerer)
+	if err != nil {
+		return nil, err
+	}
+	c.m = m
 	if o.conn != nil {
 		c.api = quotav1.NewAdmissionClient(o.conn)
 		return c, nil
@@ -254,9 +288,13 @@ func (c *Client) Check(ctx context.Context, req Request) (Decision, error) {
 	defer cancel()
 	resp, err := c.api.Check(callCtx, req.proto())
 	if err != nil {
-		return c.failed(ctx, callCtx, err, "check")
+		cause, local, err := c.failed(ctx, callCtx, err, "check")
+		if err != nil {
+			return Decision{}, err
+		}
+		return c.decideAlone(&req, cause, local)
 	}
-	return fromProto(resp), nil
+	return c.fromNode(resp), nil
 }
 
 // CheckBatch decides independent requests in one round trip; the
@@ -277,13 +315,15 @@ func (c *Client) CheckBatch(ctx context.Context, reqs []Request) ([]Decision, er
 	defer cancel()
 	resp, err := c.api.CheckBatch(callCtx, in)
 	if err != nil {
-		d, err := c.failed(ctx, callCtx, err, "check batch")
+		cause, local, err := c.failed(ctx, callCtx, err, "check batch")
 		if err != nil {
 			return nil, err
 		}
 		out := make([]Decision, len(reqs))
 		for i := range out {
-			out[i] = d
+			if out[i], err = c.decideAlone(&reqs[i], cause, local); err != nil {
+				return nil, fmt.Errorf("check %d: %w", i, err)
+			}
 		}
 		return out, nil
 	}
@@ -292,31 +332,65 @@ func (c *Client) CheckBatch(ctx context.Context, reqs []Request) ([]Decision, er
 	}
 	out := make([]Decision, len(reqs))
 	for i, r := range resp.GetResponses() {
-		out[i] = fromProto(r)
+		out[i] = c.fromNode(r)
 	}
 	return out, nil
 }
 
-// failed turns a call error into the unreachable decision or an error.
-// ctx is the caller's context, callCtx the one with the client's timeout.
-// A deadline is the caller's (an error, never a decision) when the
-// caller's deadline is the one the call ran under: the node may report it
-// before the caller's own context notices.
-func (c *Client) failed(ctx, callCtx context.Context, callErr error, what string) (Decision, error) {
-	err := fmt.Errorf("client: %s: %w", what, callErr)
+// failed sorts a call error: an error for the caller (err), or the cause
+// of a decision the client makes without the node, with local true when
+// the node is unreachable (Unavailable, or the client's own timeout) so
+// that the emergency buckets may decide. ctx is the caller's context,
+// callCtx the one with the client's timeout. A deadline is the caller's
+// (an error, never a decision) when the caller's deadline is the one the
+// call ran under: the node may report it before the caller's own context
+// notices.
+func (c *Client) failed(ctx, callCtx context.Context, callErr error, what string) (cause error, local bool, err error) {
+	err = fmt.Errorf("client: %s: %w", what, callErr)
 	callerDeadline := false
 	if dl, ok := ctx.Deadline(); ok {
 		callDl, _ := callCtx.Deadline()
 		callerDeadline = !dl.After(callDl)
 	}
-	if ctx.Err() != nil || (callerDeadline && status.Code(callErr) == codes.DeadlineExceeded) ||
-		!nodeFailure(callErr) || c.opts.unreachable == UnreachableError {
-		return Decision{}, err
+	code := status.Code(callErr)
+	if ctx.Err() != nil || (callerDeadline && code == codes.DeadlineExceeded) || !nodeFailure(callErr) {
+		return nil, false, err
 	}
-	if c.opts.unreachable == UnreachableOpen {
-		return Decision{Allowed: true, Degraded: DegradedClientOpen, Cause: err}, nil
+	local = c.local != nil && (code == codes.Unavailable || code == codes.DeadlineExceeded)
+	if !local && c.opts.unreachable == UnreachableError {
+		return nil, false, err
 	}
-	return Decision{Allowed: false, Degraded: DegradedClientClosed, RetryAfter: c.opts.retryAfter, Cause: err}, nil
+	return err, local, nil
+}
+
+// decideAlone decides req without the node: by the emergency buckets when
+// local is set and they can, else by the unreachable mode. cause is the
+// node's failure.
+func (c *Client) decideAlone(req *Request, cause error, local bool) (Decision, error) {
+	var d Decision
+	if local {
+		var err error
+		d, err = c.local.decide(req)
+		switch {
+		case err == nil:
+			d.Cause = cause
+			c.m.count(&d)
+			return d, nil
+		case !errors.Is(err, errNoLocal):
+			return Decision{}, err
+		}
+		cause = fmt.Errorf("%w (%w)", cause, err)
+	}
+	switch c.opts.unreachable {
+	case UnreachableOpen:
+		d = Decision{Allowed: true, Degraded: DegradedClientOpen, Cause: cause}
+	case UnreachableClosed:
+		d = Decision{Allowed: false, Degraded: DegradedClientClosed, RetryAfter: c.opts.retryAfter, Cause: cause}
+	default:
+		return Decision{}, cause
+	}
+	c.m.count(&d)
+	return d, nil
 }
 
 // nodeFailure reports whether a gRPC error means the node could not
@@ -362,6 +436,16 @@ func (r *Request) proto() *quotav1.CheckRequest {
 		IdempotencyKey: r.IdempotencyKey,
 		Peek:           r.Peek,
 	}
+}
+
+// fromNode converts the node's answer and tells the emergency buckets the
+// shares it reports.
+func (c *Client) fromNode(r *quotav1.CheckResponse) Decision {
+	d := fromProto(r)
+	if c.local != nil {
+		c.local.learn(d.Policies)
+	}
+	return d
 }
 
 func fromProto(r *quotav1.CheckResponse) Decision {

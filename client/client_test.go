@@ -241,7 +241,9 @@ func TestTLS(t *testing.T) {
 	ca := testca.New(t, "clienttest-ca")
 	srv := clienttest.Start(t, map[string]int64{"p": 5}, &tls.Config{Certificates: []tls.Certificate{ca.IssuePair(t, "clienttest")}, MinVersion: tls.VersionTLS12})
 
-	c := newClient(t, srv.Addr, client.WithTLS(&tls.Config{RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}))
+	// The handshake under -race on a loaded machine can take longer than
+	// the default 250ms.
+	c := newClient(t, srv.Addr, client.WithTLS(&tls.Config{RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}), client.WithTimeout(5*time.Second))
 	if d, err := c.Allow(context.Background(), "s", "p", 1); err != nil || !d.Allowed {
 		t.Fatalf("TLS check: %+v, %v", d, err)
 	}

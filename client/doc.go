@@ -18,6 +18,25 @@
 // itself is wrong (InvalidArgument, NotFound, permission errors) and the
 // caller's own cancellation are always returned as errors.
 //
+// # Emergency buckets
+//
+// With WithEmergency the client keeps, per policy listed and subject, an
+// in-process bucket (package bucket's Memory, the specification of the
+// node's Redis buckets) sized as the region's share of the policy divided
+// by the expected number of clients (Emergency.Clients). It decides only
+// while the node is unreachable (Unavailable, or the client's timeout):
+// Degraded "client_local", Allowed by that bucket, all or nothing across
+// the check's policies. The region's share comes from the node's last
+// answer naming the policy; the policy's limits (refill, window) from the
+// configuration, since the admission API reports only the share and the
+// region's capacity. A check the buckets cannot decide (a policy without
+// one, a share not yet known, the bucket cap reached) and every other
+// node failure go to the unreachable mode, which stays as above. While
+// the node answers, the buckets are neither consulted nor charged.
+// WithRegisterer counts the decisions made without the node in
+// quota_client_local_decisions_total{outcome} (local_allowed,
+// local_denied, open, closed).
+//
 // # Units
 //
 // Cost, Limit and Remaining are cost units (tokens, requests) of the

@@ -51,6 +51,7 @@ type Server struct {
 	replays  map[string]*quotav1.CheckResponse
 	delay    time.Duration
 	degraded string
+	share    float64
 	calls    int
 
 	gs   *grpc.Server
@@ -76,7 +77,7 @@ func Serve(limits map[string]int64, tlsCfg *tls.Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("clienttest: listen: %w", err)
 	}
-	s := &Server{Addr: lis.Addr().String(), limits: limits, used: map[string]int64{}, replays: map[string]*quotav1.CheckResponse{}}
+	s := &Server{Addr: lis.Addr().String(), limits: limits, used: map[string]int64{}, replays: map[string]*quotav1.CheckResponse{}, share: 1}
 	var opts []grpc.ServerOption
 	if tlsCfg != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
@@ -108,6 +109,14 @@ func (s *Server) SetDelay(d time.Duration) {
 func (s *Server) SetDegraded(m string) {
 	s.mu.Lock()
 	s.degraded = m
+	s.mu.Unlock()
+}
+
+// SetShare makes every policy decision report share f as the region's
+// (default 1); the limits stay as given.
+func (s *Server) SetShare(f float64) {
+	s.mu.Lock()
+	s.share = f
 	s.mu.Unlock()
 }
 
@@ -230,7 +239,7 @@ func (s *Server) check(req *quotav1.CheckRequest) (*quotav1.CheckResponse, error
 	var minRemaining int64 = -1
 	for _, p := range req.GetPolicies() {
 		limit, used := s.limits[p], s.used[p+"\x00"+subject]
-		pd := &quotav1.PolicyDecision{Policy: p, Limit: limit, Share: 1, ResetAfter: durationpb.New(ResetAfter)}
+		pd := &quotav1.PolicyDecision{Policy: p, Limit: limit, Share: s.share, ResetAfter: durationpb.New(ResetAfter)}
 		if used+cost <= limit {
 			pd.Allowed = true
 			pd.Remaining = limit - used - cost

@@ -29,6 +29,16 @@
 // restrictive result.
 //
 //	curl -i -H 'X-Tenant: acme' -H 'X-Plan: pro' http://127.0.0.1:8000/exports
+//
+// Surviving the node: with -emergency-clients N, -emergency-capacity and
+// -emergency-refill (the policy's limits as its policy file states them),
+// a node that stops answering leaves each of the N copies of the service
+// its own bucket of the region's share / N of -policy (package client's
+// Emergency); -unreachable still decides what that bucket cannot. GET
+// /metrics counts those decisions (quota_client_local_decisions_total).
+//
+//	go run ./examples/gohttp -node 127.0.0.1:8081 -unreachable closed \
+//	    -emergency-clients 3 -emergency-capacity 50 -emergency-refill 16.667
 package main
 
 import (
@@ -47,6 +57,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/quotacoord/quota/bucket"
 	"github.com/quotacoord/quota/client"
 	"github.com/quotacoord/quota/httplimit"
 )
@@ -72,6 +86,9 @@ type options struct {
 	// ipPolicy, endpointPolicy and globalPolicy name the further
 	// dimensions' policies ("" leaves a dimension out).
 	ipPolicy, endpointPolicy, globalPolicy string
+	// emergency keeps -policy's emergency bucket while the node is
+	// unreachable (Clients 0: none).
+	emergency client.Emergency
 }
 
 func parse(args []string, out io.Writer) (options, error) {
@@ -89,6 +106,11 @@ func parse(args []string, out io.Writer) (options, error) {
 	fs.StringVar(&o.proxies.Header, "forwarded-header", "X-Forwarded-For", "the one forwarding header the trusted proxies set: X-Forwarded-For, Forwarded or another address list; any other is ignored")
 	fs.StringVar(&o.unreachable, "unreachable", "error", "when the node cannot answer: error (503), open (admit) or closed (deny)")
 	fs.DurationVar(&o.timeout, "timeout", 250*time.Millisecond, "deadline of one check")
+	var capacity int64
+	var refill float64
+	fs.IntVar(&o.emergency.Clients, "emergency-clients", 0, "copies of this service sharing the region: while the node is unreachable, each decides -policy from its own bucket of the region's share / N (0: no emergency bucket)")
+	fs.Int64Var(&capacity, "emergency-capacity", 0, "with -emergency-clients: -policy's capacity, as its policy file states it")
+	fs.Float64Var(&refill, "emergency-refill", 0, "with -emergency-clients: -policy's refill per second, as its policy file states it")
 	var tiers string
 	fs.StringVar(&tiers, "tiers", "", "plan=policy pairs, comma-separated (free=exports-free,pro=exports-pro): each plan's policy; -policy serves requests without a plan")
 	fs.StringVar(&o.tierHeader, "tier-header", "X-Plan", "with -tiers: the header holding the caller's plan (set by an authenticating proxy)")
@@ -124,14 +146,20 @@ func parse(args []string, out io.Writer) (options, error) {
 		}
 		o.proxies.Trusted = append(o.proxies.Trusted, pfx)
 	}
+	if o.emergency.Clients != 0 {
+		o.emergency.Policies = []client.EmergencyPolicy{{Name: o.policy, Limits: bucket.Limits{Capacity: capacity, RefillPerSecond: refill}}}
+	} else if capacity != 0 || refill != 0 {
+		return o, errors.New("-emergency-capacity and -emergency-refill need -emergency-clients")
+	}
 	if o.window < 0 || o.timeout <= 0 {
 		return o, fmt.Errorf("-window %v must not be negative and -timeout %v must be positive", o.window, o.timeout)
 	}
 	return o, nil
 }
 
-// handler builds the service: /exports behind the limiter, /healthz open.
-func handler(o options, c httplimit.Checker) (http.Handler, error) {
+// handler builds the service: /exports behind the limiter, /healthz and
+// /metrics (the client's, from g) open.
+func handler(o options, c httplimit.Checker, g prometheus.Gatherer) (http.Handler, error) {
 	var subject httplimit.SubjectFunc
 	var err error
 	switch o.subject {
@@ -200,6 +228,7 @@ func handler(o options, c httplimit.Checker) (http.Handler, error) {
 	mux := http.NewServeMux()
 	mux.Handle("POST /exports", limiter.Wrap(routes))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
 	return mux, nil
 }
 
@@ -219,13 +248,17 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	default:
 		return fmt.Errorf("-unreachable %q, want error, open or closed", o.unreachable)
 	}
-	opts = append(opts, client.WithTimeout(o.timeout))
+	reg := prometheus.NewRegistry()
+	opts = append(opts, client.WithTimeout(o.timeout), client.WithRegisterer(reg))
+	if o.emergency.Clients != 0 {
+		opts = append(opts, client.WithEmergency(o.emergency))
+	}
 	c, err := client.New(o.node, opts...)
 	if err != nil {
 		return fmt.Errorf("client for node %s: %w", o.node, err)
 	}
 	defer c.Close()
-	h, err := handler(o, c)
+	h, err := handler(o, c, reg)
 	if err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -29,25 +30,37 @@ func TestMain(m *testing.M) {
 // output matches re; it returns the first submatch.
 func start(t *testing.T, name string, re *regexp.Regexp, fn func(ctx context.Context, out io.Writer) error) string {
 	t.Helper()
+	addr, _ := startStoppable(t, name, re, fn)
+	return addr
+}
+
+// startStoppable is start that also returns a function stopping fn before
+// the test ends (idempotent).
+func startStoppable(t *testing.T, name string, re *regexp.Regexp, fn func(ctx context.Context, out io.Writer) error) (string, func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	out := &logbuf.Buffer{}
 	errc := make(chan error, 1)
 	go func() { errc <- fn(ctx, out) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-errc:
-			if err != nil {
-				t.Errorf("%s: %v", name, err)
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-errc:
+				if err != nil {
+					t.Errorf("%s: %v", name, err)
+				}
+			case <-time.After(20 * time.Second):
+				t.Errorf("%s did not stop", name)
 			}
-		case <-time.After(20 * time.Second):
-			t.Errorf("%s did not stop", name)
-		}
-	})
+		})
+	}
+	t.Cleanup(stop)
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		if m := re.FindStringSubmatch(out.String()); m != nil {
-			return m[1]
+			return m[1], stop
 		}
 		select {
 		case err := <-errc:
@@ -77,12 +90,20 @@ const exportsDoc = `policies:
 // in-process store) with the policies of doc.
 func startNode(t *testing.T, doc string) string {
 	t.Helper()
+	addr, _ := startStoppableNode(t, doc)
+	return addr
+}
+
+// startStoppableNode is startNode that also returns a function stopping
+// the node before the test ends.
+func startStoppableNode(t *testing.T, doc string) (string, func()) {
+	t.Helper()
 	dir := t.TempDir()
 	pol := filepath.Join(dir, "policies.yaml")
 	if err := os.WriteFile(pol, []byte(doc), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return start(t, "regional node", regexp.MustCompile(`grpc listening on (\S+)`), func(ctx context.Context, out io.Writer) error {
+	return startStoppable(t, "regional node", regexp.MustCompile(`grpc listening on (\S+)`), func(ctx context.Context, out io.Writer) error {
 		return regional.Run(ctx, regional.DaemonConfig{Region: "test", GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Policies: pol,
 			Logger: hclog.New(&hclog.LoggerOptions{Name: "regional", Output: out, Level: hclog.Warn}), Announce: out})
 	})
@@ -240,6 +261,39 @@ func TestNodeUnreachable(t *testing.T) {
 	}
 }
 
+// TestEmergencyBucket: three copies of the service share the region; when
+// the node stops, this copy keeps a third of the region's share of
+// exports (capacity 3: one token), then denies with degraded
+// "client_local", and /metrics counts both decisions.
+func TestEmergencyBucket(t *testing.T) {
+	node, stop := startStoppableNode(t, exportsDoc)
+	url := startService(t, "-node", node, "-unreachable", "open", "-timeout", "1s",
+		"-emergency-clients", "3", "-emergency-capacity", "3", "-emergency-refill", "0.5")
+	if a := post(t, url, "acme"); a.code != http.StatusOK {
+		t.Fatalf("through the node: %d %v", a.code, a.body)
+	}
+	stop()
+	if a := post(t, url, "acme"); a.code != http.StatusOK {
+		t.Fatalf("first check without the node: %d %v", a.code, a.body)
+	}
+	// The bucket refills a token in 6 s: the next check finds it empty.
+	a := post(t, url, "acme")
+	if a.code != http.StatusTooManyRequests || a.body["error"]["degraded"] != "client_local" {
+		t.Fatalf("second check without the node: %d %v, want 429 by client_local (fail-open would admit it)", a.code, a.body)
+	}
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	metrics, _ := io.ReadAll(resp.Body)
+	for _, want := range []string{`quota_client_local_decisions_total{outcome="local_allowed"} 1`, `quota_client_local_decisions_total{outcome="local_denied"} 1`} {
+		if !bytes.Contains(metrics, []byte(want)) {
+			t.Errorf("/metrics lacks %s:\n%s", want, metrics)
+		}
+	}
+}
+
 func TestBadFlags(t *testing.T) {
 	cases := [][]string{
 		{"-subject", "cookie"},
@@ -248,6 +302,9 @@ func TestBadFlags(t *testing.T) {
 		{"-timeout", "0s"},
 		{"-window", "-1s"},
 		{"-tiers", "pro"},
+		{"-emergency-capacity", "3"},
+		{"-emergency-clients", "2"},
+		{"-emergency-clients", "2", "-emergency-capacity", "3", "-emergency-refill", "-1"},
 		{"-subject", "identity", "-trusted-proxies", "10.0.0.0/8", "-forwarded-header", ""},
 		{"extra"},
 	}

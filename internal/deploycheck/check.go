@@ -489,7 +489,7 @@ func (c *checker) kustomization(file string, m map[string]any) {
 		}
 	}
 	for _, g := range append(asList(m["configMapGenerator"]), asList(m["secretGenerator"])...) {
-		for _, x := range asList(asMap(g)["files"]) {
+		for _, x := range append(asList(asMap(g)["files"]), asList(asMap(g)["envs"])...) {
 			s, _ := x.(string)
 			if _, after, ok := strings.Cut(s, "="); ok {
 				s = after

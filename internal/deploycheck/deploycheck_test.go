@@ -67,7 +67,8 @@ func TestCheckFindsRot(t *testing.T) {
 		name, file, old, new, want string
 	}{
 		{"unknown flag in base", "deploy/kubernetes/base/regional/deployment.yaml", "- -json-logs", "- -no-such-flag", "flag -no-such-flag is not defined by cmd/regional"},
-		{"unknown flag in overlay patch", "deploy/kubernetes/overlays/us-east/args.yaml", "-region=us-east", "-zone=us-east", "flag -zone is not defined by cmd/regional"},
+		{"unknown flag in overlay patch", "deploy/try/coordinator-args.yaml", "-report-interval=2s", "-report-every=2s", "flag -report-every is not defined by cmd/coordinator"},
+		{"missing region file", "deploy/kubernetes/overlays/us-east/kustomization.yaml", "- region.env", "- regions.env", `reference "regions.env" does not exist`},
 		{"unknown coordinator flag", "deploy/kubernetes/base/coordinator/deployment.yaml", "-rebalance-interval=5s", "-rebalance-every=5s", "flag -rebalance-every is not defined by cmd/coordinator"},
 		{"unknown metric in alert", "deploy/prometheus/alerts.yaml", "quota_regional_breaker_open)", "quota_regional_breaker_opened)", "metric quota_regional_breaker_opened is not registered"},
 		{"unknown metric in dashboard", "deploy/grafana/dashboard.json", "quota_regional_store_errors_total", "quota_regional_store_failures_total", "metric quota_regional_store_failures_total is not registered"},
@@ -263,9 +264,13 @@ func TestRenderedKustomizations(t *testing.T) {
 	}
 	var dirs []string
 	for _, f := range load(t, root) {
-		if filepath.Base(f.Path) == "kustomization.yaml" {
+		// A Component renders only inside the kustomizations that use it.
+		if filepath.Base(f.Path) == "kustomization.yaml" && len(f.Docs) == 1 && asMap(f.Docs[0])["kind"] != "Component" {
 			dirs = append(dirs, filepath.Dir(f.Path))
 		}
+	}
+	if len(dirs) < 5 {
+		t.Fatalf("only %d kustomizations to render: %v", len(dirs), dirs)
 	}
 	for _, d := range dirs {
 		out, err := exec.Command(kubectl, "kustomize", filepath.Join(root, d)).CombinedOutput()
