@@ -5,7 +5,7 @@ DEMO_DURATION ?= 90s
 BENCHTIME ?= 1s
 TEST_TIMEOUT ?= 14m
 
-.PHONY: help demo test lint bench proto sim reliability build deps clean
+.PHONY: help demo test lint bench proto sim reliability scale build deps clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -40,6 +40,9 @@ deps: ## install redis-server, redis-tools, protoc, kubectl and promtool (promet
 
 clean: ## remove build and run outputs
 	rm -rf bin out
+
+scale: ## the control plane at doubling policies, nodes and regions (cmd/scale) into out/scale.md
+	scripts/scale.sh
 
 reliability: ## fault, load and security suites (long form) with a summary table
 	scripts/reliability.sh

@@ -1,0 +1,61 @@
+package scale
+
+import (
+	"context"
+	"io"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestRunSmall runs a small deployment for a few seconds: the leader
+// rounds, nodes apply the sampled epochs, every kind of record is
+// written, and the row names the command.
+func TestRunSmall(t *testing.T) {
+	res, err := Run(context.Background(), Params{
+		Policies: 12, Regions: 2, NodesPerRegion: 2, Pressured: 2,
+		ReportInterval: 200 * time.Millisecond, RebalanceInterval: 300 * time.Millisecond,
+		Duration: 3 * time.Second, Sampled: 4, DataDir: t.TempDir(),
+	}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Rounds < 2 || res.Epochs < 1 || res.RoundP99 <= 0 || res.RoundP99 == Overflow {
+		t.Fatalf("rounds %d epochs %d p99 %v: the leader did not round", res.Rounds, res.Epochs, res.RoundP99)
+	}
+	if res.Visible == 0 || res.VisibleP99 <= 0 {
+		t.Fatalf("no share change timed at the nodes: %+v", res)
+	}
+	for _, k := range []string{"alloc", "ack", "demand"} {
+		if res.BytesPerRound[k] <= 0 {
+			t.Fatalf("no %s bytes written: %v", k, res.BytesPerRound)
+		}
+	}
+	if res.LargestValue <= 0 || res.HeapPerNode <= 0 {
+		t.Fatalf("largest value %d heap/node %v", res.LargestValue, res.HeapPerNode)
+	}
+	if row := TableRow(res, "scale -policies 12"); !strings.Contains(row, "`scale -policies 12`") || strings.Count(row, "|") != strings.Count(strings.SplitN(TableHeader, "\n", 2)[0], "|") {
+		t.Fatalf("row %q does not fit the header", row)
+	}
+}
+
+func TestParamsBounds(t *testing.T) {
+	ok := Params{Policies: 1, Regions: 1, NodesPerRegion: 1, ReportInterval: time.Second, RebalanceInterval: time.Second, Duration: time.Second, DataDir: "d"}
+	if _, err := ok.withDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	for name, mut := range map[string]func(*Params){
+		"no policies":       func(p *Params) { p.Policies = 0 },
+		"too many policies": func(p *Params) { p.Policies = MaxPolicies + 1 },
+		"too many nodes":    func(p *Params) { p.Regions, p.NodesPerRegion = 64, 65 },
+		"pressured":         func(p *Params) { p.Pressured = -1 },
+		"report interval":   func(p *Params) { p.ReportInterval = time.Millisecond },
+		"no data dir":       func(p *Params) { p.DataDir = "" },
+	} {
+		p := ok
+		mut(&p)
+		if _, err := p.withDefaults(); err == nil {
+			t.Errorf("%s accepted", name)
+		}
+	}
+}
