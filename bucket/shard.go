@@ -214,11 +214,15 @@ func (o *shardOps) splitTake(req *Request, ds []Decision, whole float64, start i
 }
 
 // denial is the whole bucket's denial of cost from its sub-buckets' denials
-// ds: Remaining is their sum, ResetAfter the longest. RetryAfter is the
-// soonest a single sub-bucket large enough for the cost holds it; when none
-// is that large, the time the whole refill rate needs to bring the sum up
-// to the cost (token bucket), or the longest RetryAfter (a cost above the
-// whole capacity: a full refill, as for one bucket; window algorithms).
+// ds: Remaining is their sum, ResetAfter the longest. RetryAfter, for a
+// token bucket and a cost within the whole capacity, is the time the whole
+// refill rate needs to bring their sum up to the cost: a split take admits
+// it then, and no sub-bucket alone holds it sooner (a sub-bucket that is
+// full stops refilling, so it may take longer, never less: a negative cache
+// that waits RetryAfter never denies what the store would admit). For a
+// window algorithm it is the soonest a sub-bucket large enough for the cost
+// holds it; for a cost above the whole capacity, the longest RetryAfter (a
+// full refill, as one bucket answers).
 func (o *shardOps) denial(ds []Decision, whole *params, cost float64, k int) Decision {
 	d := Decision{Limit: whole.lim / unitsPerToken}
 	var soonest, longest time.Duration = -1, 0
@@ -230,11 +234,11 @@ func (o *shardOps) denial(ds []Decision, whole *params, cost float64, k int) Dec
 		}
 	}
 	switch {
+	case cost <= whole.lim && whole.alg == algTB && whole.p > 0:
+		missing := max(0, cost-math.Round(d.Remaining*unitsPerToken))
+		d.RetryAfter = max(time.Microsecond, time.Duration(math.Ceil(missing/whole.p))*time.Microsecond)
 	case soonest >= 0:
 		d.RetryAfter = soonest
-	case cost <= whole.lim && whole.alg == algTB && whole.p > 0:
-		missing := cost - math.Round(d.Remaining*unitsPerToken)
-		d.RetryAfter = time.Duration(math.Ceil(missing/whole.p)) * time.Microsecond
 	default:
 		d.RetryAfter = longest
 	}

@@ -357,3 +357,30 @@ func TestShardedTakeAllFallsBack(t *testing.T) {
 		t.Fatalf("peek: %+v, %v; want 6 of 8 remaining", d, err)
 	}
 }
+
+// TestShardedRetryAfterMeetsSplit: a denial's RetryAfter is when the
+// sub-buckets together hold the cost (a split take admits it then), not
+// the later instant one sub-bucket alone would, so a cache that waits
+// RetryAfter never denies what the store admits.
+func TestShardedRetryAfterMeetsSplit(t *testing.T) {
+	m, err := bucket.NewMemory(bucket.MemoryConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, _ := bucket.NewKey("global", 1, "api")
+	req := bucket.Request{Key: k, Limits: bucket.Limits{Capacity: 8, RefillPerSecond: 4, IdleTTL: time.Minute, Shards: 4}, Share: 1, Cost: 8}
+	if d, err := m.TakeAt(t0, req); err != nil || !d.Allowed {
+		t.Fatalf("drain: %+v, %v", d, err)
+	}
+	req.Cost = 2
+	d, err := m.TakeAt(t0.Add(251*ms), req) // a quarter token in each
+	if err != nil || d.Allowed {
+		t.Fatalf("cost 2 with 1 token spread over 4: %+v, %v; want denied", d, err)
+	}
+	if d.RetryAfter > 250*ms {
+		t.Fatalf("RetryAfter %v, want at most 250ms (the sum holds 2 then)", d.RetryAfter)
+	}
+	if d, err := m.TakeAt(t0.Add(251*ms+d.RetryAfter+ms), req); err != nil || !d.Allowed {
+		t.Fatalf("cost 2 after RetryAfter: %+v, %v; want admitted from several sub-buckets", d, err)
+	}
+}
