@@ -51,7 +51,8 @@ type Limits struct {
 	// one sub-bucket at random, falls back to the others when it denies,
 	// and takes a cost that no single one holds from several at once, so
 	// a denial means no sub-bucket (nor their sum, in whole tokens) held
-	// the cost when read. docs/hotkey.md has the details and figures.
+	// the cost when read. State and TokenState (single buckets) ignore
+	// it. docs/hotkey.md has the details and figures.
 	Shards int
 
 	// shard is set on the requests a store makes for one sub-bucket:
