@@ -21,6 +21,11 @@ import (
 // six sub-buckets (two per master of a three-master cluster).
 var hotKeyShards = []int{1, 6}
 
+// hotKeyMerges are the store's Merge settings it compares: the default
+// (concurrent takes of one slot merged into one script call) and 1 (one
+// script call per take).
+var hotKeyMerges = []int{0, 1}
+
 // BenchmarkHotKey takes cost 1 from one global bucket (one policy, one
 // subject: "10,000 requests a second for the whole API") through a Redis
 // store on a Redis Cluster, from 64 concurrent callers, with the bucket
@@ -42,19 +47,21 @@ func BenchmarkHotKey(b *testing.B) {
 		if !ok {
 			b.Fatalf("HOTKEY_CLUSTERS: %q is not masters=seed,seed", spec)
 		}
-		for _, k := range hotKeyShards {
-			b.Run(fmt.Sprintf("masters=%s/shards=%d", masters, k), func(b *testing.B) {
-				benchHotKey(b, strings.Split(seeds, ","), k)
-			})
+		for _, merge := range hotKeyMerges {
+			for _, k := range hotKeyShards {
+				b.Run(fmt.Sprintf("masters=%s/shards=%d/merge=%d", masters, k, merge), func(b *testing.B) {
+					benchHotKey(b, strings.Split(seeds, ","), k, merge)
+				})
+			}
 		}
 	}
 }
 
-func benchHotKey(b *testing.B, seeds []string, shards int) {
+func benchHotKey(b *testing.B, seeds []string, shards, merge int) {
 	ctx := context.Background()
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: seeds, PoolSize: 64})
 	defer c.Close()
-	r, err := bucket.NewRedis(bucket.RedisConfig{Client: c})
+	r, err := bucket.NewRedis(bucket.RedisConfig{Client: c, Merge: merge})
 	if err != nil {
 		b.Fatal(err)
 	}
