@@ -5,7 +5,7 @@ DEMO_DURATION ?= 90s
 BENCHTIME ?= 1s
 TEST_TIMEOUT ?= 14m
 
-.PHONY: help demo test lint bench proto sim reliability scale build deps clean
+.PHONY: help demo test lint bench bench-hotkey proto sim reliability scale build deps clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -21,9 +21,12 @@ lint: ## gofmt, go vet and staticcheck
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
 
-bench: ## Go benchmarks, then every scripts/bench-*.sh (each starts and stops what it needs)
+bench: ## Go benchmarks, then every scripts/bench-*.sh (each starts and stops what it needs; bench-hotkey among them)
 	scripts/with-redis.sh $(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./...
 	@for s in scripts/bench-*.sh; do [ -x "$$s" ] || continue; echo "== $$s"; "$$s" || exit 1; done
+
+bench-hotkey: ## one global key on Redis Cluster of 1 and 3 masters, whole and sharded; writes the table in docs/hotkey.md
+	scripts/bench-hotkey.sh
 
 proto: ## regenerate the protobuf Go code (protoc from Debian, plugins pinned in go.mod)
 	scripts/deps.sh

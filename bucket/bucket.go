@@ -40,6 +40,24 @@ type Limits struct {
 	IdleTTL time.Duration
 	// Overcommit is ε: the share passed with a request may be at most 1+ε.
 	Overcommit float64
+	// Shards splits every bucket of these limits into that many
+	// sub-buckets, for a coarse limit (one subject for a whole API) whose
+	// single bucket would put one Redis key under every request: 0 or 1
+	// keeps one bucket, at most MaxShards. The sub-buckets divide the
+	// region's capacity f·C exactly (whole tokens as evenly as integers
+	// allow, the fraction of a token on the first) and its refill f·r in
+	// proportion, each under the growth and shrink rules of one bucket;
+	// a Redis store puts them on different cluster slots. A take goes to
+	// one sub-bucket at random, falls back to the others when it denies,
+	// and takes a cost that no single one holds from several at once, so
+	// a denial means no sub-bucket (nor their sum, in whole tokens) held
+	// the cost when read. State and TokenState (single buckets) ignore
+	// it. docs/hotkey.md has the details and figures.
+	Shards int
+
+	// shard is set on the requests a store makes for one sub-bucket:
+	// sub-bucket shard-1 of Shards (0: the whole bucket).
+	shard uint8
 }
 
 // Request asks a bucket for a decision.
@@ -74,6 +92,19 @@ type Request struct {
 	// RedisConfig.LossGuard). A regional node passes the instant it
 	// loaded a policy whose limits changed.
 	Since time.Time
+
+	// units, when set, is the cost in milli-tokens, in place of Cost
+	// (which then is units rounded up to a token, for validation): the
+	// part of a split take that one sub-bucket pays (see Limits.Shards).
+	units int64
+}
+
+// costUnits is the request's cost in milli-tokens.
+func (r *Request) costUnits() float64 {
+	if r.units > 0 {
+		return float64(r.units)
+	}
+	return float64(r.Cost) * unitsPerToken
 }
 
 // Decision is the answer for one request. A denial is a decision, not an error.

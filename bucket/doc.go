@@ -84,6 +84,21 @@
 // a Redis clock behind the node's makes the start more conservative, one
 // ahead shortens it by the difference.
 //
+// # Sub-buckets
+//
+// Limits.Shards = K > 1 splits every bucket of those limits into K
+// sub-buckets, named "<subject>.s<i>", or in a Redis store "<subject>.<n>"
+// with n chosen so that sub-bucket i's group lies in the i-th of K equal
+// cluster slot ranges ('.' is outside the subject alphabet), for a coarse limit whose single key
+// would take every request on one Redis master. They divide f·C exactly
+// (whole tokens as evenly as integers allow, the fraction of a token on the
+// first) and f·r in proportion (rounded down, never more). A take tries one
+// at random, then the others, then takes the cost from several at once, so
+// a denial means that neither one nor their sum held the cost. Each
+// sub-bucket follows every rule above on its own. State and TokenState are
+// single buckets and ignore Shards. docs/hotkey.md has the details and the
+// benchmark.
+//
 // Peek is a Take of cost 0: it reports without consuming. Refund gives
 // cost back, never above capacity (window algorithms subtract it from the
 // current window's count; a sliding log drops its newest entries).

@@ -208,12 +208,26 @@ func (m *Memory) Refund(_ context.Context, req Request) (Decision, error) {
 // A denial is a Decision with Allowed false, not an error; errors report an
 // invalid request or ErrMemoryFull.
 func (m *Memory) TakeAt(now time.Time, req Request) (Decision, error) {
+	if req.sharded() {
+		return m.subBuckets(now).take(&req, opTake)
+	}
 	return m.one(now, &req, opTake)
 }
 
 // RefundAt gives back req.Cost at now, never above the bucket's capacity.
 func (m *Memory) RefundAt(now time.Time, req Request) (Decision, error) {
+	if req.sharded() {
+		return m.subBuckets(now).take(&req, opRefund)
+	}
 	return m.one(now, &req, opRefund)
+}
+
+// subBuckets is the sharded path's access to m at now (Limits.Shards).
+func (m *Memory) subBuckets(now time.Time) *shardOps {
+	return &shardOps{
+		one: func(req *Request, op byte) (Decision, error) { return m.one(now, req, op) },
+		all: func(reqs []Request) ([]Decision, error) { return m.TakeAllAt(now, reqs) },
+	}
 }
 
 func (m *Memory) one(now time.Time, req *Request, op byte) (Decision, error) {
@@ -231,7 +245,7 @@ func (m *Memory) one(now time.Time, req *Request, op byte) (Decision, error) {
 		}
 	}
 	p := &c.p // the shard's: its cost and since are this request's until the unlock
-	p.cost = float64(req.Cost) * unitsPerToken
+	p.cost = req.costUnits()
 	p.since, p.born = 0, 0
 	if !req.Since.IsZero() {
 		since := req.Since.UnixMicro()
@@ -425,6 +439,11 @@ func (m *Memory) tryCount() bool {
 func (m *Memory) TakeAllAt(now time.Time, reqs []Request) ([]Decision, error) {
 	if len(reqs) == 0 || len(reqs) > MaxTakeAll {
 		return nil, fmt.Errorf("%w: got %d", ErrTakeAllSize, len(reqs))
+	}
+	for i := range reqs {
+		if reqs[i].sharded() {
+			return m.subBuckets(now).takeAll(reqs)
+		}
 	}
 	var ps [MaxTakeAll]params
 	var shardIdx [MaxTakeAll]int

@@ -54,7 +54,7 @@ func paramsOf(r *Request) params {
 	l := &r.Limits
 	p := params{
 		lim:  math.Floor(r.Share * float64(l.Capacity) * unitsPerToken),
-		cost: float64(r.Cost) * unitsPerToken,
+		cost: r.costUnits(),
 		ttl:  int64((l.IdleTTL + time.Millisecond - 1) / time.Millisecond),
 	}
 	if !r.Since.IsZero() {
@@ -80,6 +80,9 @@ func paramsOf(r *Request) params {
 	case SlidingLog:
 		p.alg = algSL
 		p.p = float64(l.Window.Microseconds())
+	}
+	if l.shard > 0 {
+		p.split(int(l.shard)-1, l.Shards)
 	}
 	return p
 }

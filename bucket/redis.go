@@ -481,6 +481,9 @@ func (r *Redis) Refund(ctx context.Context, req Request) (Decision, error) {
 }
 
 func (r *Redis) one(ctx context.Context, op byte, req Request) (Decision, error) {
+	if req.sharded() {
+		return r.subBuckets(ctx).take(&req, op)
+	}
 	if err := req.Validate(); err != nil {
 		return Decision{}, err
 	}
@@ -495,6 +498,15 @@ func (r *Redis) one(ctx context.Context, op byte, req Request) (Decision, error)
 	d := c.decision(0)
 	c.release()
 	return d, nil
+}
+
+// subBuckets is the sharded path's access to r under ctx (Limits.Shards).
+func (r *Redis) subBuckets(ctx context.Context) *shardOps {
+	return &shardOps{
+		one:    func(req *Request, op byte) (Decision, error) { return r.one(ctx, op, *req) },
+		all:    func(reqs []Request) ([]Decision, error) { return r.TakeAll(ctx, reqs) },
+		groups: r.groups,
+	}
 }
 
 func opName(op byte) string {
@@ -543,6 +555,11 @@ func (r *Redis) takeOneCall(ctx context.Context, reqs []Request, ps []params) (o
 func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Decision, error) {
 	if len(reqs) == 0 || len(reqs) > MaxTakeAll {
 		return nil, fmt.Errorf("%w: got %d", ErrTakeAllSize, len(reqs))
+	}
+	for i := range reqs {
+		if reqs[i].sharded() {
+			return r.subBuckets(ctx).takeAll(reqs)
+		}
 	}
 	ps := make([]params, len(reqs))
 	for i := range reqs {

@@ -53,8 +53,8 @@ func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
 // becomes full again only IdleTTL after its last write); a window below
 // MinWindow for the window algorithms; an IdleTTL outside
 // 1ms..MaxIdleTTL or shorter than a full refill (Capacity/RefillPerSecond),
-// a window (FixedWindow, SlidingLog) or two windows (SlidingWindow); and an
-// overcommit outside [0, MaxOvercommit].
+// a window (FixedWindow, SlidingLog) or two windows (SlidingWindow); an
+// overcommit outside [0, MaxOvercommit]; and shards outside 0..MaxShards.
 func (l Limits) Validate() error {
 	alg := l.Algorithm
 	if alg == "" {
@@ -76,6 +76,9 @@ func (l Limits) Validate() error {
 	}
 	if !finite(l.Overcommit) || l.Overcommit < 0 || l.Overcommit > MaxOvercommit {
 		return limitsErr("overcommit %v outside 0..%g", l.Overcommit, MaxOvercommit)
+	}
+	if l.Shards < 0 || l.Shards > MaxShards {
+		return limitsErr("shards %d outside 0..%d", l.Shards, MaxShards)
 	}
 	if l.IdleTTL < time.Millisecond || l.IdleTTL > MaxIdleTTL {
 		return limitsErr("idle TTL %v outside 1ms..%v", l.IdleTTL, MaxIdleTTL)

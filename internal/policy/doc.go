@@ -87,8 +87,8 @@
 //
 // # Bucket keys
 //
-// Policy.KeyVersion mixes the version with the algorithm, capacity, refill
-// and window, so raising the version or changing those limits starts new
+// Policy.KeyVersion mixes the version with the algorithm, capacity, refill,
+// window and shards, so raising the version or changing those limits starts new
 // buckets under new keys; the old keys expire by their idle TTL. A
 // regional node starts the new buckets spent at the edit for a refill time
 // (bucket.Request.Since), so an edit never hands out a fresh budget.

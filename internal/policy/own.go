@@ -33,6 +33,7 @@ type ownPolicy struct {
 	LocalScale      *float64           `yaml:"local_scale"`
 	Overcommit      float64            `yaml:"overcommit"`
 	MinShare        map[string]float64 `yaml:"min_share"`
+	Shards          string             `yaml:"shards"`
 }
 
 // hashedByDefault are the subject kinds whose values are untrusted
@@ -227,6 +228,11 @@ func (op *ownPolicy) limits() (bucket.Limits, error) {
 	if l.Capacity > MaxCapacity {
 		return l, fmt.Errorf("capacity: %d is more than %d", l.Capacity, MaxCapacity)
 	}
+	shards, err := parseShards(op.Shards, l)
+	if err != nil {
+		return l, fmt.Errorf("shards: %w", err)
+	}
+	l.Shards = shards
 	if op.IdleTTL != "" {
 		ttl, err := parseDuration(op.IdleTTL)
 		if err != nil {
@@ -241,6 +247,43 @@ func (op *ownPolicy) limits() (bucket.Limits, error) {
 		l.IdleTTL = ttl
 	}
 	return l, nil
+}
+
+// AutoShardRate is the global rate (tokens per second) per sub-bucket of a
+// policy with shards: auto.
+const AutoShardRate = 2000
+
+// parseShards reads the shards setting of limits l: empty (one bucket), a
+// whole number from 1 to bucket.MaxShards, or "auto": one sub-bucket per
+// AutoShardRate tokens per second of the policy's global rate (refill, or
+// capacity per window), rounded up, at most bucket.MaxShards. 1 is stored
+// as 0: one bucket either way, under the same key version.
+func parseShards(s string, l bucket.Limits) (int, error) {
+	if s == "" {
+		return 0, nil
+	}
+	if s == "auto" {
+		r := l.RefillPerSecond
+		if l.Algorithm != bucket.TokenBucket {
+			r = 0
+			if l.Window > 0 {
+				r = float64(l.Capacity) / l.Window.Seconds()
+			}
+		}
+		k := int(min(math.Ceil(r/AutoShardRate), bucket.MaxShards))
+		if k <= 1 {
+			return 0, nil
+		}
+		return k, nil
+	}
+	k, err := strconv.Atoi(s)
+	if err != nil || k < 1 || k > bucket.MaxShards {
+		return 0, fmt.Errorf("%q must be auto or a whole number from 1 to %d", s, bucket.MaxShards)
+	}
+	if k == 1 {
+		return 0, nil
+	}
+	return k, nil
 }
 
 // rate is "count per duration".

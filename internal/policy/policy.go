@@ -102,7 +102,7 @@ func (p *Policy) MinShareFor(region string) float64 {
 
 // KeyVersion returns the version used in bucket keys. It mixes Version with
 // the limits that give stored bucket state its meaning (algorithm,
-// capacity, refill, window), so raising the version or changing those
+// capacity, refill, window, shards when above 1), so raising the version or changing those
 // limits starts new buckets under new keys while the old keys expire by
 // their TTL. Idle TTL, overcommit and failure settings do not change it.
 // A regional node that sees the key version change starts the buckets it
@@ -122,6 +122,12 @@ func (p *Policy) KeyVersion() uint32 {
 	h.Write(b[:])
 	binary.BigEndian.PutUint64(b[:], uint64(p.Limits.Window))
 	h.Write(b[:])
+	if p.Limits.Shards > 1 {
+		// Another split puts a subject's budget in other sub-buckets:
+		// they start spent, like any other change of the limits.
+		binary.BigEndian.PutUint64(b[:], uint64(p.Limits.Shards))
+		h.Write(b[:])
+	}
 	return h.Sum32()
 }
 

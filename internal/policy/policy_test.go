@@ -244,6 +244,7 @@ func TestKeyVersion(t *testing.T) {
 		"refill":    func(p *Policy) { p.Limits.RefillPerSecond = 2 },
 		"window":    func(p *Policy) { p.Limits.Window = time.Second },
 		"algorithm": func(p *Policy) { p.Limits.Algorithm = bucket.SlidingLog },
+		"shards":    func(p *Policy) { p.Limits.Shards = 4 },
 	}
 	for name, change := range changes {
 		p := *base
@@ -327,5 +328,47 @@ func TestZeroSet(t *testing.T) {
 	var z Set
 	if _, ok := z.Get("x"); ok || z.Len() != 0 {
 		t.Error("zero set not empty")
+	}
+}
+
+func TestParseShards(t *testing.T) {
+	parse := func(extra string) (*Policy, error) {
+		s, err := Parse("p.yaml", []byte("policies:\n  - name: api\n    capacity: 10000\n    rate: 10000/s\n"+extra))
+		if err != nil {
+			return nil, err
+		}
+		p, _ := s.Get("api")
+		return p, nil
+	}
+	for _, tc := range []struct {
+		extra string
+		want  int
+	}{
+		{"", 0},
+		{"    shards: 1\n", 0},
+		{"    shards: 6\n", 6},
+		{"    shards: 16\n", 16},
+		{"    shards: auto\n", 5}, // 10,000/s at 2,000/s a sub-bucket
+	} {
+		p, err := parse(tc.extra)
+		if err != nil {
+			t.Fatalf("%q: %v", tc.extra, err)
+		}
+		if p.Limits.Shards != tc.want {
+			t.Errorf("%q: shards %d, want %d", tc.extra, p.Limits.Shards, tc.want)
+		}
+	}
+	s, err := Parse("w.yaml", []byte("policies:\n  - name: w\n    algorithm: fixed_window\n    rate: 100/s\n    shards: auto\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := s.Get("w"); p.Limits.Shards != 0 {
+		t.Errorf("fixed window of 100/s with shards auto: %d sub-buckets, want one bucket", p.Limits.Shards)
+	}
+	for _, bad := range []string{"0", "17", "-2", "many", "2.5"} {
+		_, err := parse("    shards: " + bad + "\n")
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), `policy "api": shards:`) {
+			t.Errorf("shards: %s: got %v, want an ErrInvalid naming the policy and field", bad, err)
+		}
 	}
 }
