@@ -20,7 +20,7 @@ func TestParseOwnExample(t *testing.T) {
 	for _, p := range s.Policies() {
 		names = append(names, p.Name)
 	}
-	if got, want := strings.Join(names, ","), "api-requests,exports,logins"; got != want {
+	if got, want := strings.Join(names, ","), "api-global,api-requests,exports,logins"; got != want {
 		t.Fatalf("names = %s, want %s", got, want)
 	}
 	p, ok := s.Get("exports")
@@ -41,6 +41,10 @@ func TestParseOwnExample(t *testing.T) {
 	if !api.HashSubject || api.Limits.Algorithm != bucket.SlidingWindow || api.Limits.Capacity != 6000 ||
 		api.Limits.Window != time.Minute || api.Limits.IdleTTL != 2*time.Minute {
 		t.Errorf("api-requests = %+v", api)
+	}
+	global, _ := s.Get("api-global")
+	if global.Limits.Shards != 4 || global.Limits.Capacity != 10000 || global.Limits.RefillPerSecond != 10000 {
+		t.Errorf("api-global = %+v", global)
 	}
 	logins, _ := s.Get("logins")
 	if logins.Limits.IdleTTL != time.Hour || logins.FailureMode != FailClosed || !logins.HashSubject {
