@@ -46,7 +46,9 @@ type Config struct {
 	// policy not listed are an error.
 	Limits map[string]bucket.Limits
 	// Windows are the lengths W token buckets are checked over; default
-	// one refill time (C/r) and ten of them.
+	// one refill step (1/r), one refill time (C/r) and ten of them. A
+	// token bucket's subject is also checked over the whole span of its
+	// decisions.
 	Windows []time.Duration
 	// Slack is how far a recorded instant may be from the decision's.
 	Slack time.Duration
@@ -181,13 +183,15 @@ type decided struct {
 // span is one way of cutting a subject's admissions into windows: sliding
 // windows of length width ending at each admission's latest instant, or
 // windows of length width aligned as the stores align them, each bounded
-// by bound. A decision counts in a window only when all of its possible
-// instants lie inside it; openStart leaves the window's first instant out
-// (a sliding log forgets an entry exactly one window old).
+// by bound; or, with whole, the one window from the earliest decision to
+// the latest, bounded by bound plus perSecond for each second of it. A
+// decision counts in a window only when all of its possible instants lie
+// inside it; openStart leaves the window's first instant out (a sliding
+// log forgets an entry exactly one window old).
 type span struct {
-	width              time.Duration
-	aligned, openStart bool
-	bound              float64
+	width                     time.Duration
+	aligned, openStart, whole bool
+	bound, perSecond          float64
 }
 
 // spans are the windows limits l is checked over.
@@ -202,18 +206,31 @@ func spans(l bucket.Limits, cfg Config) []span {
 	}
 	ws := cfg.Windows
 	if len(ws) == 0 && l.RefillPerSecond > 0 {
+		step := time.Duration(float64(time.Second) / l.RefillPerSecond)
 		full := time.Duration(c / l.RefillPerSecond * float64(time.Second))
-		ws = []time.Duration{full, 10 * full}
+		ws = []time.Duration{step, full, 10 * full}
 	}
-	out := make([]span, 0, len(ws))
+	out := make([]span, 0, len(ws)+1)
 	for _, w := range ws {
 		out = append(out, span{width: w, bound: eps * (c + l.RefillPerSecond*w.Seconds())})
 	}
-	return out
+	return append(out, span{whole: true, bound: eps * c, perSecond: eps * l.RefillPerSecond})
 }
 
 // checkSpans checks one subject's admissions g over s; it reorders g.
 func checkSpans(rep *Report, g []decided, s span) {
+	if s.whole {
+		from, to, sum := g[0].lo, g[0].hi, int64(0)
+		for _, d := range g {
+			from, to = minTime(from, d.lo), maxTime(to, d.hi)
+			sum += d.Cost
+		}
+		rep.Windows++
+		if bound := s.bound + s.perSecond*to.Sub(from).Seconds(); float64(sum) > bound+1e-9 {
+			rep.add(g[0].Policy, g[0].Subject, from, to, sum, bound, g)
+		}
+		return
+	}
 	if s.aligned {
 		// Each decision can lie wholly inside at most one aligned window:
 		// the one holding its earliest instant.
@@ -264,6 +281,20 @@ func checkSpans(rep *Report, g []decided, s span) {
 			rep.add(g[i].Policy, g[i].Subject, from, b, sum, s.bound, in)
 		}
 	}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // inside reports whether t is at or after from (after, with open).

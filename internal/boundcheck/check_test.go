@@ -169,3 +169,26 @@ func TestViolationListsDecisions(t *testing.T) {
 		t.Errorf("violation prints %d decisions, want %d", got, MaxListed)
 	}
 }
+
+// TestCheckWholeRun: a subject admitted a little over the refill rate
+// for a long time stays within C + r·W in every short window but not
+// over the whole run, which is checked too.
+func TestCheckWholeRun(t *testing.T) {
+	limits := map[string]bucket.Limits{"tb": {Capacity: 10, RefillPerSecond: 1}}
+	cfg := Config{Limits: limits, Windows: []time.Duration{time.Second, 10 * time.Second}}
+	for _, c := range []struct {
+		n    int
+		want string
+	}{{105, ""}, {120, "tb/s admitted 120"}} {
+		rep, err := Check(cfg, at("tb", "a", 0, 100*time.Second, c.n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case c.want == "" && len(rep.Violations) > 0:
+			t.Errorf("%d over 100 s: unexpected violation %v", c.n, rep.Violations[0])
+		case c.want != "" && (len(rep.Violations) == 0 || !strings.Contains(rep.Violations[0].String(), c.want)):
+			t.Errorf("%d over 100 s: violations %v, want %q", c.n, rep.Violations, c.want)
+		}
+	}
+}

@@ -1,9 +1,11 @@
 // Package boundcheck checks what a multi-region run admitted against the
 // cross-region bound the project promises: for every policy and subject,
 // the regions together admit at most (1+ε)·(C + r·W) in any window of
-// length W (token bucket), and at most (1+ε)·C in any one window of the
-// policy (fixed window and sliding window counter: each aligned window;
-// sliding log: any span of the window's length).
+// length W (token bucket; by default W is one refill step 1/r, one
+// refill time C/r, ten of them, and the whole run), and at most (1+ε)·C
+// in any one window of the policy (fixed window and sliding window
+// counter: each aligned window; sliding log: any span of the window's
+// length).
 //
 // The input is the admitted decisions of every node of every region, each
 // with the instant it was recorded at and, when known, the instant its
