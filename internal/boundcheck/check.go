@@ -116,6 +116,9 @@ type Report struct {
 	// Decisions and Windows count the admissions and windows checked.
 	Decisions int
 	Windows   int64
+	// Peak is the largest ratio of admitted to bound in any window
+	// checked: how close the run came to the bound (over 1: a violation).
+	Peak float64
 	// Violations are at most MaxViolations windows over the bound, the
 	// worst (largest admitted over bound) first.
 	Violations []Violation
@@ -225,8 +228,9 @@ func checkSpans(rep *Report, g []decided, s span) {
 			from, to = minTime(from, d.lo), maxTime(to, d.hi)
 			sum += d.Cost
 		}
-		rep.Windows++
-		if bound := s.bound + s.perSecond*to.Sub(from).Seconds(); float64(sum) > bound+1e-9 {
+		bound := s.bound + s.perSecond*to.Sub(from).Seconds()
+		rep.window(sum, bound)
+		if float64(sum) > bound+1e-9 {
 			rep.add(g[0].Policy, g[0].Subject, from, to, sum, bound, g)
 		}
 		return
@@ -246,7 +250,7 @@ func checkSpans(rep *Report, g []decided, s span) {
 					in = append(in, g[j])
 				}
 			}
-			rep.Windows++
+			rep.window(sum, s.bound)
 			if float64(sum) > s.bound+1e-9 {
 				rep.add(g[i].Policy, g[i].Subject, start, end, sum, s.bound, in)
 			}
@@ -270,7 +274,7 @@ func checkSpans(rep *Report, g []decided, s span) {
 				sum += d.Cost
 			}
 		}
-		rep.Windows++
+		rep.window(sum, s.bound)
 		if float64(sum) > s.bound+1e-9 {
 			var in []decided
 			for _, d := range g[first : i+1] {
@@ -303,6 +307,14 @@ func inside(t, from time.Time, open bool) bool {
 		return t.After(from)
 	}
 	return !t.Before(from)
+}
+
+// window counts a window checked that admitted sum against bound.
+func (rep *Report) window(sum int64, bound float64) {
+	rep.Windows++
+	if bound > 0 {
+		rep.Peak = max(rep.Peak, float64(sum)/bound)
+	}
 }
 
 // add records a violation; of the overlapping windows of one subject

@@ -60,6 +60,9 @@ func TestCheck(t *testing.T) {
 		if rep.Decisions != len(c.adms) || rep.Windows == 0 {
 			t.Errorf("%s: %d decisions, %d windows checked", c.name, rep.Decisions, rep.Windows)
 		}
+		if over := rep.Peak > 1+1e-9; over != (len(rep.Violations) > 0) || rep.Peak <= 0 {
+			t.Errorf("%s: peak %.3f of the bound with %d violations", c.name, rep.Peak, len(rep.Violations))
+		}
 		switch {
 		case c.want == "" && len(rep.Violations) > 0:
 			t.Errorf("%s: unexpected violation %v", c.name, rep.Violations[0])
