@@ -27,7 +27,7 @@ scripts/with-redis.sh "$GO" test -race -count=1 -timeout 40m -v ./internal/relia
 if [ "$RELIABILITY_LONG" = 1 ]; then
   bound_runs=${BOUND_RUNS:-6} bound_steps=${BOUND_STEPS:-20}
 else
-  bound_runs=${BOUND_RUNS:-3} bound_steps=${BOUND_STEPS:-7}
+  bound_runs=${BOUND_RUNS:-3} bound_steps=${BOUND_STEPS:-8}
 fi
 echo "== bound: $bound_runs randomized live runs of $bound_steps steps, log in $out/bound.log"
 E2E_RUNS=$bound_runs E2E_STEPS=$bound_steps E2E_SEED=${BOUND_SEED:-} \

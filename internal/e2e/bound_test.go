@@ -21,15 +21,17 @@ const clockSlack = time.Millisecond
 // (the subject's, from the allocations published) and its decisions.
 func (e *env) checkBound() boundcheck.Report {
 	e.t.Helper()
-	set, err := policy.Parse("e2e.yaml", policyDoc)
-	if err != nil {
-		e.t.Fatal(err)
-	}
 	limits := map[string]bucket.Limits{}
 	hist := map[string][]etcdlayout.Allocation{}
-	for _, p := range set.Policies() {
-		limits[p.Name] = p.Limits
-		hist[p.Name] = e.allocHistory(p.Name)
+	for _, doc := range e.docs {
+		set, err := policy.Parse("e2e.yaml", doc)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		for _, p := range set.Policies() {
+			limits[p.Name] = p.Limits
+			hist[p.Name] = e.allocHistory(p.Name)
+		}
 	}
 	var adms []boundcheck.Admission
 	for _, d := range e.drivers {
@@ -59,8 +61,8 @@ func (e *env) checkBound() boundcheck.Report {
 			v.SharesAtEnd[r] = shareAt(v.Policy, v.Subject, r, v.To)
 		}
 	}
-	e.t.Logf("bound check: %d admitted decisions, %d windows checked, %d violations",
-		rep.Decisions, rep.Windows, len(rep.Violations))
+	e.t.Logf("bound check: %d admitted decisions, %d windows checked, %d violations; the fullest window admitted %.0f%% of its bound",
+		rep.Decisions, rep.Windows, len(rep.Violations), 100*rep.Peak)
 	for _, v := range rep.Violations {
 		e.t.Errorf("bound violated: %s", v)
 	}

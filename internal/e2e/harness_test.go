@@ -78,6 +78,10 @@ var policyDoc = []byte(`policies:
     failure_mode: closed
     min_share:
       default: 0.02
+`)
+
+// windowsDoc adds the other window algorithms, for the randomized runs.
+var windowsDoc = []byte(`policies:
   - name: sliding
     description: the same budget as a sliding window counter of 50 per 5 seconds
     algorithm: sliding_window
@@ -99,7 +103,8 @@ var policyDoc = []byte(`policies:
 // windowedPolicy is the fixed-window policy every check also asks.
 const windowedPolicy = "windowed"
 
-// allPolicies are the policies of policyDoc, one of each algorithm.
+// allPolicies are the policies of policyDoc and windowsDoc, one of each
+// algorithm.
 var allPolicies = []string{policyName, windowedPolicy, "sliding", "logged"}
 
 var layout etcdlayout.Layout
@@ -114,6 +119,8 @@ type env struct {
 	// tokenFile is the coordinators' operator token file.
 	tokenFile string
 	coords    []*coord
+	// docs are the policy documents applied.
+	docs [][]byte
 	// regions in name order: the first node of each.
 	regions []*region
 	// drivers are every load driver started, the regions' and any other.
@@ -121,12 +128,18 @@ type env struct {
 }
 
 // newEnv starts etcd, nCoords coordinators (waiting for a leader and its
-// settings), applies the policy through the operator API, and starts one
+// settings), applies policyDoc through the operator API, and starts one
 // regional node per name, each on its own redis-server, waiting until every
 // node is ready.
 func newEnv(t *testing.T, nCoords int, names ...string) *env {
 	t.Helper()
-	e := &env{t: t, etcd: etcdtest.Start(t)}
+	return newEnvDocs(t, nCoords, [][]byte{policyDoc}, names...)
+}
+
+// newEnvDocs is newEnv applying the policy documents docs.
+func newEnvDocs(t *testing.T, nCoords int, docs [][]byte, names ...string) *env {
+	t.Helper()
+	e := &env{t: t, etcd: etcdtest.Start(t), docs: docs}
 	e.cli = e.etcd.Client(t)
 	e.logs = newLineLog(t)
 	dir := t.TempDir()
@@ -144,7 +157,9 @@ func newEnv(t *testing.T, nCoords int, names ...string) *env {
 		var st etcdlayout.Settings
 		return e.get(layout.Settings(), &st) && st.LeaseTTLSeconds == int64(regionTTL/time.Second)
 	})
-	e.applyPolicy()
+	for i, doc := range docs {
+		e.applyPolicy(fmt.Sprintf("e2e-%d.yaml", i), doc)
+	}
 	for _, n := range names {
 		e.regions = append(e.regions, e.startRegion(n))
 	}
@@ -337,12 +352,12 @@ func (e *env) leader(d time.Duration) *coord {
 	return l
 }
 
-// applyPolicy stores the policy through the operator API, as quotactl
-// policy apply does.
-func (e *env) applyPolicy() {
+// applyPolicy stores the policy document doc through the operator API, as
+// quotactl policy apply does.
+func (e *env) applyPolicy(filename string, doc []byte) {
 	e.t.Helper()
 	err := e.operator(func(ctx context.Context, op quotav1.OperatorClient) error {
-		_, err := op.ApplyPolicy(ctx, &quotav1.ApplyPolicyRequest{Filename: "e2e.yaml", Document: policyDoc})
+		_, err := op.ApplyPolicy(ctx, &quotav1.ApplyPolicyRequest{Filename: filename, Document: doc})
 		return err
 	})
 	if err != nil {

@@ -29,7 +29,7 @@ const (
 	runsEnv  = "E2E_RUNS"
 	stepsEnv = "E2E_STEPS"
 	// The short form CI runs.
-	defaultRuns, defaultSteps = 3, 7
+	defaultRuns, defaultSteps = 3, 8
 	stepDur                   = time.Second
 	// moverSubject spends in one region and moves to another every step,
 	// well within one refill time (6 s) and one window (5 s).
@@ -46,9 +46,9 @@ const (
 // windows; and, each at least once at a random step, one of every event
 // kind (see event). Region b runs two nodes, one of them a child process.
 // Every admitted decision of every node is then checked against the bound
-// (boundcheck) and etcd's history replayed (invariant). CI runs
-// E2E_RUNS=3 short runs; make reliability runs the long form and adds a
-// row per run to its table.
+// (boundcheck) and etcd's history replayed (invariant). CI runs 3 short
+// runs of 8 steps; make reliability runs the long form and adds a row per
+// run to its table.
 func TestRandomRuns(t *testing.T) {
 	runs, steps := envInt(t, runsEnv, defaultRuns), envInt(t, stepsEnv, defaultSteps)
 	if steps < len(eventKinds) {
@@ -83,7 +83,8 @@ func TestRandomRuns(t *testing.T) {
 				err := rec.Record(reliability.Entry{Kind: reliability.KindBound, Name: fmt.Sprintf("e2e random run %s=%d", seedEnv, seed),
 					Injected: rep.Decisions > 0, Survived: !t.Failed() && len(rep.Violations) == 0,
 					BoundDecisions: int64(rep.Decisions), BoundWindows: rep.Windows, Violations: int64(len(rep.Violations)),
-					Note: fmt.Sprintf("%d steps in %v: %s", steps, time.Since(began).Round(time.Second), strings.Join(kinds, ", "))})
+					Note: fmt.Sprintf("%d steps in %v, fullest window at %.0f%% of its bound: %s",
+						steps, time.Since(began).Round(time.Second), 100*rep.Peak, strings.Join(kinds, ", "))})
 				if err != nil {
 					t.Error(err)
 				}
@@ -133,13 +134,21 @@ const (
 	clockStep
 	// operate changes minimums, weights and pins.
 	operate
+	// quiet stops all demand for one refill time of the token bucket:
+	// every bucket refills, and the next step's demand finds the whole
+	// burst C spread over the regions, so any token a fault adds on top
+	// shows as a window over C + r·W.
+	quiet
 )
 
-var eventKinds = []event{restart, flush, failover, partition, pause, clockStep, operate}
+var eventKinds = []event{restart, flush, failover, partition, pause, clockStep, operate, quiet}
 
 func (ev event) String() string {
-	return [...]string{"restart", "flush", "failover", "partition", "pause", "clock step", "operate"}[ev]
+	return [...]string{"restart", "flush", "failover", "partition", "pause", "clock step", "operate", "quiet"}[ev]
 }
+
+// refillTime is the exports policy's C/r.
+const refillTime = 6 * time.Second
 
 // run is one randomized run's deployment and state.
 type run struct {
@@ -158,7 +167,7 @@ type run struct {
 func randomRun(t *testing.T, seed uint64, steps int) (boundcheck.Report, []string) {
 	t.Logf("seed %d (%s=%d replays it)", seed, seedEnv, seed)
 	rng := rand.New(rand.NewPCG(seed, 13))
-	e := newEnv(t, 2, "a", "b", "c")
+	e := newEnvDocs(t, 2, [][]byte{policyDoc, windowsDoc}, "a", "b", "c")
 	r := &run{t: t, e: e, rng: rng, pins: map[[2]string]bool{}}
 	r.child = e.addNode(e.regions[1], true)
 	r.nodes = []*region{e.regions[0], e.regions[1], r.child, e.regions[2]}
@@ -187,15 +196,22 @@ func randomRun(t *testing.T, seed uint64, steps int) (boundcheck.Report, []strin
 		for _, n := range r.nodes {
 			n.load.setRate(rates[rng.IntN(len(rates))])
 		}
+		r.mover.setRate(moverRate)
 		if rng.Float64() < 0.8 {
 			r.moveMover(step)
 		}
-		if ev >= 0 {
-			t.Logf("step %d: %s", step, ev)
-			r.inject(step, ev)
-			done = append(done, ev.String())
+		if ev < 0 {
+			time.Sleep(stepDur)
+			continue
 		}
-		time.Sleep(stepDur)
+		// At a random instant of the step: after the new demand drained
+		// some buckets, or before.
+		lead := time.Duration(rng.Int64N(int64(stepDur)))
+		time.Sleep(lead)
+		t.Logf("step %d: %s", step, ev)
+		r.inject(step, ev)
+		done = append(done, ev.String())
+		time.Sleep(stepDur - lead)
 	}
 	for _, d := range e.drivers {
 		d.setRate(0)
@@ -296,6 +312,11 @@ func (r *run) inject(step int, ev event) {
 		for range 1 + r.rng.IntN(3) {
 			r.change(step, "")
 		}
+	case quiet:
+		for _, d := range e.drivers {
+			d.setRate(0)
+		}
+		time.Sleep(refillTime)
 	}
 }
 
