@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # make reliability: the fault, load and security suites in their long form
-# (RELIABILITY_LONG=1, minutes), every existing fuzz target for FUZZTIME,
-# then the summary table. Every redis-server and etcd the suites need is
-# started by the tests themselves (internal/redistest, internal/etcdtest);
+# (RELIABILITY_LONG=1, minutes), the randomized live runs checked against
+# the cross-region bound (internal/e2e TestRandomRuns: BOUND_RUNS runs of
+# BOUND_STEPS steps; BOUND_SEED replays one), every existing fuzz target
+# for FUZZTIME, then the summary table. Every redis-server and etcd the
+# suites need is started by the tests themselves (internal/redistest, internal/etcdtest);
 # with-redis.sh installs redis-server if missing and provides REDIS_ADDR.
 # RELIABILITY_LONG=0 runs the short CI configuration instead.
 set -uo pipefail
@@ -21,6 +23,19 @@ scripts/with-redis.sh "$GO" test -race -count=1 -timeout 40m -v ./internal/relia
   status=1
   echo "suites failed:"; grep -E '^\s*(--- FAIL|FAIL|panic:)|_test.go:[0-9]+:' "$out/suites.log" | grep -v 'injected=true survived=true' | head -40
 }
+
+if [ "$RELIABILITY_LONG" = 1 ]; then
+  bound_runs=${BOUND_RUNS:-6} bound_steps=${BOUND_STEPS:-20}
+else
+  bound_runs=${BOUND_RUNS:-3} bound_steps=${BOUND_STEPS:-8}
+fi
+echo "== bound: $bound_runs randomized live runs of $bound_steps steps, log in $out/bound.log"
+E2E_RUNS=$bound_runs E2E_STEPS=$bound_steps E2E_SEED=${BOUND_SEED:-} \
+  "$GO" test -race -count=1 -timeout 60m -v -run '^TestRandomRuns$' ./internal/e2e/ >"$out/bound.log" 2>&1 || {
+  status=1
+  echo "bound runs failed:"; grep -E '^\s*(--- FAIL|FAIL|panic:)|seed [0-9]+ \(|bound violated' "$out/bound.log" | head -40
+}
+grep -E 'runs of [0-9]+ steps' "$out/bound.log" | sed 's/^ */  /'
 
 echo "== fuzz targets, $fuzztime each"
 while IFS=: read -r file name; do

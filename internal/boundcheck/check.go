@@ -16,8 +16,28 @@ import (
 // admitted by a node of Region, recorded at At.
 type Admission struct {
 	Policy, Subject, Region string
-	At                      time.Time
-	Cost                    int64
+	// Node names the node of Region that decided, when a region runs
+	// several; it is reported, not checked.
+	Node string
+	At   time.Time
+	// Sent, when set, is the earliest instant the decision can have been
+	// made (a client sends a check at Sent and records the answer at At):
+	// the decision lies in [Sent, At], widened by Config.Slack. Zero
+	// means At.
+	Sent time.Time
+	Cost int64
+	// Share is the share the deciding node said it decided at; it is
+	// reported with the decision, not checked.
+	Share float64
+}
+
+// span returns the earliest and latest instant a decided.
+func (a Admission) span(slack time.Duration) (lo, hi time.Time) {
+	lo = a.At
+	if !a.Sent.IsZero() {
+		lo = a.Sent
+	}
+	return lo.Add(-slack), a.At.Add(slack)
 }
 
 // Config says what to check the admissions against.
@@ -26,7 +46,9 @@ type Config struct {
 	// policy not listed are an error.
 	Limits map[string]bucket.Limits
 	// Windows are the lengths W token buckets are checked over; default
-	// one refill time (C/r) and ten of them.
+	// one refill step (1/r), one refill time (C/r) and ten of them. A
+	// token bucket's subject is also checked over the whole span of its
+	// decisions.
 	Windows []time.Duration
 	// Slack is how far a recorded instant may be from the decision's.
 	Slack time.Duration
@@ -43,9 +65,18 @@ type Violation struct {
 	Bound           float64
 	// ByRegion is what each region admitted inside the window.
 	ByRegion map[string]int64
-	// Shares are the regions' shares at From (Config.Shares), if known.
-	Shares map[string]float64
+	// Shares and SharesAtEnd are the regions' shares at From and at To
+	// (Config.Shares), if known.
+	Shares, SharesAtEnd map[string]float64
+	// Decisions are the admissions inside the window in time order, at
+	// most MaxListed of them (the first and the last halves); Unlisted
+	// counts the ones left out.
+	Decisions []Admission
+	Unlisted  int
 }
+
+// MaxListed bounds the decisions a Violation lists.
+const MaxListed = 64
 
 func (v Violation) String() string {
 	var b strings.Builder
@@ -54,7 +85,27 @@ func (v Violation) String() string {
 	for _, r := range slices.Sorted(maps.Keys(v.ByRegion)) {
 		fmt.Fprintf(&b, " %s=%d", r, v.ByRegion[r])
 		if s, ok := v.Shares[r]; ok {
-			fmt.Fprintf(&b, " (share %.3f)", s)
+			fmt.Fprintf(&b, " (share %.3f", s)
+			if e, ok := v.SharesAtEnd[r]; ok && e != s {
+				fmt.Fprintf(&b, " -> %.3f", e)
+			}
+			b.WriteString(")")
+		}
+	}
+	if len(v.Decisions) > 0 {
+		b.WriteString("; decisions (offset from the window's start, region/node, share it was decided at, cost):")
+	}
+	for i, a := range v.Decisions {
+		if i == len(v.Decisions)/2 && v.Unlisted > 0 {
+			fmt.Fprintf(&b, "\n  ... %d more", v.Unlisted)
+		}
+		who := a.Region
+		if a.Node != "" {
+			who += "/" + a.Node
+		}
+		fmt.Fprintf(&b, "\n  +%v %s share %.3f cost %d", a.At.Sub(v.From).Round(time.Millisecond), who, a.Share, a.Cost)
+		if !a.Sent.IsZero() {
+			fmt.Fprintf(&b, " (sent +%v)", a.Sent.Sub(v.From).Round(time.Millisecond))
 		}
 	}
 	return b.String()
@@ -65,6 +116,9 @@ type Report struct {
 	// Decisions and Windows count the admissions and windows checked.
 	Decisions int
 	Windows   int64
+	// Peak is the largest ratio of admitted to bound in any window
+	// checked: how close the run came to the bound (over 1: a violation).
+	Peak float64
 	// Violations are at most MaxViolations windows over the bound, the
 	// worst (largest admitted over bound) first.
 	Violations []Violation
@@ -90,6 +144,9 @@ func Check(cfg Config, adms []Admission) (Report, error) {
 		if a.Cost <= 0 {
 			return Report{}, fmt.Errorf("%w: admission %d has cost %d", ErrInput, i, a.Cost)
 		}
+		if a.Sent.After(a.At) {
+			return Report{}, fmt.Errorf("%w: admission %d sent at %v, after it was recorded at %v", ErrInput, i, a.Sent, a.At)
+		}
 		k := key{a.Policy, a.Subject}
 		groups[k] = append(groups[k], a)
 	}
@@ -97,8 +154,11 @@ func Check(cfg Config, adms []Admission) (Report, error) {
 	for _, k := range slices.SortedFunc(maps.Keys(groups), func(a, b key) int {
 		return cmp.Or(strings.Compare(a.policy, b.policy), strings.Compare(a.subject, b.subject))
 	}) {
-		g := groups[k]
-		slices.SortStableFunc(g, func(a, b Admission) int { return a.At.Compare(b.At) })
+		g := make([]decided, len(groups[k]))
+		for i, a := range groups[k] {
+			lo, hi := a.span(cfg.Slack)
+			g[i] = decided{a, lo, hi}
+		}
 		l := cfg.Limits[k.policy]
 		for _, s := range spans(l, cfg) {
 			checkSpans(&rep, g, s)
@@ -116,14 +176,25 @@ func Check(cfg Config, adms []Admission) (Report, error) {
 	return rep, nil
 }
 
+// decided is an admission with the earliest and latest instant it can
+// have been decided at.
+type decided struct {
+	Admission
+	lo, hi time.Time
+}
+
 // span is one way of cutting a subject's admissions into windows: sliding
-// windows of length width ending at each admission, or aligned windows of
-// length width (each narrowed by inset at both ends), each bounded by
-// bound.
+// windows of length width ending at each admission's latest instant, or
+// windows of length width aligned as the stores align them, each bounded
+// by bound; or, with whole, the one window from the earliest decision to
+// the latest, bounded by bound plus perSecond for each second of it. A
+// decision counts in a window only when all of its possible instants lie
+// inside it; openStart leaves the window's first instant out (a sliding
+// log forgets an entry exactly one window old).
 type span struct {
-	width, inset time.Duration
-	aligned      bool
-	bound        float64
+	width                     time.Duration
+	aligned, openStart, whole bool
+	bound, perSecond          float64
 }
 
 // spans are the windows limits l is checked over.
@@ -132,87 +203,162 @@ func spans(l bucket.Limits, cfg Config) []span {
 	c := float64(l.Capacity)
 	switch l.Algorithm {
 	case bucket.FixedWindow, bucket.SlidingWindow:
-		return []span{{width: l.Window, inset: cfg.Slack, aligned: true, bound: eps * c}}
+		return []span{{width: l.Window, aligned: true, bound: eps * c}}
 	case bucket.SlidingLog:
-		return []span{{width: max(0, l.Window-2*cfg.Slack), bound: eps * c}}
+		return []span{{width: l.Window, openStart: true, bound: eps * c}}
 	}
 	ws := cfg.Windows
 	if len(ws) == 0 && l.RefillPerSecond > 0 {
+		step := time.Duration(float64(time.Second) / l.RefillPerSecond)
 		full := time.Duration(c / l.RefillPerSecond * float64(time.Second))
-		ws = []time.Duration{full, 10 * full}
+		ws = []time.Duration{step, full, 10 * full}
 	}
-	out := make([]span, 0, len(ws))
+	out := make([]span, 0, len(ws)+1)
 	for _, w := range ws {
-		widened := w + 2*cfg.Slack
-		out = append(out, span{width: w, bound: eps * (c + l.RefillPerSecond*widened.Seconds())})
+		out = append(out, span{width: w, bound: eps * (c + l.RefillPerSecond*w.Seconds())})
 	}
-	return out
+	return append(out, span{whole: true, bound: eps * c, perSecond: eps * l.RefillPerSecond})
 }
 
-// checkSpans checks one subject's admissions g (in time order) over s.
-func checkSpans(rep *Report, g []Admission, s span) {
+// checkSpans checks one subject's admissions g over s; it reorders g.
+func checkSpans(rep *Report, g []decided, s span) {
+	if s.whole {
+		from, to, sum := g[0].lo, g[0].hi, int64(0)
+		for _, d := range g {
+			from, to = minTime(from, d.lo), maxTime(to, d.hi)
+			sum += d.Cost
+		}
+		bound := s.bound + s.perSecond*to.Sub(from).Seconds()
+		rep.window(sum, bound)
+		if float64(sum) > bound+1e-9 {
+			rep.add(g[0].Policy, g[0].Subject, from, to, sum, bound, g)
+		}
+		return
+	}
 	if s.aligned {
-		w := s.width
+		// Each decision can lie wholly inside at most one aligned window:
+		// the one holding its earliest instant.
+		slices.SortStableFunc(g, func(a, b decided) int { return a.lo.Compare(b.lo) })
 		for i := 0; i < len(g); {
-			start := bucket.WindowStart(g[i].At, w)
-			from, to := start.Add(s.inset), start.Add(w-s.inset)
+			start := bucket.WindowStart(g[i].lo, s.width)
+			end := start.Add(s.width)
 			j, sum := i, int64(0)
-			var in []Admission
-			for ; j < len(g) && g[j].At.Before(start.Add(w)); j++ {
-				if !g[j].At.Before(from) && !g[j].At.After(to) {
+			var in []decided
+			for ; j < len(g) && g[j].lo.Before(end); j++ {
+				if g[j].hi.Before(end) {
 					sum += g[j].Cost
 					in = append(in, g[j])
 				}
 			}
-			rep.Windows++
+			rep.window(sum, s.bound)
 			if float64(sum) > s.bound+1e-9 {
-				rep.add(g[i].Policy, g[i].Subject, from, to, sum, s.bound, in)
+				rep.add(g[i].Policy, g[i].Subject, start, end, sum, s.bound, in)
 			}
 			i = j
 		}
 		return
 	}
-	first, sum := 0, int64(0)
+	// Windows [b-width, b] for b each decision's latest instant: a
+	// decision counts when its earliest instant is inside too.
+	slices.SortStableFunc(g, func(a, b decided) int { return a.hi.Compare(b.hi) })
+	first := 0
 	for i := range g {
-		sum += g[i].Cost
-		for g[first].At.Before(g[i].At.Add(-s.width)) {
-			sum -= g[first].Cost
+		b := g[i].hi
+		from := b.Add(-s.width)
+		for g[first].hi.Before(from) {
 			first++
 		}
-		rep.Windows++
-		if float64(sum) > s.bound+1e-9 {
-			rep.add(g[i].Policy, g[i].Subject, g[i].At.Add(-s.width), g[i].At, sum, s.bound, g[first:i+1])
+		sum := int64(0)
+		for _, d := range g[first : i+1] {
+			if inside(d.lo, from, s.openStart) {
+				sum += d.Cost
+			}
 		}
+		rep.window(sum, s.bound)
+		if float64(sum) > s.bound+1e-9 {
+			var in []decided
+			for _, d := range g[first : i+1] {
+				if inside(d.lo, from, s.openStart) {
+					in = append(in, d)
+				}
+			}
+			rep.add(g[i].Policy, g[i].Subject, from, b, sum, s.bound, in)
+		}
+	}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// inside reports whether t is at or after from (after, with open).
+func inside(t, from time.Time, open bool) bool {
+	if open {
+		return t.After(from)
+	}
+	return !t.Before(from)
+}
+
+// window counts a window checked that admitted sum against bound.
+func (rep *Report) window(sum int64, bound float64) {
+	rep.Windows++
+	if bound > 0 {
+		rep.Peak = max(rep.Peak, float64(sum)/bound)
 	}
 }
 
 // add records a violation; of the overlapping windows of one subject
 // only the worst is kept.
-func (rep *Report) add(policy, subject string, from, to time.Time, admitted int64, bound float64, in []Admission) {
+func (rep *Report) add(policy, subject string, from, to time.Time, admitted int64, bound float64, in []decided) {
 	v := Violation{Policy: policy, Subject: subject, From: from, To: to, Admitted: admitted, Bound: bound, ByRegion: map[string]int64{}}
-	for _, a := range in {
-		v.ByRegion[a.Region] += a.Cost
+	for _, d := range in {
+		v.ByRegion[d.Region] += d.Cost
 	}
 	if n := len(rep.Violations); n > 0 {
 		last := &rep.Violations[n-1]
 		if last.Policy == policy && last.Subject == subject && !from.After(last.To) {
 			if float64(admitted)/bound > float64(last.Admitted)/last.Bound {
-				*last = v
+				*last = v.withDecisions(in)
 			}
 			return
 		}
 	}
 	if len(rep.Violations) < 4*MaxViolations {
-		rep.Violations = append(rep.Violations, v)
+		rep.Violations = append(rep.Violations, v.withDecisions(in))
 	}
+}
+
+// withDecisions lists in (the first and the last MaxListed/2 when there
+// are more) on v, in time order.
+func (v Violation) withDecisions(in []decided) Violation {
+	list := make([]Admission, 0, min(len(in), MaxListed))
+	for i, d := range in {
+		if len(in) <= MaxListed || i < MaxListed/2 || i >= len(in)-MaxListed/2 {
+			list = append(list, d.Admission)
+		}
+	}
+	slices.SortStableFunc(list, func(a, b Admission) int { return a.At.Compare(b.At) })
+	v.Decisions, v.Unlisted = list, len(in)-len(list)
+	return v
 }
 
 func fillShares(v *Violation, cfg Config) {
 	if cfg.Shares == nil {
 		return
 	}
-	v.Shares = map[string]float64{}
+	v.Shares, v.SharesAtEnd = map[string]float64{}, map[string]float64{}
 	for r := range v.ByRegion {
 		v.Shares[r] = cfg.Shares(v.Policy, r, v.From)
+		v.SharesAtEnd[r] = cfg.Shares(v.Policy, r, v.To)
 	}
 }

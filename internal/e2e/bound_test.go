@@ -5,50 +5,64 @@ import (
 
 	"github.com/quotacoord/quota/bucket"
 	"github.com/quotacoord/quota/internal/boundcheck"
+	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/internal/policy"
 )
 
+// clockSlack is how far the instants the drivers record may be from the
+// stores' (Redis TIME, read from the same host clock in microseconds).
+const clockSlack = time.Millisecond
+
 // checkBound runs the bound checker over every admitted decision the
-// regions' drivers recorded: in no window did the regions together admit
-// more than one global limiter of each policy could. A recorded instant
-// is when the answer arrived, so the slack is the longest call seen.
+// drivers recorded: in no window did the regions together admit more
+// than one global limiter of each policy could. Each decision lies
+// between the send of its check and the arrival of its answer. A
+// violation fails the test and prints its window, the regions' shares
+// (the subject's, from the allocations published) and its decisions.
 func (e *env) checkBound() boundcheck.Report {
 	e.t.Helper()
-	set, err := policy.Parse("e2e.yaml", policyDoc)
-	if err != nil {
-		e.t.Fatal(err)
-	}
 	limits := map[string]bucket.Limits{}
-	for _, p := range set.Policies() {
-		limits[p.Name] = p.Limits
+	hist := map[string][]etcdlayout.Allocation{}
+	for _, doc := range e.docs {
+		set, err := policy.Parse("e2e.yaml", doc)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		for _, p := range set.Policies() {
+			limits[p.Name] = p.Limits
+			hist[p.Name] = e.allocHistory(p.Name)
+		}
 	}
 	var adms []boundcheck.Admission
-	var slack time.Duration
-	for _, r := range e.regions {
-		r.load.mu.Lock()
-		adms = append(adms, r.load.admitted...)
-		slack = max(slack, r.load.maxRTT)
-		r.load.mu.Unlock()
+	for _, d := range e.drivers {
+		d.mu.Lock()
+		adms = append(adms, d.admitted...)
+		d.mu.Unlock()
 	}
-	hist := e.allocHistory()
-	rep, err := boundcheck.Check(boundcheck.Config{Limits: limits, Slack: slack,
-		Shares: func(policy, region string, at time.Time) float64 {
-			s := -1.0 // unknown: the history is the exports policy's
-			if policy != policyName {
-				return s
-			}
-			for _, a := range hist {
-				if !a.PublishedAt.After(at) {
-					s = share(a, region)
-				}
-			}
-			return s
-		}}, adms)
+	rep, err := boundcheck.Check(boundcheck.Config{Limits: limits, Slack: clockSlack}, adms)
 	if err != nil {
 		e.t.Fatalf("bound check: %v", err)
 	}
-	e.t.Logf("bound check: %d admitted decisions, %d windows checked (slack %v), %d violations",
-		rep.Decisions, rep.Windows, slack, len(rep.Violations))
+	// The shares a violation's subject held, as published.
+	shareAt := func(policy, subject, region string, at time.Time) float64 {
+		s := -1.0 // no allocation published yet
+		for _, a := range hist[policy] {
+			if !a.PublishedAt.After(at) {
+				s = subjectShare(a, subject, region)
+			}
+		}
+		return s
+	}
+	for i := range rep.Violations {
+		v := &rep.Violations[i]
+		v.Shares, v.SharesAtEnd = map[string]float64{}, map[string]float64{}
+		for r := range v.ByRegion {
+			v.Shares[r] = shareAt(v.Policy, v.Subject, r, v.From)
+			v.SharesAtEnd[r] = shareAt(v.Policy, v.Subject, r, v.To)
+		}
+	}
+	e.t.Logf("bound check: %d admitted decisions, %d windows checked, %d violations; the fullest window admitted %.0f%% of its bound",
+		rep.Decisions, rep.Windows, len(rep.Violations), 100*rep.Peak)
 	for _, v := range rep.Violations {
 		e.t.Errorf("bound violated: %s", v)
 	}

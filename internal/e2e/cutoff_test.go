@@ -92,7 +92,7 @@ func TestCutOffRegion(t *testing.T) {
 	})
 	// The first such epoch, from the history.
 	var shrinks int
-	for _, al := range e.allocHistory() {
+	for _, al := range e.allocHistory(policyName) {
 		if al.Epoch <= held.Epoch {
 			continue
 		}

@@ -46,7 +46,7 @@ func followDemand(t *testing.T, e *env, from, to *region) {
 	at, _ := to.load.firstShareAfter(start, above)
 	took := at.Sub(start)
 	t.Logf("demand in %s: its checks ran at share > 0.8 after %v (%.1f rebalance intervals)", to.name, took.Round(time.Millisecond), took.Seconds()/rebalanceIv.Seconds())
-	for _, a := range e.allocHistory() {
+	for _, a := range e.allocHistory(policyName) {
 		if a.PublishedAt.After(start) {
 			t.Logf("  epoch %d %s at +%v: %s %.3f, %s %.3f (%s)", a.Epoch, a.Phase, a.PublishedAt.Sub(start).Round(time.Millisecond),
 				to.name, share(a, to.name), "others", 1-share(a, to.name), a.Reason)

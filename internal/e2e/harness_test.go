@@ -10,10 +10,12 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -24,6 +26,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/quotacoord/quota/internal/boundcheck"
+	"github.com/quotacoord/quota/internal/clock"
 	"github.com/quotacoord/quota/internal/coordinator"
 	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/internal/etcdtest"
@@ -77,8 +80,32 @@ var policyDoc = []byte(`policies:
       default: 0.02
 `)
 
+// windowsDoc adds the other window algorithms, for the randomized runs.
+var windowsDoc = []byte(`policies:
+  - name: sliding
+    description: the same budget as a sliding window counter of 50 per 5 seconds
+    algorithm: sliding_window
+    capacity: 50
+    window: 5s
+    failure_mode: closed
+    min_share:
+      default: 0.02
+  - name: logged
+    description: the same budget as a sliding log of 50 per 5 seconds
+    algorithm: sliding_log
+    capacity: 50
+    window: 5s
+    failure_mode: closed
+    min_share:
+      default: 0.02
+`)
+
 // windowedPolicy is the fixed-window policy every check also asks.
 const windowedPolicy = "windowed"
+
+// allPolicies are the policies of policyDoc and windowsDoc, one of each
+// algorithm.
+var allPolicies = []string{policyName, windowedPolicy, "sliding", "logged"}
 
 var layout etcdlayout.Layout
 
@@ -92,17 +119,27 @@ type env struct {
 	// tokenFile is the coordinators' operator token file.
 	tokenFile string
 	coords    []*coord
-	// regions in name order.
+	// docs are the policy documents applied.
+	docs [][]byte
+	// regions in name order: the first node of each.
 	regions []*region
+	// drivers are every load driver started, the regions' and any other.
+	drivers []*driver
 }
 
 // newEnv starts etcd, nCoords coordinators (waiting for a leader and its
-// settings), applies the policy through the operator API, and starts one
+// settings), applies policyDoc through the operator API, and starts one
 // regional node per name, each on its own redis-server, waiting until every
 // node is ready.
 func newEnv(t *testing.T, nCoords int, names ...string) *env {
 	t.Helper()
-	e := &env{t: t, etcd: etcdtest.Start(t)}
+	return newEnvDocs(t, nCoords, [][]byte{policyDoc}, names...)
+}
+
+// newEnvDocs is newEnv applying the policy documents docs.
+func newEnvDocs(t *testing.T, nCoords int, docs [][]byte, names ...string) *env {
+	t.Helper()
+	e := &env{t: t, etcd: etcdtest.Start(t), docs: docs}
 	e.cli = e.etcd.Client(t)
 	e.logs = newLineLog(t)
 	dir := t.TempDir()
@@ -120,7 +157,9 @@ func newEnv(t *testing.T, nCoords int, names ...string) *env {
 		var st etcdlayout.Settings
 		return e.get(layout.Settings(), &st) && st.LeaseTTLSeconds == int64(regionTTL/time.Second)
 	})
-	e.applyPolicy()
+	for i, doc := range docs {
+		e.applyPolicy(fmt.Sprintf("e2e-%d.yaml", i), doc)
+	}
 	for _, n := range names {
 		e.regions = append(e.regions, e.startRegion(n))
 	}
@@ -170,9 +209,9 @@ func (e *env) alloc() (etcdlayout.Allocation, bool) {
 	return a, ok
 }
 
-// allocHistory returns every allocation of the policy published so far,
+// allocHistory returns every allocation of policy published so far,
 // oldest first (etcd is never compacted in these tests).
-func (e *env) allocHistory() []etcdlayout.Allocation {
+func (e *env) allocHistory(policy string) []etcdlayout.Allocation {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -183,7 +222,7 @@ func (e *env) allocHistory() []etcdlayout.Allocation {
 		if rev > 0 {
 			opts = append(opts, clientv3.WithRev(rev))
 		}
-		r, err := e.cli.Get(ctx, layout.Alloc(policyName), opts...)
+		r, err := e.cli.Get(ctx, layout.Alloc(policy), opts...)
 		if err != nil {
 			e.t.Fatalf("allocation history: %v", err)
 		}
@@ -222,10 +261,15 @@ func (e *env) replay() invariant.Report {
 	return rep
 }
 
-// share returns the hot subject's share of region in a, as regionsync
-// would enforce it (override, else default, else safe, else minimum).
+// share returns the hot subject's share of region in a.
 func share(a etcdlayout.Allocation, region string) float64 {
-	if o, ok := a.Overrides[hotSubject]; ok {
+	return subjectShare(a, hotSubject, region)
+}
+
+// subjectShare returns subject's share of region in a, as regionsync
+// would enforce it (override, else default, else safe, else minimum).
+func subjectShare(a etcdlayout.Allocation, subject, region string) float64 {
+	if o, ok := a.Overrides[subject]; ok {
 		if v, ok := o[region]; ok {
 			return v
 		}
@@ -247,6 +291,8 @@ type coord struct {
 	c      *coordinator.Coordinator
 	cancel context.CancelFunc
 	once   sync.Once
+	// stopped is set once the coordinator was stopped or killed.
+	stopped atomic.Bool
 }
 
 func (e *env) startCoord(name, tokenFile string) *coord {
@@ -274,6 +320,7 @@ func (e *env) startCoord(name, tokenFile string) *coord {
 // stop stops the coordinator (idempotent).
 func (c *coord) stop() {
 	c.once.Do(func() {
+		c.stopped.Store(true)
 		c.cancel()
 		_ = c.c.Wait()
 	})
@@ -305,11 +352,28 @@ func (e *env) leader(d time.Duration) *coord {
 	return l
 }
 
-// applyPolicy stores the policy through the operator API of the first
-// coordinator, as quotactl policy apply does.
-func (e *env) applyPolicy() {
+// applyPolicy stores the policy document doc through the operator API, as
+// quotactl policy apply does.
+func (e *env) applyPolicy(filename string, doc []byte) {
 	e.t.Helper()
-	conn, err := grpc.NewClient(e.coords[0].c.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	err := e.operator(func(ctx context.Context, op quotav1.OperatorClient) error {
+		_, err := op.ApplyPolicy(ctx, &quotav1.ApplyPolicyRequest{Filename: filename, Document: doc})
+		return err
+	})
+	if err != nil {
+		e.t.Fatalf("apply policy through the operator API: %v", err)
+	}
+}
+
+// operator calls call with the operator API of a running coordinator,
+// as an operator with a write token.
+func (e *env) operator(call func(context.Context, quotav1.OperatorClient) error) error {
+	e.t.Helper()
+	i := slices.IndexFunc(e.coords, func(c *coord) bool { return !c.stopped.Load() })
+	if i < 0 {
+		e.t.Fatal("no running coordinator")
+	}
+	conn, err := grpc.NewClient(e.coords[i].c.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -317,10 +381,7 @@ func (e *env) applyPolicy() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+e.token)
-	if _, err := quotav1.NewOperatorClient(conn).ApplyPolicy(ctx, &quotav1.ApplyPolicyRequest{
-		Filename: "e2e.yaml", Document: policyDoc}); err != nil {
-		e.t.Fatalf("apply policy through the operator API: %v", err)
-	}
+	return call(ctx, quotav1.NewOperatorClient(conn))
 }
 
 func (e *env) proxyToEtcd() *faultproxy.Proxy {
@@ -336,16 +397,24 @@ func (e *env) proxyToEtcd() *faultproxy.Proxy {
 
 // ---- regions ----
 
-// region is one regional node (restartable) with its redis-server, its
-// proxy to etcd and its load driver.
+// region is one regional node (restartable) of a region, with its
+// redis-server (shared by the region's nodes), its proxy to etcd and its
+// load driver. A node runs in this process through regional.Run, or, for
+// a child node, in a child process (the test binary, see runChildNode)
+// that can be paused with SIGSTOP.
 type region struct {
 	e     *env
 	name  string
+	label string // the node's name in reports: the region's, numbered after the first
+	child bool
+	clk   *stepClock // the in-process node's clock
 	redis *redistest.Server
 	proxy *faultproxy.Proxy
 
 	mu      sync.Mutex
 	cancel  context.CancelFunc
+	kill    func() // a child node: SIGKILL
+	proc    *os.Process
 	done    chan error
 	conn    *grpc.ClientConn
 	adm     quotav1.AdmissionClient
@@ -357,45 +426,88 @@ type region struct {
 
 func (e *env) startRegion(name string) *region {
 	e.t.Helper()
-	r := &region{e: e, name: name, redis: redistest.Start(e.t), proxy: e.proxyToEtcd()}
-	r.load = newDriver(r)
+	r := &region{e: e, name: name, label: name, clk: &stepClock{}, redis: redistest.Start(e.t), proxy: e.proxyToEtcd()}
+	e.track(r)
+	return r
+}
+
+// track starts r and its driver and stops both at cleanup.
+func (e *env) track(r *region) {
+	e.t.Helper()
+	r.load = newDriver(r, hotSubject)
+	e.drivers = append(e.drivers, r.load)
 	r.start()
 	e.t.Cleanup(func() {
 		r.load.close()
 		r.stop()
 	})
-	return r
 }
 
-// start runs regional.Run for the region (the node must be stopped).
-func (r *region) start() {
-	t := r.e.t
-	t.Helper()
-	out := newAddrWriter(r.e.logs, r.name)
-	node := regional.DaemonConfig{
+// config is the node's configuration; out receives its log and
+// announcements.
+func (r *region) config(out io.Writer) regional.DaemonConfig {
+	return regional.DaemonConfig{
 		Region: r.name, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
 		Redis: r.redis.Addr, EtcdEndpoints: []string{"http://" + r.proxy.Addr()},
 		// A loaded machine under -race takes longer than 5 ms per Redis
 		// call; these tests show coordination, not the failure mode.
 		StoreTimeout: 250 * time.Millisecond, ShutdownTimeout: 3 * time.Second, ReportInterval: reportIv,
-		// Redis may be flushed in the random run: buckets lost with it
+		// Redis may be flushed in the random runs: buckets lost with it
 		// start spent, not full (the bound checker counts on it).
 		LossGuard: true,
 		Logger:    hclog.New(&hclog.LoggerOptions{Name: "regional", Output: out}), Announce: out,
 	}
+}
+
+// start runs the node (it must be stopped): regional.Run in this process,
+// or the test binary as a child process for a child node.
+func (r *region) start() {
+	t := r.e.t
+	t.Helper()
+	out := newAddrWriter(r.e.logs, r.label)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- regional.Run(ctx, node) }()
+	var kill func()
+	var proc *os.Process
+	if r.child {
+		cmd, err := startChildNode(r.config(nil), out)
+		if err != nil {
+			cancel()
+			t.Fatalf("node %s: %v", r.label, err)
+		}
+		proc = cmd.Process
+		go func() {
+			err := cmd.Wait()
+			if ctx.Err() != nil {
+				err = nil // stopped or killed by the test
+			}
+			done <- err
+		}()
+		stop := cancel
+		cancel = func() {
+			stop()
+			_ = cmd.Process.Signal(syscall.SIGCONT) // a paused node must run to stop
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+		}
+		kill = func() {
+			stop()
+			_ = cmd.Process.Kill()
+		}
+	} else {
+		node := r.config(out)
+		node.Clock = r.clk
+		go func() { done <- regional.Run(ctx, node) }()
+	}
 	var grpcAddr, httpAddr string
 	select {
 	case a := <-out.addrs:
 		grpcAddr, httpAddr = a[0], a[1]
 	case err := <-done:
 		cancel()
-		t.Fatalf("region %s: regional.Run: %v", r.name, err)
+		t.Fatalf("node %s: regional.Run: %v", r.label, err)
 	case <-time.After(15 * time.Second):
 		cancel()
-		t.Fatalf("region %s: no listening addresses", r.name)
+		t.Fatalf("node %s: no listening addresses", r.label)
 	}
 	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -403,7 +515,7 @@ func (r *region) start() {
 		t.Fatal(err)
 	}
 	r.mu.Lock()
-	r.cancel, r.done, r.conn, r.adm = cancel, done, conn, quotav1.NewAdmissionClient(conn)
+	r.cancel, r.kill, r.proc, r.done, r.conn, r.adm = cancel, kill, proc, done, conn, quotav1.NewAdmissionClient(conn)
 	r.httpURL = "http://" + httpAddr
 	r.starts++
 	r.mu.Unlock()
@@ -411,37 +523,70 @@ func (r *region) start() {
 
 // stop shuts the node down gracefully (idempotent): it stops serving,
 // flushes its last demand report and revokes its lease.
-func (r *region) stop() {
+func (r *region) stop() { r.halt(false) }
+
+// halt stops the node, gracefully or, for a child node with kill, by
+// SIGKILL, and waits until it is gone.
+func (r *region) halt(kill bool) {
 	r.mu.Lock()
-	cancel, done, conn := r.cancel, r.done, r.conn
-	r.cancel, r.done, r.conn, r.adm = nil, nil, nil, nil
+	cancel, killFn, done, conn := r.cancel, r.kill, r.done, r.conn
+	r.cancel, r.kill, r.proc, r.done, r.conn, r.adm = nil, nil, nil, nil, nil, nil
 	r.mu.Unlock()
 	if cancel == nil {
 		return
 	}
-	cancel()
+	if kill && killFn != nil {
+		killFn()
+	} else {
+		cancel()
+	}
 	select {
 	case err := <-done:
 		if err != nil {
-			r.e.t.Errorf("region %s: regional.Run: %v", r.name, err)
+			r.e.t.Errorf("node %s: regional.Run: %v", r.label, err)
 		}
 	case <-time.After(20 * time.Second):
-		r.e.t.Errorf("region %s: regional.Run did not return", r.name)
+		r.e.t.Errorf("node %s: regional.Run did not return", r.label)
 	}
 	_ = conn.Close()
 }
 
-// crash makes the node vanish as a crash would for etcd: its connections
-// are reset before it stops, so it can neither flush nor revoke its lease,
-// which then expires by its TTL.
+// crash makes the node vanish as a crash would for etcd: a child node is
+// killed (SIGKILL); an in-process node's connections are reset before it
+// stops, so it can neither flush nor revoke its lease, which then expires
+// by its TTL.
 func (r *region) crash() {
 	r.e.t.Helper()
+	if r.child {
+		r.halt(true)
+		return
+	}
 	if err := r.proxy.SetMode(faultproxy.Reset); err != nil {
 		r.e.t.Fatal(err)
 	}
 	r.stop()
 	if err := r.proxy.SetMode(faultproxy.Pass); err != nil {
 		r.e.t.Fatal(err)
+	}
+}
+
+// pause stops a child node's process (SIGSTOP) for d, then lets it run
+// on (SIGCONT): every goroutine of the node, its lease keepalive among
+// them, stands still meanwhile.
+func (r *region) pause(d time.Duration) {
+	r.e.t.Helper()
+	r.mu.Lock()
+	proc := r.proc
+	r.mu.Unlock()
+	if proc == nil {
+		r.e.t.Fatalf("node %s: no process to pause", r.label)
+	}
+	if err := proc.Signal(syscall.SIGSTOP); err != nil {
+		r.e.t.Fatalf("node %s: SIGSTOP: %v", r.label, err)
+	}
+	time.Sleep(d)
+	if err := proc.Signal(syscall.SIGCONT); err != nil {
+		r.e.t.Fatalf("node %s: SIGCONT: %v", r.label, err)
 	}
 }
 
@@ -467,7 +612,7 @@ func (r *region) ready() bool {
 
 func (r *region) waitReady(d time.Duration) {
 	r.e.t.Helper()
-	r.e.waitFor(d, "readiness of region "+r.name, r.ready)
+	r.e.waitFor(d, "readiness of node "+r.label, r.ready)
 }
 
 // leaseRemaining returns the lease of the region's (one) node registration and the seconds
@@ -489,25 +634,43 @@ func (r *region) leaseRemaining() (clientv3.LeaseID, int64) {
 	return id, ttl.TTL
 }
 
+// stepClock is a node's clock: the system clock with its wall reading
+// offset by what the test stepped it, and the system's monotonic reading,
+// which a step does not move (as NTP stepping a host's clock).
+type stepClock struct{ offset atomic.Int64 }
+
+// Now returns the system time plus the offset stepped so far.
+func (c *stepClock) Now() time.Time { return time.Now().Add(time.Duration(c.offset.Load())) }
+
+// Mono returns the system's monotonic reading.
+func (c *stepClock) Mono() time.Duration { return clock.Real{}.Mono() }
+
+// step moves the wall reading by d (negative: back).
+func (c *stepClock) step(d time.Duration) { c.offset.Add(int64(d)) }
+
 // ---- load ----
 
-// driver sends checks of the hot subject to one region at a set rate,
-// one at a time, and counts the decisions.
+// driver sends checks of one subject to one node at a set rate, one at a
+// time, asking each of its policies in a call of its own, and counts the
+// decisions of the exports policy. The node it sends to can change
+// (a subject moving between regions).
 type driver struct {
-	r      *region
-	rate   atomic.Uint64 // float64 bits, checks per second
-	stopCh chan struct{}
-	wg     sync.WaitGroup
+	subject string
+	target  atomic.Pointer[region]
+	// policies are asked in this order on every tick.
+	policies atomic.Pointer[[]string]
+	rate     atomic.Uint64 // float64 bits, checks per second
+	stopCh   chan struct{}
+	wg       sync.WaitGroup
 
 	allowed, denied, degraded, failed atomic.Int64
 
 	mu        sync.Mutex
 	lastShare float64
 	events    []shareEvent // share transitions, at most maxEvents
-	// admitted are the admitted decisions of both policies, at most
-	// maxAdmissions, for the bound check; maxRTT is the longest call.
+	// admitted are the admitted decisions of every policy, at most
+	// maxAdmissions, for the bound check.
 	admitted []boundcheck.Admission
-	maxRTT   time.Duration
 }
 
 // maxAdmissions bounds the decisions a driver records.
@@ -525,14 +688,20 @@ type counts struct {
 	allowed, denied, degraded, failed int64
 }
 
-func newDriver(r *region) *driver {
-	d := &driver{r: r, stopCh: make(chan struct{}), lastShare: -1}
+// newDriver starts a driver of subject at r asking the fixed-window and
+// the exports policy, idle until setRate.
+func newDriver(r *region, subject string) *driver {
+	d := &driver{subject: subject, stopCh: make(chan struct{}), lastShare: -1}
+	d.target.Store(r)
+	d.setPolicies(windowedPolicy, policyName)
 	d.wg.Add(1)
 	go d.run()
 	return d
 }
 
 func (d *driver) setRate(perSecond float64) { d.rate.Store(math.Float64bits(perSecond)) }
+
+func (d *driver) setPolicies(names ...string) { d.policies.Store(&names) }
 
 func (d *driver) snapshot() counts {
 	return counts{at: time.Now(), allowed: d.allowed.Load(), denied: d.denied.Load(),
@@ -596,59 +765,57 @@ func (d *driver) run() {
 	}
 }
 
+// check asks each policy once, in a call of its own.
 func (d *driver) check() {
-	adm := d.r.client()
-	if adm == nil {
-		d.failed.Add(1)
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), checkTimeout)
-	defer cancel()
-	d.checkWindowed(ctx, adm)
-	sent := time.Now()
-	resp, err := adm.Check(ctx, &quotav1.CheckRequest{Subject: hotSubject, Policies: []string{policyName}})
-	if err != nil || len(resp.Policies) != 1 {
-		d.failed.Add(1)
-		return
-	}
-	d.record(policyName, resp.Allowed, sent)
-	switch {
-	case resp.Degraded != "":
-		d.degraded.Add(1)
-	case resp.Allowed:
-		d.allowed.Add(1)
-	default:
-		d.denied.Add(1)
-	}
-	now, s := time.Now(), resp.Policies[0].Share
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if s != d.lastShare {
-		d.lastShare = s
-		if len(d.events) < maxEvents {
-			d.events = append(d.events, shareEvent{at: now, share: s})
+	r := d.target.Load()
+	adm := r.client()
+	for _, p := range *d.policies.Load() {
+		if adm == nil {
+			if p == policyName {
+				d.failed.Add(1)
+			}
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), checkTimeout)
+		sent := time.Now()
+		resp, err := adm.Check(ctx, &quotav1.CheckRequest{Subject: d.subject, Policies: []string{p}})
+		cancel()
+		ok := err == nil && len(resp.Policies) == 1
+		if ok {
+			d.record(r, p, resp, sent)
+		}
+		if p != policyName {
+			continue
+		}
+		switch {
+		case !ok:
+			d.failed.Add(1)
+		case resp.Degraded != "":
+			d.degraded.Add(1)
+		case resp.Allowed:
+			d.allowed.Add(1)
+		default:
+			d.denied.Add(1)
 		}
 	}
 }
 
-// checkWindowed asks the fixed-window policy for the hot subject and
-// records an admission.
-func (d *driver) checkWindowed(ctx context.Context, adm quotav1.AdmissionClient) {
-	sent := time.Now()
-	resp, err := adm.Check(ctx, &quotav1.CheckRequest{Subject: hotSubject, Policies: []string{windowedPolicy}})
-	if err == nil {
-		d.record(windowedPolicy, resp.Allowed, sent)
-	}
-}
-
-// record notes a decision of policy asked at sent and answered now.
-func (d *driver) record(policy string, allowed bool, sent time.Time) {
-	now := time.Now()
+// record notes a decision of policy by node r, asked at sent and answered
+// now: an admission for the bound check, and a share transition of the
+// exports policy.
+func (d *driver) record(r *region, policy string, resp *quotav1.CheckResponse, sent time.Time) {
+	now, s := time.Now(), resp.Policies[0].Share
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.maxRTT = max(d.maxRTT, now.Sub(sent))
-	if allowed && len(d.admitted) < maxAdmissions {
-		d.admitted = append(d.admitted, boundcheck.Admission{Policy: policy, Subject: hotSubject, Region: d.r.name, At: now, Cost: 1})
+	if resp.Allowed && len(d.admitted) < maxAdmissions {
+		d.admitted = append(d.admitted, boundcheck.Admission{Policy: policy, Subject: d.subject, Region: r.name, Node: r.label,
+			Sent: sent, At: now, Cost: 1, Share: s})
+	}
+	if policy == policyName && s != d.lastShare {
+		d.lastShare = s
+		if len(d.events) < maxEvents {
+			d.events = append(d.events, shareEvent{at: now, share: s})
+		}
 	}
 }
 

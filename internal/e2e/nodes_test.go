@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -10,16 +11,19 @@ import (
 
 // addNode starts another regional node of region of, on of's Redis (a
 // region's nodes share its buckets) with its own link to etcd and its own
-// load driver.
-func (e *env) addNode(of *region) *region {
+// load driver; a child node runs in a process of its own. It is labelled
+// with the region's name and its number in the region ("a2").
+func (e *env) addNode(of *region, child bool) *region {
 	e.t.Helper()
-	r := &region{e: e, name: of.name, redis: of.redis, proxy: e.proxyToEtcd()}
-	r.load = newDriver(r)
-	r.start()
-	e.t.Cleanup(func() {
-		r.load.close()
-		r.stop()
-	})
+	n := 1
+	for _, d := range e.drivers {
+		if d.target.Load().name == of.name {
+			n++
+		}
+	}
+	r := &region{e: e, name: of.name, label: fmt.Sprintf("%s%d", of.name, n), child: child, clk: &stepClock{},
+		redis: of.redis, proxy: e.proxyToEtcd()}
+	e.track(r)
 	r.waitReady(15 * time.Second)
 	return r
 }
@@ -45,7 +49,7 @@ func (e *env) nodes(region string) int {
 func TestRegionOfTwoNodes(t *testing.T) {
 	e := newEnv(t, 1, "a", "b", "c")
 	a1 := e.regions[0]
-	a2 := e.addNode(a1)
+	a2 := e.addNode(a1, false)
 	if n := e.nodes("a"); n != 2 {
 		t.Fatalf("region a has %d registered nodes, want 2", n)
 	}

@@ -162,6 +162,10 @@ type DaemonConfig struct {
 	// Announce, when set, receives "grpc listening on ADDR" and
 	// "http listening on ADDR" once the node listens.
 	Announce io.Writer
+	// Clock is the node's clock, for its decisions (Config.Clock) and its
+	// etcd side (regionsync.Config.Clock: lease age on its monotonic
+	// reading); nil is the system clock. Tests step it.
+	Clock clock.Clock
 }
 
 // RedisTLS is the Redis client's TLS: the CA Redis's certificate is
@@ -373,6 +377,7 @@ func Run(ctx context.Context, c DaemonConfig) error {
 		DecisionLogEvery: c.DecisionLogEvery, Headers: c.Headers, Grants: g, Tokens: toks,
 		CallerMaxInflight: c.CallerMaxInflight,
 		MaxLiveSubjects:   c.MaxLiveSubjects, IPv6SubjectPrefix: c.IPv6SubjectPrefix,
+		Clock: c.Clock,
 	}
 	n, err := New(ncfg)
 	if err != nil {

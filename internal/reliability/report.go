@@ -23,6 +23,9 @@ const (
 	KindSecurity  = "security"
 	KindFuzz      = "fuzz"
 	KindInvariant = "invariant"
+	// KindBound is one randomized live run whose admitted decisions were
+	// checked against the cross-region bound (internal/boundcheck).
+	KindBound = "bound"
 )
 
 // Entry is one line of a report: a fault injected, a soak, a security
@@ -44,6 +47,11 @@ type Entry struct {
 	InvariantChecks int64 `json:"invariant_checks,omitempty"`
 	// Violations counts invariant violations found.
 	Violations int64 `json:"violations,omitempty"`
+	// BoundDecisions and BoundWindows count the admitted decisions and
+	// the windows a bound row checked; its windows over the bound are
+	// counted in Violations.
+	BoundDecisions int64 `json:"bound_decisions,omitempty"`
+	BoundWindows   int64 `json:"bound_windows,omitempty"`
 	// FuzzExecs counts fuzz executions (bad inputs tried).
 	FuzzExecs int64 `json:"fuzz_execs,omitempty"`
 	// Memory before and after, in bytes, by what was measured
@@ -157,8 +165,12 @@ type Summary struct {
 	// add up theirs.
 	Attacks                          int
 	Requests, LimitsLifted, FailOpen int64
-	Failed                           []string
-	Rows                             []Entry
+	// BoundRuns counts bound rows; BoundDecisions, BoundWindows and
+	// BoundViolations add up theirs.
+	BoundRuns                                     int
+	BoundDecisions, BoundWindows, BoundViolations int64
+	Failed                                        []string
+	Rows                                          []Entry
 }
 
 // Summarize adds up entries.
@@ -185,6 +197,12 @@ func Summarize(entries []Entry) Summary {
 			s.Requests += e.Requests
 			s.LimitsLifted += e.LimitsLifted
 			s.FailOpen += e.FailOpen
+		}
+		if e.Kind == KindBound {
+			s.BoundRuns++
+			s.BoundDecisions += e.BoundDecisions
+			s.BoundWindows += e.BoundWindows
+			s.BoundViolations += e.Violations
 		}
 		s.FuzzExecs += e.FuzzExecs
 		s.InvariantChecks += e.InvariantChecks
@@ -258,7 +276,10 @@ func (s Summary) WriteTable(w io.Writer) error {
 			note = strings.TrimSpace(fmt.Sprintf("recovered in %v %s", e.Recovery.Round(time.Millisecond), note))
 		}
 		inv := "-"
-		if e.InvariantChecks > 0 {
+		switch {
+		case e.Kind == KindBound:
+			inv = fmt.Sprintf("%d decisions, %d windows (%d violations)", e.BoundDecisions, e.BoundWindows, e.Violations)
+		case e.InvariantChecks > 0:
 			inv = fmt.Sprintf("%d (%d violations)", e.InvariantChecks, e.Violations)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", e.Kind, e.Name, result(e), joinCounts(e.Decisions), e.Lost, inv, memory(e), note)
@@ -279,11 +300,16 @@ decisions during faults by mode: %s
 bad inputs tried (fuzz execs):   %d over %d targets
 invariant checks:                %d (%d violations)
 lost decisions:                  %d (must be 0)
+bound runs (live, randomized):   %d
+decisions checked against bound: %d
+windows checked against bound:   %d
+windows over the bound:          %d (must be 0)
 attacks tried:                   %d (%d requests)
 limits lifted:                   %d (must be 0)
 fail-open decisions by input:    %d (must be 0)
 verdict:                         %s
 `, s.FaultsInjected, s.FaultsSurvived, joinCounts(s.Decisions), s.FuzzExecs, s.FuzzTargets, s.InvariantChecks, s.Violations, s.Lost,
+		s.BoundRuns, s.BoundDecisions, s.BoundWindows, s.BoundViolations,
 		s.Attacks, s.Requests, s.LimitsLifted, s.FailOpen, verdict)
 	if err == nil && len(s.Failed) > 0 {
 		_, err = fmt.Fprintf(w, "failed:                          %s\n", strings.Join(s.Failed, ", "))

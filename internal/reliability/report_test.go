@@ -115,3 +115,38 @@ func mustRead(t *testing.T, path string) string {
 	}
 	return b.String()
 }
+
+// TestBoundRows: the randomized live runs' rows add up to the bound
+// lines of the table (runs, decisions and windows checked, windows over
+// the bound), and one window over the bound fails the verdict even when
+// every row says it survived.
+func TestBoundRows(t *testing.T) {
+	rows := []Entry{
+		{Kind: KindBound, Name: "e2e random run E2E_SEED=1", Injected: true, Survived: true, BoundDecisions: 1200, BoundWindows: 5000},
+		{Kind: KindBound, Name: "e2e random run E2E_SEED=2", Injected: true, Survived: true, BoundDecisions: 800, BoundWindows: 3000},
+	}
+	s := Summarize(rows)
+	if s.BoundRuns != 2 || s.BoundDecisions != 2000 || s.BoundWindows != 8000 || s.BoundViolations != 0 || !s.OK() {
+		t.Fatalf("summary %+v", s)
+	}
+	var b bytes.Buffer
+	if err := s.WriteTable(&b); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"1200 decisions, 5000 windows (0 violations)",
+		"bound runs (live, randomized):   2\n",
+		"decisions checked against bound: 2000\n",
+		"windows checked against bound:   8000\n",
+		"windows over the bound:          0 (must be 0)\n",
+		"verdict:                         PASS",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, b.String())
+		}
+	}
+	rows[1].Violations = 1
+	if s := Summarize(rows); s.BoundViolations != 1 || s.OK() {
+		t.Fatalf("a window over the bound: summary %+v", s)
+	}
+}
