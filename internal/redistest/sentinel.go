@@ -125,10 +125,11 @@ func Primary(ctx context.Context, addr string) (string, error) {
 	return net.JoinHostPort(hp[0], hp[1]), nil
 }
 
-// Failover has the first Sentinel fail the primary over to the replica
+// Failover waits until every Sentinel knows the other data node as a
+// replica in sync, has the first Sentinel fail the primary over to it
 // (SENTINEL FAILOVER, no agreement asked) and waits until every Sentinel
-// names the replica and it serves as the primary. It returns the new
-// primary's address.
+// names it and it serves as the primary. It returns the new primary's
+// address.
 func (s *Sentinels) Failover(tb testing.TB) string {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -136,6 +137,15 @@ func (s *Sentinels) Failover(tb testing.TB) string {
 	old, err := Primary(ctx, s.Addrs[0])
 	if err != nil {
 		tb.Fatalf("redistest: primary: %v", err)
+	}
+	replica := s.Nodes[0].Addr
+	if old == replica {
+		replica = s.Nodes[1].Addr
+	}
+	for _, a := range s.Addrs {
+		if err := waitReplicaKnown(ctx, a, replica); err != nil {
+			tb.Fatalf("redistest: sentinel %s: %v", a, err)
+		}
 	}
 	c := redis.NewSentinelClient(&redis.Options{Addr: s.Addrs[0], MaxRetries: -1})
 	defer c.Close()
