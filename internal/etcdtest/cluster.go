@@ -6,9 +6,11 @@ import (
 	"net/url"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/quotacoord/quota/internal/faultproxy"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
@@ -17,10 +19,16 @@ import (
 // Cluster is three embedded etcd members on loopback that form one
 // cluster, started by StartCluster.
 type Cluster struct {
-	// Endpoints are the members' client URLs, in member order.
+	// Endpoints are the members' client URLs as clients use them, in
+	// member order: each reaches its member through a proxy of its own,
+	// which Kill resets.
 	Endpoints []string
-	// Members are the members; Kill stops one for good.
+	// Members are the members (their Endpoints are the members' own
+	// client URLs); Kill stops one for good.
 	Members []*Server
+	// front[i] carries member i's client traffic, peer[i] the raft
+	// traffic its peers send it.
+	front, peer []*faultproxy.Proxy
 }
 
 // clusterSize is the members of a Cluster: the smallest that keeps a
@@ -38,7 +46,6 @@ func StartCluster(tb testing.TB) *Cluster {
 	cfgs := make([]*embed.Config, clusterSize)
 	for i := range clusterSize {
 		s := &Server{dir: tb.TempDir()}
-		tb.Cleanup(s.Stop)
 		cfg := embed.NewConfig()
 		cfg.Name = fmt.Sprintf("member-%d", i)
 		cfg.Dir = filepath.Join(s.dir, "data")
@@ -47,14 +54,18 @@ func StartCluster(tb testing.TB) *Cluster {
 		if err != nil {
 			tb.Fatalf("etcdtest: cluster: %v", err)
 		}
+		front, peer := c.proxy(tb, cu.Host), c.proxy(tb, pu.Host)
+		c.front, c.peer = append(c.front, front), append(c.peer, peer)
+		advertised := url.URL{Scheme: "http", Host: peer.Addr()}
 		cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{cu}, []url.URL{cu}
-		cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{pu}, []url.URL{pu}
-		peers = append(peers, cfg.Name+"="+pu.String())
+		cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{pu}, []url.URL{advertised}
+		peers = append(peers, cfg.Name+"="+advertised.String())
 		s.Endpoints = []string{cu.String()}
 		c.Members = append(c.Members, s)
-		c.Endpoints = append(c.Endpoints, cu.String())
+		c.Endpoints = append(c.Endpoints, "http://"+front.Addr())
 		cfgs[i] = cfg
 	}
+	tb.Cleanup(c.stop)
 	// Every member must be listening before any can elect a leader, so
 	// they start first and are waited for together.
 	for i, cfg := range cfgs {
@@ -76,6 +87,29 @@ func StartCluster(tb testing.TB) *Cluster {
 		}
 	}
 	return c
+}
+
+// proxy starts a proxy to target, closed at cleanup.
+func (c *Cluster) proxy(tb testing.TB, target string) *faultproxy.Proxy {
+	tb.Helper()
+	p, err := faultproxy.Start(faultproxy.Config{Target: target})
+	if err != nil {
+		tb.Fatalf("etcdtest: cluster: %v", err)
+	}
+	tb.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+// stop kills every member at once. Stopping them gracefully one by one
+// takes seconds (a leader hands its leadership to a peer that is stopping
+// too) and leaves raft connections between them open until their read
+// timeout.
+func (c *Cluster) stop() {
+	var wg sync.WaitGroup
+	for i := range c.Members {
+		wg.Go(func() { c.Kill(i) })
+	}
+	wg.Wait()
 }
 
 // freeURLs returns a client and a peer URL on free loopback ports.
@@ -100,6 +134,12 @@ func (c *Cluster) Client(tb testing.TB) *clientv3.Client {
 	return cli
 }
 
+// Leads reports whether member i runs and takes itself for the leader.
+func (c *Cluster) Leads(i int) bool {
+	m := c.Members[i]
+	return m.etcd != nil && uint64(m.etcd.Server.MemberID()) == m.etcd.Server.Lead()
+}
+
 // Leader returns the index in Members of the member the running members
 // agree leads, waiting up to ctx for one.
 func (c *Cluster) Leader(ctx context.Context) (int, error) {
@@ -115,8 +155,8 @@ func (c *Cluster) Leader(ctx context.Context) (int, error) {
 			}
 			agree = agree && l == lead
 		}
-		for i, m := range c.Members {
-			if m.etcd != nil && agree && lead != 0 && uint64(m.etcd.Server.MemberID()) == lead {
+		for i := range c.Members {
+			if agree && lead != 0 && c.Leads(i) {
 				return i, nil
 			}
 		}
@@ -128,14 +168,20 @@ func (c *Cluster) Leader(ctx context.Context) (int, error) {
 	}
 }
 
-// Kill stops member i as a crash would: its raft node stops at once,
-// without handing its leadership over, and then its listeners close. The
-// other members elect a leader after their election timeout.
+// Kill stops member i as a crash would: its clients' and its peers'
+// connections to it are reset and new ones refused, and its raft node
+// stops at once, without handing its leadership over. The other members
+// elect a leader after their election timeout.
 func (c *Cluster) Kill(i int) {
 	m := c.Members[i]
 	if m.etcd == nil {
 		return
 	}
+	// Reset before stopping: a member that stops with clients connected
+	// waits for their streams to end (up to its request timeout), while a
+	// crashed one leaves them nothing to wait for.
+	_ = c.front[i].SetMode(faultproxy.Reset)
+	_ = c.peer[i].SetMode(faultproxy.Reset)
 	m.etcd.Server.HardStop()
 	m.Stop()
 }

@@ -22,7 +22,9 @@ func TestClusterSurvivesLeaderKill(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	k := time.Now()
 	c.Kill(lead)
+	t.Logf("kill took %v", time.Since(k))
 	next, err := c.Leader(ctx)
 	if err != nil {
 		t.Fatal(err)
