@@ -10,10 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/redis/go-redis/v9"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/quotacoord/quota/internal/redistest"
 	"github.com/quotacoord/quota/internal/regional"
@@ -45,43 +42,13 @@ func startSentinelNode(t *testing.T, sg *redistest.Sentinels) *sentinelNode {
 	if err := os.WriteFile(file, sentinelPolicy, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	out := newAddrWriter(newLineLog(t), "node")
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- regional.Run(ctx, regional.DaemonConfig{
-			Region: "solo", GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Policies: file,
-			Redis: strings.Join(sg.Addrs, ","), RedisSentinelMaster: redistest.SentinelMaster,
-			StoreTimeout: 250 * time.Millisecond, ShutdownTimeout: 3 * time.Second,
-			Logger: hclog.New(&hclog.LoggerOptions{Name: "regional", Output: out}), Announce: out,
-		})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("regional.Run: %v", err)
-			}
-		case <-time.After(20 * time.Second):
-			t.Error("regional.Run did not return")
-		}
-	})
-	var grpcAddr string
-	select {
-	case a := <-out.addrs:
-		grpcAddr = a[0]
-	case err := <-done:
-		t.Fatalf("regional.Run: %v", err)
-	case <-time.After(15 * time.Second):
-		t.Fatal("node: no listening addresses")
-	}
-	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	return &sentinelNode{t: t, adm: quotav1.NewAdmissionClient(conn)}
+	l := launch(t, regional.DaemonConfig{
+		Region: "solo", GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Policies: file,
+		Redis: strings.Join(sg.Addrs, ","), RedisSentinelMaster: redistest.SentinelMaster,
+		StoreTimeout: 250 * time.Millisecond, ShutdownTimeout: 3 * time.Second,
+	}, newLineLog(t), "node")
+	t.Cleanup(func() { l.stop(t) })
+	return &sentinelNode{t: t, adm: l.admission()}
 }
 
 // check asks for one unit; a store failure shows as degraded.
