@@ -69,7 +69,7 @@ func waitServedBy(t *testing.T, c *redis.Client, addr string, within time.Durati
 // commands reach the promoted replica, and a bucket spent before the
 // failover (replicated, WAIT) keeps its spending there.
 func TestDialRedisSentinelFailover(t *testing.T) {
-	sg := redistest.StartSentinels(t)
+	sg := redistest.StartSentinels(t, redistest.SentinelAuth{})
 	c, r := dialSentinels(t, sg)
 	ctx := context.Background()
 	if got := servedBy(t, c); got != sg.Nodes[0].Addr {
@@ -112,7 +112,7 @@ func TestDialRedisSentinelFailover(t *testing.T) {
 // READONLY reply closed its connection, and the next dial asked the
 // Sentinels.
 func TestDialRedisSentinelReadOnly(t *testing.T) {
-	sg := redistest.StartSentinels(t)
+	sg := redistest.StartSentinels(t, redistest.SentinelAuth{})
 	c, r := dialSentinels(t, sg)
 	ctx := context.Background()
 	k, _ := bucket.NewKey("readonly", 1, redistest.Unique(t))
@@ -208,4 +208,51 @@ func readOnlyReplies(t *testing.T, c *redis.Client) int64 {
 		}
 	}
 	return 0
+}
+
+// TestDialRedisSentinelAuth: with Sentinels that require a password of
+// their own and data nodes that require another, a client given both
+// (SentinelPassword, Password) reaches the primary and a store runs on
+// it; a wrong data-node password and a missing or wrong Sentinel password
+// are ErrRedisAuth at PingRedis, without a password in the error.
+func TestDialRedisSentinelAuth(t *testing.T) {
+	const dataPW, sentinelPW = "data-s3cret", "watch-s3cret"
+	sg := redistest.StartSentinels(t, redistest.SentinelAuth{Password: dataPW, SentinelPassword: sentinelPW})
+	spec := strings.Join(sg.Addrs, ",")
+	for _, tc := range []struct {
+		name string
+		opt  bucket.DialOptions
+		auth bool // false: ErrRedisAuth
+	}{
+		{"both passwords", bucket.DialOptions{Password: dataPW, SentinelPassword: sentinelPW}, true},
+		{"wrong data password", bucket.DialOptions{Password: "wrong", SentinelPassword: sentinelPW}, false},
+		{"no Sentinel password", bucket.DialOptions{Password: dataPW}, false},
+		{"wrong Sentinel password", bucket.DialOptions{Password: dataPW, SentinelPassword: "wrong"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.opt.SentinelMaster = redistest.SentinelMaster
+			c, err := bucket.DialRedis(spec, tc.opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			err = bucket.PingRedis(ctx, c)
+			if !tc.auth {
+				if !errors.Is(err, bucket.ErrRedisAuth) || strings.Contains(err.Error(), "s3cret") {
+					t.Fatalf("PingRedis: %v, want ErrRedisAuth without a password", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("PingRedis: %v", err)
+			}
+			r := newRedis(t, c)
+			k, _ := bucket.NewKey("sentinel-auth", 1, redistest.Unique(t))
+			if d, err := r.Take(ctx, bucket.Request{Key: k, Limits: bucket.Limits{Capacity: 1, IdleTTL: time.Minute}, Share: 1, Cost: 1}); err != nil || !d.Allowed {
+				t.Fatalf("take: %+v, %v", d, err)
+			}
+		})
+	}
 }

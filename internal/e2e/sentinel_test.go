@@ -137,7 +137,7 @@ func scriptRuns(t *testing.T, c *redis.Client) int {
 //     run there;
 //   - SENTINEL FAILOVER moves the primary back: the node follows it.
 func TestNodeFollowsSentinelPrimary(t *testing.T) {
-	sg := redistest.StartSentinels(t)
+	sg := redistest.StartSentinels(t, redistest.SentinelAuth{})
 	n := startSentinelNode(t, sg)
 	first, second := sg.Nodes[0], sg.Nodes[1]
 	fc, sc := first.Client(t), second.Client(t)

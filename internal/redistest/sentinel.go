@@ -30,15 +30,24 @@ type Sentinels struct {
 	// Nodes are the data nodes: Nodes[0] is the primary at start,
 	// Nodes[1] its replica.
 	Nodes [2]*Server
+	auth  SentinelAuth
 	procs []*exec.Cmd
+}
+
+// SentinelAuth are the passwords of StartSentinels: Password is the data
+// nodes' (requirepass, and masterauth for the replica), SentinelPassword
+// the Sentinels' own (requirepass). Empty means none.
+type SentinelAuth struct {
+	Password, SentinelPassword string
 }
 
 // StartSentinels starts a primary, a replica of it (waiting until it is in
 // sync) and three `redis-server sentinel.conf --sentinel` processes, and
 // waits until every Sentinel knows the replica, so that a failover can
 // pick it. A Sentinel deems the primary down after one second without an
-// answer. Every process is stopped at the end of the test.
-func StartSentinels(tb testing.TB) *Sentinels {
+// answer. Every process is stopped at the end of the test. With
+// auth.Password, the data nodes' Server.Client no longer works.
+func StartSentinels(tb testing.TB, auth SentinelAuth) *Sentinels {
 	tb.Helper()
 	s := &Sentinels{}
 	s.Nodes[0] = Start(tb)
@@ -47,7 +56,22 @@ func StartSentinels(tb testing.TB) *Sentinels {
 	tb.Cleanup(s.stop)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if err := waitRole(ctx, s.Nodes[1].Addr, "slave", "master_link_status:up"); err != nil {
+	if auth.Password != "" {
+		// masterauth first on both, so that the replica's link survives
+		// the primary's requirepass.
+		for _, param := range []string{"masterauth", "requirepass"} {
+			for _, n := range s.Nodes {
+				c := s.node(n.Addr)
+				err := c.ConfigSet(ctx, param, auth.Password).Err()
+				_ = c.Close()
+				if err != nil {
+					tb.Fatalf("redistest: CONFIG SET %s on %s: %v", param, n.Addr, err)
+				}
+			}
+		}
+	}
+	s.auth = auth
+	if err := waitRole(ctx, s.node(s.Nodes[1].Addr), "slave", "master_link_status:up"); err != nil {
 		tb.Fatalf("redistest: replica: %v", err)
 	}
 	dir := tb.TempDir()
@@ -59,11 +83,21 @@ func StartSentinels(tb testing.TB) *Sentinels {
 		s.Addrs = append(s.Addrs, addr)
 	}
 	for _, a := range s.Addrs {
-		if err := waitReplicaKnown(ctx, a, s.Nodes[1].Addr); err != nil {
+		if err := waitReplicaKnown(ctx, s.sentinel(a), s.Nodes[1].Addr); err != nil {
 			tb.Fatalf("redistest: sentinel %s: %v", a, err)
 		}
 	}
 	return s
+}
+
+// node is a client of the data node at addr.
+func (s *Sentinels) node(addr string) *redis.Client {
+	return redis.NewClient(&redis.Options{Addr: addr, Password: s.auth.Password, MaxRetries: -1})
+}
+
+// sentinel is a client of the Sentinel at addr.
+func (s *Sentinels) sentinel(addr string) *redis.SentinelClient {
+	return redis.NewSentinelClient(&redis.Options{Addr: addr, Password: s.auth.SentinelPassword, MaxRetries: -1})
 }
 
 // startSentinel writes a sentinel.conf in dir monitoring host:port and
@@ -86,6 +120,12 @@ sentinel down-after-milliseconds %[4]s 1000
 sentinel failover-timeout %[4]s 4000
 sentinel parallel-syncs %[4]s 1
 `, own, dir, filepath.Join(dir, "sentinel-"+own+".log"), SentinelMaster, host, port)
+	if s.auth.Password != "" {
+		text += fmt.Sprintf("sentinel auth-pass %s %s\n", SentinelMaster, s.auth.Password)
+	}
+	if s.auth.SentinelPassword != "" {
+		text += "requirepass " + s.auth.SentinelPassword + "\n"
+	}
 	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
 		return "", err
 	}
@@ -99,10 +139,26 @@ sentinel parallel-syncs %[4]s 1
 		return "", fmt.Errorf("start redis-server --sentinel: %w", err)
 	}
 	s.procs = append(s.procs, cmd)
-	if err := waitReady(addr, 5*time.Second); err != nil {
+	if err := waitListening(addr, 5*time.Second); err != nil {
 		return "", fmt.Errorf("sentinel on %s: %w (log: %s)", addr, err, tail(filepath.Join(dir, "sentinel-"+own+".log")))
 	}
 	return addr, nil
+}
+
+// waitListening waits until addr accepts connections (a Sentinel with a
+// password answers PING with NOAUTH, so waitReady does not fit).
+func waitListening(addr string, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for {
+		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		if err == nil {
+			return c.Close()
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not listening after %v: %w", within, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // stop kills the Sentinels (the data nodes stop with their own cleanup).
@@ -114,9 +170,9 @@ func (s *Sentinels) stop() {
 	s.procs = nil
 }
 
-// Primary returns the primary's address as the Sentinel at addr names it.
-func Primary(ctx context.Context, addr string) (string, error) {
-	c := redis.NewSentinelClient(&redis.Options{Addr: addr, MaxRetries: -1})
+// primary returns the primary's address as the Sentinel at addr names it.
+func (s *Sentinels) primary(ctx context.Context, addr string) (string, error) {
+	c := s.sentinel(addr)
 	defer c.Close()
 	hp, err := c.GetMasterAddrByName(ctx, SentinelMaster).Result()
 	if err != nil {
@@ -134,7 +190,7 @@ func (s *Sentinels) Failover(tb testing.TB) string {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	old, err := Primary(ctx, s.Addrs[0])
+	old, err := s.primary(ctx, s.Addrs[0])
 	if err != nil {
 		tb.Fatalf("redistest: primary: %v", err)
 	}
@@ -143,11 +199,11 @@ func (s *Sentinels) Failover(tb testing.TB) string {
 		replica = s.Nodes[1].Addr
 	}
 	for _, a := range s.Addrs {
-		if err := waitReplicaKnown(ctx, a, replica); err != nil {
+		if err := waitReplicaKnown(ctx, s.sentinel(a), replica); err != nil {
 			tb.Fatalf("redistest: sentinel %s: %v", a, err)
 		}
 	}
-	c := redis.NewSentinelClient(&redis.Options{Addr: s.Addrs[0], MaxRetries: -1})
+	c := s.sentinel(s.Addrs[0])
 	defer c.Close()
 	if err := c.Failover(ctx, SentinelMaster).Err(); err != nil {
 		tb.Fatalf("redistest: SENTINEL FAILOVER: %v", err)
@@ -155,13 +211,13 @@ func (s *Sentinels) Failover(tb testing.TB) string {
 	var now string
 	for _, a := range s.Addrs {
 		for now = old; now == old; {
-			if now, err = Primary(ctx, a); err != nil || ctx.Err() != nil {
+			if now, err = s.primary(ctx, a); err != nil || ctx.Err() != nil {
 				tb.Fatalf("redistest: sentinel %s after the failover: primary %s, %v", a, now, err)
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	if err := waitRole(ctx, now, "master", ""); err != nil {
+	if err := waitRole(ctx, s.node(now), "master", ""); err != nil {
 		tb.Fatalf("redistest: new primary %s: %v", now, err)
 	}
 	return now
@@ -178,7 +234,7 @@ func (s *Sentinels) Remonitor(tb testing.TB, addr string) {
 	defer cancel()
 	host, port, _ := net.SplitHostPort(addr)
 	for _, a := range s.Addrs {
-		c := redis.NewSentinelClient(&redis.Options{Addr: a, MaxRetries: -1})
+		c := s.sentinel(a)
 		for _, args := range [][]any{
 			{"SENTINEL", "REMOVE", SentinelMaster},
 			{"SENTINEL", "MONITOR", SentinelMaster, host, port, 2},
@@ -193,11 +249,10 @@ func (s *Sentinels) Remonitor(tb testing.TB, addr string) {
 	}
 }
 
-// waitRole waits until the server at addr reports role (INFO
+// waitRole waits until the server of c reports role (INFO
 // replication's role: "master" or "slave") and, unless empty, the line
-// also.
-func waitRole(ctx context.Context, addr, role, also string) error {
-	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+// also. It closes c.
+func waitRole(ctx context.Context, c *redis.Client, role, also string) error {
 	defer c.Close()
 	var info string
 	for {
@@ -214,10 +269,9 @@ func waitRole(ctx context.Context, addr, role, also string) error {
 	}
 }
 
-// waitReplicaKnown waits until the Sentinel at addr lists replica as a
-// replica of the primary, linked and up.
-func waitReplicaKnown(ctx context.Context, addr, replica string) error {
-	c := redis.NewSentinelClient(&redis.Options{Addr: addr, MaxRetries: -1})
+// waitReplicaKnown waits until the Sentinel of c lists replica as a
+// replica of the primary, linked and up. It closes c.
+func waitReplicaKnown(ctx context.Context, c *redis.SentinelClient, replica string) error {
 	defer c.Close()
 	var last []map[string]string
 	for {
