@@ -1,6 +1,7 @@
 // Package etcdtest starts a real embedded etcd server for a test: its data
 // in t.TempDir, client and peer URLs on free loopback ports, ready before
-// the call returns, stopped at cleanup.
+// the call returns, stopped at cleanup. StartCluster starts three such
+// members as one cluster, whose members a test can kill.
 package etcdtest
 
 import (
