@@ -35,17 +35,25 @@ type sentinelNode struct {
 }
 
 // startSentinelNode runs regional.Run with -redis-sentinel and
-// -redis-sentinel-master set to sg's Sentinels, stopped at cleanup.
-func startSentinelNode(t *testing.T, sg *redistest.Sentinels) *sentinelNode {
+// -redis-sentinel-master set to sg's Sentinels and the passwords of auth
+// in -redis-password-file and -redis-sentinel-password-file, stopped at
+// cleanup.
+func startSentinelNode(t *testing.T, sg *redistest.Sentinels, auth redistest.SentinelAuth) *sentinelNode {
 	t.Helper()
-	file := filepath.Join(t.TempDir(), "policies.yaml")
-	if err := os.WriteFile(file, sentinelPolicy, 0o600); err != nil {
-		t.Fatal(err)
+	dir := t.TempDir()
+	file := func(name string, content []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, content, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
 	}
 	l := launch(t, regional.DaemonConfig{
-		Region: "solo", GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Policies: file,
+		Region: "solo", GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Policies: file("policies.yaml", sentinelPolicy),
 		Redis: strings.Join(sg.Addrs, ","), RedisSentinelMaster: redistest.SentinelMaster,
-		StoreTimeout: 250 * time.Millisecond, ShutdownTimeout: 3 * time.Second,
+		RedisPasswordFile:         file("redis-password", []byte(auth.Password+"\n")),
+		RedisSentinelPasswordFile: file("sentinel-password", []byte(auth.SentinelPassword+"\n")),
+		StoreTimeout:              250 * time.Millisecond, ShutdownTimeout: 3 * time.Second,
 	}, newLineLog(t), "node")
 	t.Cleanup(func() { l.stop(t) })
 	return &sentinelNode{t: t, adm: l.admission()}
@@ -125,8 +133,9 @@ func scriptRuns(t *testing.T, c *redis.Client) int {
 }
 
 // TestNodeFollowsSentinelPrimary runs a regional node on a Sentinel-managed
-// Redis (a primary, a replica and three real Sentinels) through two
-// changes of primary, without restarting it:
+// Redis (a primary, a replica and three real Sentinels, the data nodes and
+// the Sentinels each with a password the node reads from its file) through
+// two changes of primary, without restarting it:
 //
 //   - an operator promotes the replica and demotes the primary with
 //     REPLICAOF while the node holds pooled connections to it, and the
@@ -137,10 +146,11 @@ func scriptRuns(t *testing.T, c *redis.Client) int {
 //     run there;
 //   - SENTINEL FAILOVER moves the primary back: the node follows it.
 func TestNodeFollowsSentinelPrimary(t *testing.T) {
-	sg := redistest.StartSentinels(t, redistest.SentinelAuth{})
-	n := startSentinelNode(t, sg)
+	auth := redistest.SentinelAuth{Password: "data-s3cret", SentinelPassword: "watch-s3cret"}
+	sg := redistest.StartSentinels(t, auth)
+	n := startSentinelNode(t, sg, auth)
 	first, second := sg.Nodes[0], sg.Nodes[1]
-	fc, sc := first.Client(t), second.Client(t)
+	fc, sc := sg.Client(t, first.Addr), sg.Client(t, second.Addr)
 	n.until(fc, 10*time.Second, "at start")
 	n.steady(20, "on the first primary")
 

@@ -46,7 +46,8 @@ type SentinelAuth struct {
 // waits until every Sentinel knows the replica, so that a failover can
 // pick it. A Sentinel deems the primary down after one second without an
 // answer. Every process is stopped at the end of the test. With
-// auth.Password, the data nodes' Server.Client no longer works.
+// auth.Password, use Sentinels.Client rather than the data nodes'
+// Server.Client.
 func StartSentinels(tb testing.TB, auth SentinelAuth) *Sentinels {
 	tb.Helper()
 	s := &Sentinels{}
@@ -88,6 +89,14 @@ func StartSentinels(tb testing.TB, auth SentinelAuth) *Sentinels {
 		}
 	}
 	return s
+}
+
+// Client returns a client of the data node at addr with the data nodes'
+// password, closed at the end of the test.
+func (s *Sentinels) Client(tb testing.TB, addr string) *redis.Client {
+	c := s.node(addr)
+	tb.Cleanup(func() { _ = c.Close() })
+	return c
 }
 
 // node is a client of the data node at addr.
@@ -235,10 +244,14 @@ func (s *Sentinels) Remonitor(tb testing.TB, addr string) {
 	host, port, _ := net.SplitHostPort(addr)
 	for _, a := range s.Addrs {
 		c := s.sentinel(a)
+		set := []any{"SENTINEL", "SET", SentinelMaster, "down-after-milliseconds", 1000, "failover-timeout", 4000}
+		if s.auth.Password != "" {
+			set = append(set, "auth-pass", s.auth.Password)
+		}
 		for _, args := range [][]any{
 			{"SENTINEL", "REMOVE", SentinelMaster},
 			{"SENTINEL", "MONITOR", SentinelMaster, host, port, 2},
-			{"SENTINEL", "SET", SentinelMaster, "down-after-milliseconds", 1000, "failover-timeout", 4000},
+			set,
 		} {
 			if err := c.Process(ctx, redis.NewStatusCmd(ctx, args...)); err != nil {
 				_ = c.Close()
