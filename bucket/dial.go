@@ -69,6 +69,15 @@ type DialOptions struct {
 	// them instead; a URL's user name or password given here as well is
 	// ErrRedisSpec, so that a credential is never silently dropped.
 	Username, Password string
+	// SentinelMaster, when set, makes the address the comma-separated
+	// host:port list of Redis Sentinels that monitor the primary of this
+	// name (see DialRedis). TLS applies to the Sentinels and the data
+	// nodes alike.
+	SentinelMaster string
+	// SentinelUsername and SentinelPassword authenticate to the Sentinels
+	// (requirepass or an ACL user of sentinel.conf); Username and Password
+	// authenticate to the data nodes. They need SentinelMaster.
+	SentinelUsername, SentinelPassword string
 }
 
 // DialRedis returns a client for spec, which is one of:
@@ -77,7 +86,18 @@ type DialOptions struct {
 //   - "redis://[user:password@]host:port[/db][?options]" or "rediss://..."
 //     (TLS): one Redis server, in go-redis's URL syntax;
 //   - "host1:port1,host2:port2,...": seed nodes of a Redis Cluster (a
-//     single seed is written with a trailing comma, "host:port,").
+//     single seed is written with a trailing comma, "host:port,");
+//   - with DialOptions.SentinelMaster, "host1:port1,host2:port2,...":
+//     Redis Sentinels that monitor that primary.
+//
+// A Sentinel client asks a Sentinel for the primary's address at every
+// dial and listens for its +switch-master announcements, closing the
+// connections to the old primary when one arrives. A pooled connection
+// that meets a READONLY reply (the primary was demoted to a replica and
+// the announcement has not arrived, or a managed service's endpoint moved)
+// is closed too, not reused; the command that met it fails like any other
+// store failure (the policy's failure mode decides), and the next dial
+// reaches the primary the Sentinels name.
 //
 // The client speaks RESP2 (unless a URL names a protocol): the scripts'
 // integer replies read the same, and RESP2 spares a check for push
@@ -94,6 +114,10 @@ func DialRedis(spec string, opt DialOptions) (RedisConn, error) {
 	switch {
 	case spec == "":
 		return nil, fmt.Errorf("%w: empty", ErrRedisSpec)
+	case opt.SentinelMaster != "":
+		return dialSentinel(spec, opt)
+	case opt.SentinelUsername != "" || opt.SentinelPassword != "":
+		return nil, fmt.Errorf("%w: Sentinel credentials without DialOptions.SentinelMaster", ErrRedisSpec)
 	case strings.Contains(spec, "://"):
 		if !strings.HasPrefix(spec, "redis://") && !strings.HasPrefix(spec, "rediss://") {
 			return nil, fmt.Errorf("%w: %s: want a redis:// or rediss:// URL", ErrRedisSpec, redactSpec(spec))
@@ -124,18 +148,9 @@ func DialRedis(spec string, opt DialOptions) (RedisConn, error) {
 		setIf(&o.WriteTimeout, opt.WriteTimeout)
 		return redis.NewClient(o), nil
 	case strings.Contains(spec, ","):
-		var addrs []string
-		for a := range strings.SplitSeq(spec, ",") {
-			if a = strings.TrimSpace(a); a == "" {
-				continue
-			}
-			if err := checkHostPort(a); err != nil {
-				return nil, err
-			}
-			addrs = append(addrs, a)
-		}
-		if len(addrs) == 0 {
-			return nil, fmt.Errorf("%w: %q names no cluster address", ErrRedisSpec, spec)
+		addrs, err := hostPorts(spec, "cluster")
+		if err != nil {
+			return nil, err
 		}
 		return redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs: addrs, Username: opt.Username, Password: opt.Password, TLSConfig: opt.TLS,
@@ -154,6 +169,45 @@ func DialRedis(spec string, opt DialOptions) (RedisConn, error) {
 			Protocol: 2, MaintNotificationsConfig: noMaint(),
 		}), nil
 	}
+}
+
+// dialSentinel returns a client of the primary that the Sentinels listed
+// in spec name opt.SentinelMaster, with DialRedis's settings.
+func dialSentinel(spec string, opt DialOptions) (RedisConn, error) {
+	if strings.Contains(spec, "://") {
+		return nil, fmt.Errorf("%w: %s: with a Sentinel master name, give the Sentinels as host:port,host:port", ErrRedisSpec, redactSpec(spec))
+	}
+	addrs, err := hostPorts(spec, "Sentinel")
+	if err != nil {
+		return nil, err
+	}
+	return redis.NewFailoverClient(&redis.FailoverOptions{
+		MasterName: opt.SentinelMaster, SentinelAddrs: addrs,
+		SentinelUsername: opt.SentinelUsername, SentinelPassword: opt.SentinelPassword,
+		Username: opt.Username, Password: opt.Password, TLSConfig: opt.TLS,
+		ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1, DialerRetryTimeout: time.Millisecond,
+		PoolSize: opt.PoolSize, DialTimeout: opt.DialTimeout, ReadTimeout: opt.ReadTimeout, WriteTimeout: opt.WriteTimeout,
+		Protocol: 2,
+	}), nil
+}
+
+// hostPorts splits a comma-separated list of host:port addresses (of
+// what kind: "cluster", "Sentinel"), skipping empty entries.
+func hostPorts(spec, kind string) ([]string, error) {
+	var addrs []string
+	for a := range strings.SplitSeq(spec, ",") {
+		if a = strings.TrimSpace(a); a == "" {
+			continue
+		}
+		if err := checkHostPort(a); err != nil {
+			return nil, err
+		}
+		addrs = append(addrs, a)
+	}
+	if len(addrs) == 0 {
+		return nil, fmt.Errorf("%w: %q names no %s address", ErrRedisSpec, spec, kind)
+	}
+	return addrs, nil
 }
 
 // mergeCredentials fills the user name and password a URL left out from

@@ -34,6 +34,10 @@ func TestDialRedisRejects(t *testing.T) {
 		{"a:1,b", bucket.DialOptions{}},
 		{"localhost:6379", bucket.DialOptions{PoolSize: -1}},
 		{"localhost:6379", bucket.DialOptions{ReadTimeout: -time.Second}},
+		{"redis://localhost:26379", bucket.DialOptions{SentinelMaster: "primary"}},
+		{",", bucket.DialOptions{SentinelMaster: "primary"}},
+		{"localhost:26379,sentinel", bucket.DialOptions{SentinelMaster: "primary"}},
+		{"localhost:6379", bucket.DialOptions{SentinelPassword: "s3cret"}},
 	} {
 		t.Run(tc.spec, func(t *testing.T) {
 			c, err := bucket.DialRedis(tc.spec, tc.opt)
@@ -44,7 +48,7 @@ func TestDialRedisRejects(t *testing.T) {
 			if strings.Contains(err.Error(), "s3cret") {
 				t.Fatalf("error shows the password: %v", err)
 			}
-			if tc.opt == (bucket.DialOptions{}) && !errors.Is(err, bucket.ErrRedisSpec) {
+			if (tc.opt.PoolSize >= 0 && tc.opt.ReadTimeout >= 0) && !errors.Is(err, bucket.ErrRedisSpec) {
 				t.Fatalf("error %v, want ErrRedisSpec", err)
 			}
 		})

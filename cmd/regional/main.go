@@ -8,6 +8,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -53,6 +54,7 @@ func parse(args, env []string, stderr io.Writer) (regional.DaemonConfig, error) 
 	var (
 		c                      regional.DaemonConfig
 		etcd, envoyPlainKeys   string
+		sentinels              string
 		unknownPolicy, headers string
 		logs                   daemon.LogFlags
 	)
@@ -78,6 +80,10 @@ func parse(args, env []string, stderr io.Writer) (regional.DaemonConfig, error) 
 	fs.StringVar(&c.TLSClientCA, "tls-client-ca", "", "PEM CA bundle: require and verify client certificates")
 	fs.StringVar(&c.RedisUsername, "redis-username", "", "Redis ACL user (with -redis-password-file or QUOTA_REDIS_PASSWORD); empty = the default user")
 	fs.StringVar(&c.RedisPasswordFile, "redis-password-file", "", "file holding the Redis password (one line); or set QUOTA_REDIS_PASSWORD, never a flag")
+	fs.StringVar(&sentinels, "redis-sentinel", "", "comma-separated Redis Sentinel addresses (host:port) in place of -redis: the node follows the primary they name for -redis-sentinel-master")
+	fs.StringVar(&c.RedisSentinelMaster, "redis-sentinel-master", "", "name of the primary the -redis-sentinel Sentinels monitor")
+	fs.StringVar(&c.RedisSentinelUsername, "redis-sentinel-username", "", "Sentinel ACL user (with -redis-sentinel-password-file or QUOTA_REDIS_SENTINEL_PASSWORD); -redis-username and its password are the data nodes'")
+	fs.StringVar(&c.RedisSentinelPasswordFile, "redis-sentinel-password-file", "", "file holding the Sentinels' password (one line); or set QUOTA_REDIS_SENTINEL_PASSWORD, never a flag")
 	fs.StringVar(&c.RedisTLS.CAFile, "redis-tls-ca", "", "PEM CA bundle: connect to Redis over TLS and verify its certificate (reloaded on change)")
 	fs.StringVar(&c.RedisTLS.CertFile, "redis-tls-cert", "", "PEM client certificate for Redis (with -redis-tls-key; mutual TLS)")
 	fs.StringVar(&c.RedisTLS.KeyFile, "redis-tls-key", "", "PEM private key of -redis-tls-cert")
@@ -109,7 +115,16 @@ func parse(args, env []string, stderr io.Writer) (regional.DaemonConfig, error) 
 	if err := daemon.Parse(fs, args, env); err != nil {
 		return c, err
 	}
+	switch {
+	case sentinels != "" && c.Redis != "":
+		return c, &daemon.UsageError{Err: errors.New("-redis and -redis-sentinel both name the Redis")}
+	case (sentinels == "") != (c.RedisSentinelMaster == ""):
+		return c, &daemon.UsageError{Err: errors.New("-redis-sentinel and -redis-sentinel-master go together")}
+	case sentinels != "":
+		c.Redis = sentinels
+	}
 	c.RedisPassword = daemon.Secret(env, "redis-password")
+	c.RedisSentinelPassword = daemon.Secret(env, "redis-sentinel-password")
 	c.EtcdAuth.Password = daemon.Secret(env, "etcd-password")
 	c.EtcdEndpoints = daemon.SplitList(etcd)
 	c.EnvoyPlainKeys = daemon.SplitList(envoyPlainKeys)

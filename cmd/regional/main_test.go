@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -138,6 +139,25 @@ func TestParse(t *testing.T) {
 	}
 	if _, err := parse([]string{"-redis-password", "s3cret"}, nil, io.Discard); err == nil {
 		t.Fatal("-redis-password accepted: a password on the command line")
+	}
+	// Sentinels in place of -redis, their credentials beside the data
+	// nodes', the password only from QUOTA_REDIS_SENTINEL_PASSWORD.
+	c, err = parse([]string{"-redis-sentinel", "10.0.0.1:26379,10.0.0.2:26379", "-redis-sentinel-master", "quota", "-redis-sentinel-username", "watcher"},
+		[]string{"QUOTA_REDIS_SENTINEL_PASSWORD=w-s3cret", "QUOTA_REDIS_PASSWORD=s3cret", "QUOTA_REDIS_SENTINEL_PASSWORD_FILE=/run/secrets/sentinel"}, &out)
+	if err != nil || c.Redis != "10.0.0.1:26379,10.0.0.2:26379" || c.RedisSentinelMaster != "quota" || c.RedisSentinelUsername != "watcher" ||
+		c.RedisSentinelPassword != "w-s3cret" || c.RedisSentinelPasswordFile != "/run/secrets/sentinel" || c.RedisPassword != "s3cret" {
+		t.Fatalf("sentinel settings: %q %q %q %q %q, %v", c.Redis, c.RedisSentinelMaster, c.RedisSentinelUsername, c.RedisSentinelPassword, c.RedisSentinelPasswordFile, err)
+	}
+	for _, args := range [][]string{
+		{"-redis", "10.0.0.1:6379", "-redis-sentinel", "10.0.0.1:26379", "-redis-sentinel-master", "quota"},
+		{"-redis-sentinel", "10.0.0.1:26379"},
+		{"-redis", "10.0.0.1:6379", "-redis-sentinel-master", "quota"},
+		{"-redis-sentinel", "10.0.0.1:26379", "-redis-sentinel-master", "quota", "-redis-sentinel-password", "s3cret"},
+	} {
+		var ue *daemon.UsageError
+		if _, err := parse(args, nil, io.Discard); !errors.As(err, &ue) {
+			t.Errorf("%v: %v, want a usage error", args, err)
+		}
 	}
 	// etcd credentials alike, the password only from QUOTA_ETCD_PASSWORD.
 	c, err = parse([]string{"-etcd", "a:2379", "-etcd-username", "quota-region/eu"},

@@ -1,6 +1,7 @@
 // Package etcdtest starts a real embedded etcd server for a test: its data
 // in t.TempDir, client and peer URLs on free loopback ports, ready before
-// the call returns, stopped at cleanup.
+// the call returns, stopped at cleanup. StartCluster starts three such
+// members as one cluster, whose members a test can kill.
 package etcdtest
 
 import (
@@ -17,8 +18,8 @@ import (
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
-	"golang.org/x/crypto/bcrypt"
 	"go.uber.org/zap"
+	"golang.org/x/crypto/bcrypt"
 )
 
 // Server is one embedded etcd member.

@@ -30,17 +30,16 @@ func (n *Node) Register(s grpc.ServiceRegistrar) {
 // credentials and PINGs it: Redis refusing the credentials is an error,
 // Redis not answering is logged (the failure modes decide until it does).
 func openRedis(ctx context.Context, c DaemonConfig, tc *tls.Config, log hclog.Logger) (bucket.RedisConn, error) {
-	password := c.RedisPassword
-	if c.RedisPasswordFile != "" {
-		b, err := os.ReadFile(c.RedisPasswordFile)
-		if err != nil {
-			return nil, fmt.Errorf("regional: -redis-password-file: %w", err)
-		}
-		if password = strings.TrimRight(string(b), "\r\n"); password == "" {
-			return nil, fmt.Errorf("regional: -redis-password-file %s is empty", c.RedisPasswordFile)
-		}
+	password, err := secret(c.RedisPassword, c.RedisPasswordFile, "-redis-password-file")
+	if err != nil {
+		return nil, err
 	}
-	rc, err := redisClient(c.Redis, c.StoreTimeout, bucket.DialOptions{TLS: tc, Username: c.RedisUsername, Password: password})
+	sentinelPassword, err := secret(c.RedisSentinelPassword, c.RedisSentinelPasswordFile, "-redis-sentinel-password-file")
+	if err != nil {
+		return nil, err
+	}
+	rc, err := redisClient(c.Redis, c.StoreTimeout, bucket.DialOptions{TLS: tc, Username: c.RedisUsername, Password: password,
+		SentinelMaster: c.RedisSentinelMaster, SentinelUsername: c.RedisSentinelUsername, SentinelPassword: sentinelPassword})
 	if err != nil {
 		return nil, err
 	}
@@ -49,11 +48,31 @@ func openRedis(ctx context.Context, c DaemonConfig, tc *tls.Config, log hclog.Lo
 	switch err := bucket.PingRedis(pctx, rc); {
 	case errors.Is(err, bucket.ErrRedisAuth):
 		_ = rc.Close()
-		return nil, fmt.Errorf("regional: -redis %s: %w (see -redis-username, -redis-password-file, QUOTA_REDIS_PASSWORD)", redactURL(c.Redis), err)
+		hint := "-redis-username, -redis-password-file, QUOTA_REDIS_PASSWORD"
+		if c.RedisSentinelMaster != "" {
+			hint += "; for the Sentinels -redis-sentinel-username, -redis-sentinel-password-file, QUOTA_REDIS_SENTINEL_PASSWORD"
+		}
+		return nil, fmt.Errorf("regional: -redis %s: %w (see %s)", redactURL(c.Redis), err, hint)
 	case err != nil:
 		log.Warn("redis does not answer yet; the policies' failure modes decide", "error", err)
 	}
 	return rc, nil
+}
+
+// secret is value, or the first line of file (named by flag in errors)
+// when file is set; an empty file is an error.
+func secret(value, file, flag string) (string, error) {
+	if file == "" {
+		return value, nil
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("regional: %s: %w", flag, err)
+	}
+	if value = strings.TrimRight(string(b), "\r\n"); value == "" {
+		return "", fmt.Errorf("regional: %s %s is empty", flag, file)
+	}
+	return value, nil
 }
 
 // redisClient dials spec with opt's TLS and credentials. The client

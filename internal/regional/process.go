@@ -82,6 +82,15 @@ type DaemonConfig struct {
 	// Run sends a PING at start: Redis refusing the credentials is an
 	// error (Redis unreachable is not: the failure modes decide).
 	RedisUsername, RedisPassword, RedisPasswordFile string
+	// RedisSentinelMaster, when set, makes Redis the comma-separated
+	// host:port addresses of Redis Sentinels that monitor the primary of
+	// this name: the node follows the primary they name through failovers
+	// without a restart (bucket.DialOptions.SentinelMaster; RedisTLS
+	// applies to the Sentinels too). RedisSentinelUsername and
+	// RedisSentinelPassword, or RedisSentinelPasswordFile, authenticate
+	// to the Sentinels as the Redis credentials do to the data nodes.
+	RedisSentinelMaster                                                     string
+	RedisSentinelUsername, RedisSentinelPassword, RedisSentinelPasswordFile string
 	// EtcdEndpoints join the region to the coordinator's etcd. Empty runs
 	// standalone: share 1, policies from Policies.
 	EtcdEndpoints []string
@@ -212,6 +221,15 @@ func (c DaemonConfig) withDefaults() (DaemonConfig, error) {
 	}
 	if (c.RedisUsername != "" || c.RedisPassword != "" || c.RedisPasswordFile != "") && c.Redis == "" {
 		return bad("-redis-username, -redis-password-file and QUOTA_REDIS_PASSWORD need -redis")
+	}
+	if c.RedisSentinelMaster != "" && c.Redis == "" {
+		return bad("-redis-sentinel-master needs -redis-sentinel")
+	}
+	if c.RedisSentinelPassword != "" && c.RedisSentinelPasswordFile != "" {
+		return bad("-redis-sentinel-password-file and QUOTA_REDIS_SENTINEL_PASSWORD both give the Sentinel password")
+	}
+	if (c.RedisSentinelUsername != "" || c.RedisSentinelPassword != "" || c.RedisSentinelPasswordFile != "") && c.RedisSentinelMaster == "" {
+		return bad("-redis-sentinel-username, -redis-sentinel-password-file and QUOTA_REDIS_SENTINEL_PASSWORD need -redis-sentinel")
 	}
 	if c.RedisMerge < 0 || c.RedisMerge > MaxRedisMerge {
 		return bad("-redis-merge %d, want 0 to %d", c.RedisMerge, MaxRedisMerge)
@@ -352,7 +370,7 @@ func Run(ctx context.Context, c DaemonConfig) error {
 		}
 		cleanup.Push(func() { _ = rs.Close() })
 		store = rs
-		log.Info("using redis", "redis", redactURL(c.Redis))
+		log.Info("using redis", "redis", redactURL(c.Redis), "sentinel_master", c.RedisSentinelMaster)
 	} else {
 		log.Info("no -redis: using the in-process store (one node only)")
 	}
