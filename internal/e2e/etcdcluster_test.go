@@ -12,14 +12,11 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/quotacoord/quota/internal/coordinator"
 	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/internal/etcdtest"
 	"github.com/quotacoord/quota/internal/faultproxy"
 	"github.com/quotacoord/quota/internal/redistest"
-	"github.com/quotacoord/quota/internal/regional"
 	"github.com/quotacoord/quota/plan"
-	"github.com/quotacoord/quota/rebalance"
 )
 
 // ackDelay is the latency each way on region c's links to etcd while
@@ -47,13 +44,14 @@ func newClusterEnv(t *testing.T, cl *etcdtest.Cluster, slow map[string][]*faultp
 	if err := os.WriteFile(e.tokenFile, []byte("write:"+e.token+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	e.coords = append(e.coords, e.startCoordOn("coord-0", cl.Endpoints))
+	e.coords = append(e.coords, e.launchCoord("coord-0", cl.Endpoints, e.tokenFile, clusterLeaseTTL, clusterLeaseTTL))
 	e.leader(10 * time.Second)
 	e.waitFor(10*time.Second, "settings with the region lease TTL", func() bool {
 		var st etcdlayout.Settings
 		return e.get(layout.Settings(), &st) && st.LeaseTTLSeconds == int64(clusterLeaseTTL/time.Second)
 	})
-	e.applyPolicy()
+	e.docs = [][]byte{policyDoc}
+	e.applyPolicy("e2e-0.yaml", policyDoc)
 	for _, n := range names {
 		endpoints := cl.Endpoints
 		if ps, ok := slow[n]; ok {
@@ -70,45 +68,12 @@ func newClusterEnv(t *testing.T, cl *etcdtest.Cluster, slow map[string][]*faultp
 	return e
 }
 
-// startCoordOn starts a coordinator on endpoints, with the settings of
-// startCoord but clusterLeaseTTL.
-func (e *env) startCoordOn(name string, endpoints []string) *coord {
-	e.t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	c := &coord{name: name, cancel: cancel}
-	var err error
-	c.c, err = coordinator.Start(ctx, coordinator.Config{
-		EtcdEndpoints: endpoints, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", TokenFile: e.tokenFile,
-		Rebalance: rebalance.Config{Name: name, Interval: rebalanceIv, ReportInterval: reportIv,
-			RegionLeaseTTL: clusterLeaseTTL, SkewMargin: skewMargin, SessionTTL: clusterLeaseTTL, Alpha: alpha, MaxStep: maxStep},
-		Logger: e.logs.logger(name),
-	})
-	if err != nil {
-		cancel()
-		e.t.Fatalf("start %s: %v", name, err)
-	}
-	e.t.Cleanup(c.stop)
-	return c
-}
-
 // startRegionOn starts region name's node on endpoints, on a redis-server
-// of its own, with the settings of region.start and a load driver.
+// of its own, with the settings of startRegion and a load driver.
 func (e *env) startRegionOn(name string, endpoints []string) *region {
 	e.t.Helper()
-	r := &region{e: e, name: name, redis: redistest.Start(e.t)}
-	l := launch(e.t, regional.DaemonConfig{
-		Region: name, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
-		Redis: r.redis.Addr, EtcdEndpoints: endpoints,
-		StoreTimeout: 250 * time.Millisecond, ShutdownTimeout: 3 * time.Second, ReportInterval: reportIv,
-		LossGuard: true,
-	}, e.logs, name)
-	r.cancel, r.done, r.conn, r.adm = l.cancel, l.done, l.conn, l.admission()
-	r.httpURL, r.starts = "http://"+l.httpAddr, 1
-	r.load = newDriver(r)
-	e.t.Cleanup(func() {
-		r.load.close()
-		r.stop()
-	})
+	r := &region{e: e, name: name, label: name, clk: &stepClock{}, redis: redistest.Start(e.t), endpoints: endpoints}
+	e.track(r)
 	return r
 }
 

@@ -297,15 +297,25 @@ type coord struct {
 
 func (e *env) startCoord(name, tokenFile string) *coord {
 	e.t.Helper()
-	c := &coord{name: name, proxy: e.proxyToEtcd()}
+	proxy := e.proxyToEtcd()
+	c := e.launchCoord(name, []string{"http://" + proxy.Addr()}, tokenFile, regionTTL, sessionTTL)
+	c.proxy = proxy
+	return c
+}
+
+// launchCoord starts a coordinator on endpoints with the harness's
+// rebalance settings, the region lease TTL and the election session TTL
+// given, stopped at cleanup.
+func (e *env) launchCoord(name string, endpoints []string, tokenFile string, leaseTTL, session time.Duration) *coord {
+	e.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	c.cancel = cancel
+	c := &coord{name: name, cancel: cancel}
 	var err error
 	c.c, err = coordinator.Start(ctx, coordinator.Config{
-		EtcdEndpoints: []string{"http://" + c.proxy.Addr()},
+		EtcdEndpoints: endpoints,
 		GRPCAddr:      "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", TokenFile: tokenFile,
 		Rebalance: rebalance.Config{Name: name, Interval: rebalanceIv, ReportInterval: reportIv,
-			RegionLeaseTTL: regionTTL, SkewMargin: skewMargin, SessionTTL: sessionTTL,
+			RegionLeaseTTL: leaseTTL, SkewMargin: skewMargin, SessionTTL: session,
 			Alpha: alpha, MaxStep: maxStep},
 		Logger: e.logs.logger(name),
 	})
@@ -410,6 +420,9 @@ type region struct {
 	clk   *stepClock // the in-process node's clock
 	redis *redistest.Server
 	proxy *faultproxy.Proxy
+	// endpoints, when set, are the etcd endpoints the node uses instead
+	// of proxy's.
+	endpoints []string
 
 	mu      sync.Mutex
 	cancel  context.CancelFunc
@@ -446,9 +459,13 @@ func (e *env) track(r *region) {
 // config is the node's configuration; out receives its log and
 // announcements.
 func (r *region) config(out io.Writer) regional.DaemonConfig {
+	endpoints := r.endpoints
+	if endpoints == nil {
+		endpoints = []string{"http://" + r.proxy.Addr()}
+	}
 	return regional.DaemonConfig{
 		Region: r.name, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
-		Redis: r.redis.Addr, EtcdEndpoints: []string{"http://" + r.proxy.Addr()},
+		Redis: r.redis.Addr, EtcdEndpoints: endpoints,
 		// A loaded machine under -race takes longer than 5 ms per Redis
 		// call; these tests show coordination, not the failure mode.
 		StoreTimeout: 250 * time.Millisecond, ShutdownTimeout: 3 * time.Second, ReportInterval: reportIv,
