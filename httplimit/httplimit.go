@@ -91,6 +91,11 @@ type AllChecker interface {
 	CheckAll(ctx context.Context, charges []client.Charge) (client.Decision, error)
 }
 
+// Refunder gives charges back; *client.Client satisfies it.
+type Refunder interface {
+	Refund(ctx context.Context, charges []client.Charge) ([]client.Refund, error)
+}
+
 // Limiter is the middleware.
 type Limiter struct {
 	cfg     Config
@@ -227,6 +232,38 @@ func (l *Limiter) Wrap(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// ErrNoRefunder is Refund's error when the Checker cannot refund.
+var ErrNoRefunder = errors.New("httplimit: the Checker is not a Refunder")
+
+// Refund gives back what the limiter charged r (its subject under its
+// tier's policies and every dimension's subject, at r's cost), for a
+// request admitted whose work then did not happen: a handler calls it
+// when it refuses the request after the limiter let it through (a
+// malformed body, a failed upstream), so that such a request costs the
+// caller no quota. The Checker must also be a Refunder (as
+// *client.Client is; ErrNoRefunder otherwise), and the node must grant
+// this service the refund action on every policy involved (a node's
+// default grants do not: PermissionDenied, nothing refunded). A bucket is
+// never filled above its capacity.
+func (l *Limiter) Refund(r *http.Request) error {
+	rf, ok := l.cfg.Checker.(Refunder)
+	if !ok {
+		return ErrNoRefunder
+	}
+	req, err := l.request(r)
+	if err != nil {
+		return err
+	}
+	charges, err := l.charges(r, req)
+	if err != nil {
+		return err
+	}
+	if _, err := rf.Refund(r.Context(), charges); err != nil {
+		return fmt.Errorf("httplimit: refund: %w", err)
+	}
+	return nil
 }
 
 // request builds r's check: the subject under its tier's policies.

@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/quotacoord/quota/client"
 	"github.com/quotacoord/quota/httplimit"
 )
@@ -254,4 +257,48 @@ func manyPolicies(prefix string, n int) []httplimit.Policy {
 		ps[i] = httplimit.Policy{Name: fmt.Sprintf("%s%d", prefix, i)}
 	}
 	return ps
+}
+
+// TestRefundNeedsGrant: Limiter.Refund asks the node to give a request's
+// charges back; a node with the default grants (check only) refuses it
+// and the budget stays spent. A Checker that cannot refund is
+// ErrNoRefunder.
+func TestRefundNeedsGrant(t *testing.T) {
+	c, names := startNode(t, nodePolicy{name: "key", subject: "api_key", capacity: 1}, nodePolicy{name: "global", subject: "all", capacity: 5})
+	global, err := httplimit.Fixed("all")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := httplimit.New(httplimit.Config{Checker: c, Subject: httplimit.Header("X-Api-Key"), Policies: []httplimit.Policy{{Name: names["key"]}},
+		Dimensions: []httplimit.Dimension{{Name: "global", Subject: global, Policies: []httplimit.Policy{{Name: names["global"]}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serve := func() (*http.Request, int) {
+		req := httptest.NewRequest("POST", "/", nil)
+		req.Header.Set("X-Api-Key", "k")
+		rec := httptest.NewRecorder()
+		l.Wrap(ok).ServeHTTP(rec, req)
+		return req, rec.Code
+	}
+	req, code := serve()
+	if code != http.StatusOK {
+		t.Fatalf("first request: %d", code)
+	}
+	if err := l.Refund(req); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("refund without the grant: %v, want PermissionDenied", err)
+	}
+	if _, code := serve(); code != http.StatusTooManyRequests {
+		t.Fatalf("after a refused refund: %d, want 429", code)
+	}
+	chk := checkerFunc(func(context.Context, client.Request) (client.Decision, error) {
+		return client.Decision{Allowed: true}, nil
+	})
+	l2, err := httplimit.New(httplimit.Config{Checker: chk, Subject: httplimit.Header("X-Api-Key"), Policies: []httplimit.Policy{{Name: "p"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l2.Refund(req); !errors.Is(err, httplimit.ErrNoRefunder) {
+		t.Fatalf("refund through a plain Checker: %v, want ErrNoRefunder", err)
+	}
 }
