@@ -26,9 +26,15 @@
 // without a plan). Dimensions: -ip-policy, -endpoint-policy and
 // -global-policy charge each request also to its client address, its
 // route and the whole service; the RateLimit fields then show the most
-// restrictive result.
+// restrictive result. They are one all-or-nothing check: a request one
+// dimension refuses is charged to none.
 //
 //	curl -i -H 'X-Tenant: acme' -H 'X-Plan: pro' http://127.0.0.1:8000/exports
+//
+// A body that is not JSON is refused with 400 and code INVALID_BODY after
+// the limiter admitted it; with -refund-invalid the service gives its
+// charges back (Limiter.Refund), so a malformed request costs no quota.
+// The node must grant this service refund (-grants, docs/security.md).
 package main
 
 import (
@@ -72,6 +78,8 @@ type options struct {
 	// ipPolicy, endpointPolicy and globalPolicy name the further
 	// dimensions' policies ("" leaves a dimension out).
 	ipPolicy, endpointPolicy, globalPolicy string
+	// refundInvalid gives a malformed request's charges back.
+	refundInvalid bool
 }
 
 func parse(args []string, out io.Writer) (options, error) {
@@ -95,6 +103,7 @@ func parse(args []string, out io.Writer) (options, error) {
 	fs.StringVar(&o.ipPolicy, "ip-policy", "", "also charge the client address to this policy")
 	fs.StringVar(&o.endpointPolicy, "endpoint-policy", "", "also charge the route (one budget per endpoint) to this policy")
 	fs.StringVar(&o.globalPolicy, "global-policy", "", "also charge the whole service (subject \"all\") to this policy")
+	fs.BoolVar(&o.refundInvalid, "refund-invalid", false, "give back what a request with a malformed body was charged (the node must grant refund)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -157,9 +166,23 @@ func handler(o options, c httplimit.Checker) (http.Handler, error) {
 	}
 	// The routes, known before the limiter so that the endpoint
 	// dimension charges each route pattern.
+	// limiter is set below, before the server takes requests.
+	var limiter *httplimit.Limiter
 	routes := http.NewServeMux()
 	routes.HandleFunc("POST /exports", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
+		if body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20)); err != nil || (len(body) > 0 && !json.Valid(body)) {
+			// Refused after the limiter admitted it: the export never
+			// ran, so with -refund-invalid it costs no quota.
+			refunded := false
+			if o.refundInvalid {
+				refunded = limiter.Refund(r) == nil
+			}
+			w.WriteHeader(http.StatusBadRequest)
+			_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{
+				"code": "INVALID_BODY", "message": "the body is not JSON", "refunded": refunded}})
+			return
+		}
 		_ = json.NewEncoder(w).Encode(map[string]string{"status": "export queued"})
 	})
 	cfg := httplimit.Config{
@@ -193,7 +216,7 @@ func handler(o options, c httplimit.Checker) (http.Handler, error) {
 		}
 		cfg.Dimensions = append(cfg.Dimensions, httplimit.Dimension{Name: "global", Subject: all, Policies: []httplimit.Policy{{Name: o.globalPolicy}}})
 	}
-	limiter, err := httplimit.New(cfg)
+	limiter, err = httplimit.New(cfg)
 	if err != nil {
 		return nil, err
 	}
