@@ -411,8 +411,12 @@ func (c *Client) failed(ctx, callCtx context.Context, callErr error, what string
 		callDl, _ := callCtx.Deadline()
 		callerDeadline = !dl.After(callDl)
 	}
-	if ctx.Err() != nil || (callerDeadline && status.Code(callErr) == codes.DeadlineExceeded) ||
-		!nodeFailure(callErr) || c.opts.unreachable == UnreachableError {
+	if callerDeadline && status.Code(callErr) == codes.DeadlineExceeded {
+		// The node (which got the deadline with the call) may report it
+		// before the caller's context notices: it is the caller's.
+		return Decision{}, fmt.Errorf("client: %s: %w (%w)", what, context.DeadlineExceeded, callErr)
+	}
+	if ctx.Err() != nil || !nodeFailure(callErr) || c.opts.unreachable == UnreachableError {
 		return Decision{}, err
 	}
 	if c.opts.unreachable == UnreachableOpen {
