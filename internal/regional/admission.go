@@ -343,8 +343,10 @@ func (n *Node) checkNow(ctx context.Context, now time.Time, c *check) (*quotav1.
 	if decider < 0 && len(c.items) > 0 {
 		decider = 0
 	}
-	resp.DecidedIndex, resp.DecidedAt = int32(decider), timestamppb.New(now)
-	if decider >= 0 {
+	resp.DecidedIndex = int32(decider)
+	if decider < 0 {
+		resp.DecidedAt = timestamppb.New(now)
+	} else {
 		d := resp.Policies[decider]
 		resp.DecidedAt = d.DecidedAt
 		resp.DecidedBy, resp.Limit, resp.Remaining = d.Policy, d.Limit, d.Remaining

@@ -118,6 +118,51 @@ func TestCheckAllPartialDenialAdmitsNothing(t *testing.T) {
 	}
 }
 
+// TestCheckAllRacersAcrossSlots: 500 concurrent CheckAll calls charge an
+// API key (1000), an address (10) and the whole API (1000) whose buckets
+// lie in different slots, one script call per slot (a Ring). Exactly 10
+// are admitted, and once the denied calls' compensating refunds are done
+// the key and the whole API hold exactly 1000 - 10: no denial kept a
+// token anywhere.
+func TestCheckAllRacersAcrossSlots(t *testing.T) {
+	r := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"one": redistest.Addr(t)}})
+	t.Cleanup(func() { _ = r.Close() })
+	store := redisStore(t, r)
+	files := map[string]string{"race.yaml": `policies:
+  - {name: per_key, capacity: 1000, rate: 1000/hour, failure_mode: closed}
+  - {name: per_ip, capacity: 10, rate: 10/hour, failure_mode: closed}
+  - {name: global, capacity: 1000, rate: 1000/hour, failure_mode: closed}
+`}
+	h := startNode(t, Config{Store: store, StoreTimeout: 10 * time.Second, Grants: trusting(t), CallerMaxInflight: 10_000}, files)
+	ctx := ctxT(t)
+	key, ip := apart(t, store.(*bucket.Redis), "per_key", "key", "per_ip", "ip")
+	global := "all_" + strings.ReplaceAll(redistest.Unique(t), "-", "_")
+	req := &quotav1.CheckAllRequest{Charges: []*quotav1.Charge{
+		{Policy: "per_key", Subject: key}, {Policy: "per_ip", Subject: ip}, {Policy: "global", Subject: global}}}
+	got := concurrently(t, func() (bool, error) {
+		r, err := h.adm.CheckAll(ctx, req)
+		if err != nil {
+			return false, err
+		}
+		if r.Degraded != "" {
+			return false, fmt.Errorf("degraded %q", r.Degraded)
+		}
+		return r.Allowed, nil
+	})
+	if got != 10 {
+		t.Fatalf("%d of 500 admitted, want the address's 10", got)
+	}
+	for _, tt := range []struct{ policy, subject string }{{"per_key", key}, {"global", global}} {
+		r, err := h.adm.Check(ctx, &quotav1.CheckRequest{Subject: tt.subject, Policies: []string{tt.policy}, Peek: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Remaining != 990 {
+			t.Errorf("%s holds %d after 10 admissions, want 990", tt.policy, r.Remaining)
+		}
+	}
+}
+
 // TestCheckAllBadInput: every bound of CheckAll is InvalidArgument (an
 // unknown policy NotFound) with a message naming the charge, and charges
 // nothing, even for the valid charges before the bad one.
