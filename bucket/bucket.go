@@ -122,6 +122,10 @@ type Decision struct {
 	// ResetAfter is how long until the bucket is full again (token bucket)
 	// or the window ends (window algorithms).
 	ResetAfter time.Duration
+	// At is the store's instant of the decision, to the microsecond: Redis
+	// TIME for Redis, the instant passed in (or the Memory's clock) for
+	// Memory. Every figure above is relative to it.
+	At time.Time
 }
 
 // Store makes decisions. Memory and Redis implement it with the same

@@ -284,7 +284,7 @@ func (m *Memory) one(now time.Time, req *Request, op byte) (Decision, error) {
 	}
 	lim := p.lim
 	sh.mu.Unlock()
-	return decision(o.ok, lim, o.rem, o.retry, o.reset), nil
+	return decision(o.ok, lim, o.rem, o.retry, o.reset, us), nil
 }
 
 // born returns the instant at which a bucket of k found absent at us may
@@ -512,7 +512,7 @@ func (m *Memory) TakeAllAt(now time.Time, reqs []Request) ([]Decision, error) {
 	out := make([]Decision, len(reqs))
 	for i := range reqs {
 		m.write(&m.shards[shardIdx[i]], &reqs[i].Key, &ps[i], &outs[i], lws[i], us, fresh[i])
-		out[i] = decision(outs[i].ok && charge, ps[i].lim, outs[i].rem, outs[i].retry, outs[i].reset)
+		out[i] = decision(outs[i].ok && charge, ps[i].lim, outs[i].rem, outs[i].retry, outs[i].reset, us)
 	}
 	return out, nil
 }

@@ -87,9 +87,11 @@ func paramsOf(r *Request) params {
 	return p
 }
 
-// decision converts script numbers (units, microseconds) to a Decision.
-func decision(allowed bool, lim, rem, retry, reset float64) Decision {
+// decision converts script numbers (units, microseconds) to a Decision
+// made at us (microseconds since the Unix epoch), in UTC.
+func decision(allowed bool, lim, rem, retry, reset float64, us int64) Decision {
 	return Decision{
+		At:         time.UnixMicro(us).UTC(),
 		Allowed:    allowed,
 		Limit:      lim / unitsPerToken,
 		Remaining:  rem / unitsPerToken,

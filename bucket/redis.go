@@ -398,7 +398,7 @@ func wait(ctx context.Context, c *call) error {
 // Script arguments and reply numbers per bucket (see lua/take.lua).
 const (
 	argsPerBucket  = 9
-	replyPerBucket = 5
+	replyPerBucket = 6
 )
 
 // newCall builds the script call for reqs, from the pool. All of reqs
@@ -467,7 +467,7 @@ func (c *call) release() {
 
 func (c *call) decision(i int) Decision {
 	v := c.res[replyPerBucket*i : replyPerBucket*(i+1)]
-	return decision(v[0] == 1, float64(v[1]), float64(v[2]), float64(v[3]), float64(v[4]))
+	return decision(v[0] == 1, float64(v[1]), float64(v[2]), float64(v[3]), float64(v[4]), v[5])
 }
 
 // Take charges req.Cost when the bucket holds it (Cost 0 peeks).

@@ -176,5 +176,5 @@ func (s *State) one(now time.Time, l *Prepared, share float64, cost int64, op by
 	var o outcome
 	lw := s.into(&p, op, us, true, &o)
 	s.commit(&p, &o, lw, us)
-	return decision(o.ok, p.lim, o.rem, o.retry, o.reset), nil
+	return decision(o.ok, p.lim, o.rem, o.retry, o.reset, us), nil
 }

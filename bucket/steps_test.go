@@ -264,12 +264,16 @@ func runSteps(t *testing.T, d driver, subject string) {
 					share = 1
 				}
 				req := bucket.Request{Key: key, Limits: tab.limits, Share: share, Cost: st.cost, Withheld: tab.withheld, Since: tab.since}
-				got, err := d.do(t0.Add(st.at), st.op, req)
+				at := t0.Add(st.at)
+				got, err := d.do(at, st.op, req)
 				if err != nil {
 					t.Fatalf("step %d: %v", i, err)
 				}
-				if got != st.want {
-					t.Errorf("step %d (%s %d at %v, share %v):\n got %+v\nwant %+v", i, st.op, st.cost, st.at, share, got, st.want)
+				// Every store tells the instant it decided at: the step's.
+				want := st.want
+				want.At = at.UTC()
+				if got != want {
+					t.Errorf("step %d (%s %d at %v, share %v):\n got %+v\nwant %+v", i, st.op, st.cost, st.at, share, got, want)
 				}
 			}
 		})

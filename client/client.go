@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/quotacoord/quota/internal/operatortoken"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
@@ -47,6 +48,7 @@ const (
 // Limits on requests, as the admission API defines them.
 const (
 	MaxPolicies       = 16
+	MaxCharges        = 16 // charges of one CheckAll or Refund
 	MaxBatch          = 256
 	MaxIdempotencyKey = 128
 )
@@ -99,9 +101,13 @@ type Decision struct {
 	// Replayed is true when the node repeated an earlier decision for the
 	// same idempotency key.
 	Replayed bool
-	// Policies has one entry per requested policy, in request order (empty
-	// when the unreachable mode decided).
+	// Policies has one entry per requested policy (per charge for
+	// CheckAll), in request order (empty when the unreachable mode
+	// decided).
 	Policies []PolicyDecision
+	// DecidedAt is the node's store's instant of the deciding bucket's
+	// decision (Redis TIME); zero when the client decided.
+	DecidedAt time.Time
 	// Cause is the error behind a client-made decision.
 	Cause error
 }
@@ -117,6 +123,35 @@ type PolicyDecision struct {
 	// for an emergency bucket's decision, the fraction this client
 	// enforced (the region's share over Emergency.Clients).
 	Share float64
+	// DecidedAt is the store's instant of this bucket's decision.
+	DecidedAt time.Time
+}
+
+// Charge is one subject charged under one policy: an element of CheckAll
+// and Refund.
+type Charge struct {
+	// Policy is the policy's name.
+	Policy string
+	// Subject is the identity charged: [A-Za-z0-9_-]{1,96}, or any string
+	// up to 1024 bytes when HashSubject is set (the policy may ask the node
+	// to hash it too).
+	Subject string
+	// HashSubject asks the node to hash Subject.
+	HashSubject bool
+	// Cost is the charge's weight; 0 means 1.
+	Cost int64
+}
+
+// Refund is what one refunded Charge left in its bucket.
+type Refund struct {
+	Policy string
+	// Refunded is false when there was nothing to give back to (an
+	// unlimited policy, a zero share) or the node's store was unreachable.
+	Refunded         bool
+	Limit, Remaining int64
+	ResetAfter       time.Duration
+	// DecidedAt is the store's instant of the refund.
+	DecidedAt time.Time
 }
 
 // Option configures New.
@@ -337,6 +372,80 @@ func (c *Client) CheckBatch(ctx context.Context, reqs []Request) ([]Decision, er
 	return out, nil
 }
 
+// CheckAll decides one request charged to several subjects (an API key,
+// the client address, the endpoint, the whole API), each under its own
+// policy and cost, all or nothing: when one charge is denied, the node
+// charges none. Decision.Policies has one entry per charge of a known
+// policy, in order; DecidedBy names the one that decided. When the node
+// cannot answer, the unreachable choice applies as for Check.
+func (c *Client) CheckAll(ctx context.Context, charges []Charge) (Decision, error) {
+	in, err := chargesProto(charges)
+	if err != nil {
+		return Decision{}, err
+	}
+	callCtx, cancel := context.WithTimeout(ctx, c.opts.timeout)
+	defer cancel()
+	resp, err := c.api.CheckAll(callCtx, &quotav1.CheckAllRequest{Charges: in})
+	if err != nil {
+		cause, _, err := c.failed(ctx, callCtx, err, "check all")
+		if err != nil {
+			return Decision{}, err
+		}
+		// The emergency buckets decide one subject at a time; a check of
+		// several subjects follows the unreachable mode.
+		return c.decideAlone(nil, cause, false)
+	}
+	return c.fromNode(resp), nil
+}
+
+// Refund gives back the cost of charges whose work did not happen, each
+// on its own, never above a bucket's capacity. The node refuses the whole
+// call (PermissionDenied) unless the caller holds the refund grant for
+// every policy named. Any failure is an error: the unreachable choice
+// does not apply to refunds. The results are in the order of charges.
+func (c *Client) Refund(ctx context.Context, charges []Charge) ([]Refund, error) {
+	in, err := chargesProto(charges)
+	if err != nil {
+		return nil, err
+	}
+	callCtx, cancel := context.WithTimeout(ctx, c.opts.timeout)
+	defer cancel()
+	resp, err := c.api.Refund(callCtx, &quotav1.RefundRequest{Charges: in})
+	if err != nil {
+		return nil, fmt.Errorf("client: refund: %w", err)
+	}
+	if len(resp.GetRefunds()) != len(charges) {
+		return nil, fmt.Errorf("client: refund: %d results for %d charges", len(resp.GetRefunds()), len(charges))
+	}
+	out := make([]Refund, len(charges))
+	for i, r := range resp.GetRefunds() {
+		out[i] = Refund{Policy: r.GetPolicy(), Refunded: r.GetRefunded(), Limit: r.GetLimit(), Remaining: r.GetRemaining(),
+			ResetAfter: duration(r.GetResetAfter()), DecidedAt: instant(r.GetDecidedAt())}
+	}
+	return out, nil
+}
+
+// chargesProto validates charges (the bounds the node enforces that the
+// client can check) and converts them.
+func chargesProto(charges []Charge) ([]*quotav1.Charge, error) {
+	if len(charges) == 0 || len(charges) > MaxCharges {
+		return nil, fmt.Errorf("%w: %d charges, want 1 to %d", ErrInvalidRequest, len(charges), MaxCharges)
+	}
+	out := make([]*quotav1.Charge, len(charges))
+	for i, ch := range charges {
+		switch {
+		case ch.Policy == "":
+			return nil, fmt.Errorf("%w: charge %d: empty policy", ErrInvalidRequest, i)
+		case ch.Subject == "":
+			return nil, fmt.Errorf("%w: charge %d: empty subject", ErrInvalidRequest, i)
+		case ch.Cost < 0:
+			return nil, fmt.Errorf("%w: charge %d: cost %d is negative", ErrInvalidRequest, i, ch.Cost)
+		}
+		out[i] = &quotav1.Charge{Policy: ch.Policy, Subject: ch.Subject, HashSubject: ch.HashSubject, Cost: ch.Cost}
+	}
+	return out, nil
+}
+
 // failed sorts a call error: an error for the caller (err), or the cause
 // of a decision the client makes without the node, with local true when
 // the node is unreachable (Unavailable, or the client's own timeout) so
@@ -353,7 +462,12 @@ func (c *Client) failed(ctx, callCtx context.Context, callErr error, what string
 		callerDeadline = !dl.After(callDl)
 	}
 	code := status.Code(callErr)
-	if ctx.Err() != nil || (callerDeadline && code == codes.DeadlineExceeded) || !nodeFailure(callErr) {
+	if callerDeadline && code == codes.DeadlineExceeded {
+		// The node (which got the deadline with the call) may report it
+		// before the caller's context notices: it is the caller's.
+		return nil, false, fmt.Errorf("client: %s: %w (%w)", what, context.DeadlineExceeded, callErr)
+	}
+	if ctx.Err() != nil || !nodeFailure(callErr) {
 		return nil, false, err
 	}
 	local = c.local != nil && (code == codes.Unavailable || code == codes.DeadlineExceeded)
@@ -458,6 +572,7 @@ func fromProto(r *quotav1.CheckResponse) Decision {
 		ResetAfter: duration(r.GetResetAfter()),
 		Degraded:   r.GetDegraded(),
 		Replayed:   r.GetReplayed(),
+		DecidedAt:  instant(r.GetDecidedAt()),
 	}
 	if ps := r.GetPolicies(); len(ps) > 0 {
 		d.Policies = make([]PolicyDecision, len(ps))
@@ -470,10 +585,20 @@ func fromProto(r *quotav1.CheckResponse) Decision {
 				RetryAfter: duration(p.GetRetryAfter()),
 				ResetAfter: duration(p.GetResetAfter()),
 				Share:      p.GetShare(),
+				DecidedAt:  instant(p.GetDecidedAt()),
 			}
 		}
 	}
 	return d
+}
+
+// instant converts a protobuf timestamp, treating nil and invalid values
+// as the zero time.
+func instant(t *timestamppb.Timestamp) time.Time {
+	if t == nil || t.CheckValid() != nil {
+		return time.Time{}
+	}
+	return t.AsTime()
 }
 
 // duration converts a protobuf duration, treating nil, invalid and

@@ -286,3 +286,31 @@ func TestBearerTokenNeedsTLSOffLoopback(t *testing.T) {
 		}
 	}
 }
+
+// TestClienttestCheckAll: the stand-in server decides CheckAll all or
+// nothing and refunds, as a node does, so callers can test against it.
+func TestClienttestCheckAll(t *testing.T) {
+	srv := clienttest.Start(t, map[string]int64{"key": 5, "ip": 1}, nil)
+	c := newClient(t, srv.Addr)
+	ctx := context.Background()
+	charges := []client.Charge{{Policy: "key", Subject: "k"}, {Policy: "ip", Subject: "192.0.2.1", HashSubject: true}}
+	for i, want := range []bool{true, false} {
+		d, err := c.CheckAll(ctx, charges)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed != want || d.DecidedBy != "ip" || d.DecidedAt.IsZero() || len(d.Policies) != 2 {
+			t.Fatalf("check %d: %+v, want allowed %v decided by ip", i, d, want)
+		}
+	}
+	if used := srv.Used("key", "k"); used != 1 {
+		t.Fatalf("key spent %d after one admission and one denial, want 1", used)
+	}
+	rs, err := c.Refund(ctx, charges[1:])
+	if err != nil || len(rs) != 1 || !rs[0].Refunded || rs[0].Remaining != 1 {
+		t.Fatalf("refund: %+v %v", rs, err)
+	}
+	if d, err := c.CheckAll(ctx, charges); err != nil || !d.Allowed {
+		t.Fatalf("after the refund: %+v %v", d, err)
+	}
+}

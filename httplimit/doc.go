@@ -40,13 +40,13 @@
 //
 // Config.Dimensions charges each request to further subjects beside its
 // own (the client address, the endpoint with Endpoint, the whole API with
-// Fixed), in one CheckBatch round trip. A request is admitted when every
-// dimension admits it, and the RateLimit fields carry the single most
-// restrictive result (MostRestrictive): the denial with the longest wait,
-// or the least remaining budget. The dimensions are separate checks, not
-// one all-or-nothing check: a request refused by one dimension has still
-// been charged by the others. That errs on the side of refusing; no
-// dimension ever admits past its limit.
+// Fixed), in one all-or-nothing CheckAll: a request is admitted when every
+// dimension admits it and then charged to every one, and a request one
+// dimension refuses is charged to none, so a client refused for its
+// address does not spend its API key's budget or the endpoint's. The
+// RateLimit fields carry the single most restrictive result
+// (MostRestrictive): the denial with the longest wait, or the least
+// remaining budget.
 //
 // Units: Retry-After, t and w are whole seconds; q and r are cost units of
 // the policy.

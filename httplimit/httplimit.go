@@ -34,8 +34,8 @@ type Policy struct {
 
 // Config configures a Limiter.
 type Config struct {
-	// Checker decides; required. With Dimensions it must also be a
-	// BatchChecker (as *client.Client is).
+	// Checker decides; required. With Dimensions it must also be an
+	// AllChecker (as *client.Client is).
 	Checker Checker
 	// Policies are checked together, all or nothing, for the subject; 1
 	// to 16. With Tiers they are the policies of requests whose Tier is
@@ -55,8 +55,11 @@ type Config struct {
 	Tier func(*http.Request) (string, error)
 	// Dimensions are further subjects charged for each request beside
 	// Subject (the client address, the endpoint, the whole API); at most
-	// MaxDimensions. A request is admitted when every dimension admits it;
-	// the headers show the most restrictive result.
+	// MaxDimensions, and at most client.MaxCharges policies over the
+	// subject's and every dimension's. The request is one all-or-nothing
+	// check: admitted when every dimension admits it, and then charged to
+	// every one; a refused request is charged to none. The headers show
+	// the most restrictive result.
 	Dimensions []Dimension
 	// Cost returns the request's cost; nil means 1.
 	Cost func(*http.Request) int64
@@ -82,10 +85,15 @@ type Dimension struct {
 // MaxDimensions bounds Config.Dimensions.
 const MaxDimensions = 8
 
-// BatchChecker decides several requests in one round trip;
-// *client.Client satisfies it.
-type BatchChecker interface {
-	CheckBatch(ctx context.Context, reqs []client.Request) ([]client.Decision, error)
+// AllChecker decides one request charged to several subjects, all or
+// nothing; *client.Client satisfies it.
+type AllChecker interface {
+	CheckAll(ctx context.Context, charges []client.Charge) (client.Decision, error)
+}
+
+// Refunder gives charges back; *client.Client satisfies it.
+type Refunder interface {
+	Refund(ctx context.Context, charges []client.Charge) ([]client.Refund, error)
 }
 
 // Limiter is the middleware.
@@ -94,7 +102,7 @@ type Limiter struct {
 	names   []string
 	tiers   map[string][]string
 	dims    [][]string
-	batch   BatchChecker
+	all     AllChecker
 	windows map[string]time.Duration
 }
 
@@ -134,11 +142,11 @@ func New(cfg Config) (*Limiter, error) {
 		return nil, fmt.Errorf("%w: %d dimensions, want at most %d", ErrInvalidConfig, len(cfg.Dimensions), MaxDimensions)
 	}
 	if len(cfg.Dimensions) > 0 {
-		b, ok := cfg.Checker.(BatchChecker)
+		a, ok := cfg.Checker.(AllChecker)
 		if !ok {
-			return nil, fmt.Errorf("%w: Dimensions need a Checker that is also a BatchChecker", ErrInvalidConfig)
+			return nil, fmt.Errorf("%w: Dimensions need a Checker that is also an AllChecker", ErrInvalidConfig)
 		}
-		l.batch = b
+		l.all = a
 	}
 	for i, d := range cfg.Dimensions {
 		if d.Name == "" || d.Subject == nil {
@@ -149,6 +157,19 @@ func New(cfg Config) (*Limiter, error) {
 			return nil, err
 		}
 		l.dims = append(l.dims, names)
+	}
+	if len(l.dims) > 0 {
+		charges := 0
+		for _, d := range l.dims {
+			charges += len(d)
+		}
+		most := len(l.names)
+		for _, names := range l.tiers {
+			most = max(most, len(names))
+		}
+		if most+charges > client.MaxCharges {
+			return nil, fmt.Errorf("%w: %d policies for the subject and %d over the dimensions, want at most %d in all", ErrInvalidConfig, most, charges, client.MaxCharges)
+		}
 	}
 	return l, nil
 }
@@ -182,18 +203,22 @@ func (l *Limiter) policyNames(what string, pols []Policy) ([]string, error) {
 // Wrap returns next behind the limiter.
 func (l *Limiter) Wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		reqs, err := l.requests(r)
+		req, err := l.request(r)
 		if err != nil {
 			l.fail(w, r, err)
 			return
 		}
 		var d client.Decision
-		if len(reqs) == 1 {
-			d, err = l.cfg.Checker.Check(r.Context(), reqs[0])
+		if l.all == nil {
+			d, err = l.cfg.Checker.Check(r.Context(), req)
 		} else {
-			var ds []client.Decision
-			if ds, err = l.batch.CheckBatch(r.Context(), reqs); err == nil {
-				d = MostRestrictive(ds)
+			var charges []client.Charge
+			if charges, err = l.charges(r, req); err != nil {
+				l.fail(w, r, err)
+				return
+			}
+			if d, err = l.all.CheckAll(r.Context(), charges); err == nil {
+				d = MostRestrictive([]client.Decision{d})
 			}
 		}
 		if err != nil {
@@ -209,44 +234,86 @@ func (l *Limiter) Wrap(next http.Handler) http.Handler {
 	})
 }
 
-// requests builds r's checks: the subject under its tier's policies, then
-// one per dimension.
-func (l *Limiter) requests(r *http.Request) ([]client.Request, error) {
+// ErrNoRefunder is Refund's error when the Checker cannot refund.
+var ErrNoRefunder = errors.New("httplimit: the Checker is not a Refunder")
+
+// Refund gives back what the limiter charged r (its subject under its
+// tier's policies and every dimension's subject, at r's cost), for a
+// request admitted whose work then did not happen: a handler calls it
+// when it refuses the request after the limiter let it through (a
+// malformed body, a failed upstream), so that such a request costs the
+// caller no quota. The Checker must also be a Refunder (as
+// *client.Client is; ErrNoRefunder otherwise), and the node must grant
+// this service the refund action on every policy involved (a node's
+// default grants do not: PermissionDenied, nothing refunded). A bucket is
+// never filled above its capacity.
+func (l *Limiter) Refund(r *http.Request) error {
+	rf, ok := l.cfg.Checker.(Refunder)
+	if !ok {
+		return ErrNoRefunder
+	}
+	req, err := l.request(r)
+	if err != nil {
+		return err
+	}
+	charges, err := l.charges(r, req)
+	if err != nil {
+		return err
+	}
+	if _, err := rf.Refund(r.Context(), charges); err != nil {
+		return fmt.Errorf("httplimit: refund: %w", err)
+	}
+	return nil
+}
+
+// request builds r's check: the subject under its tier's policies.
+func (l *Limiter) request(r *http.Request) (client.Request, error) {
 	names := l.names
 	if l.tiers != nil {
 		tier, err := l.cfg.Tier(r)
 		if err != nil {
-			return nil, fmt.Errorf("%w: %w", errTier, err)
+			return client.Request{}, fmt.Errorf("%w: %w", errTier, err)
 		}
 		if tier != "" {
 			names = l.tiers[tier]
 		}
 		if names == nil {
-			return nil, fmt.Errorf("%w: unknown tier %q", errTier, tier)
+			return client.Request{}, fmt.Errorf("%w: unknown tier %q", errTier, tier)
 		}
 	}
 	subj, err := l.cfg.Subject(r)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", errSubject, err)
+		return client.Request{}, fmt.Errorf("%w: %w", errSubject, err)
 	}
 	var cost int64 = 1
 	if l.cfg.Cost != nil {
 		cost = l.cfg.Cost(r)
 	}
-	reqs := make([]client.Request, 0, 1+len(l.dims))
-	reqs = append(reqs, client.Request{Subject: subj.Value, HashSubject: subj.Hash, Policies: names, Cost: cost})
+	return client.Request{Subject: subj.Value, HashSubject: subj.Hash, Policies: names, Cost: cost}, nil
+}
+
+// charges lists the charges of r's all-or-nothing check: req's subject
+// under each of its policies, then each dimension's subject under each of
+// the dimension's, every one at req's cost.
+func (l *Limiter) charges(r *http.Request, req client.Request) ([]client.Charge, error) {
+	out := make([]client.Charge, 0, client.MaxCharges)
+	for _, p := range req.Policies {
+		out = append(out, client.Charge{Policy: p, Subject: req.Subject, HashSubject: req.HashSubject, Cost: req.Cost})
+	}
 	for i, d := range l.cfg.Dimensions {
 		s, err := d.Subject(r)
 		if err != nil {
 			return nil, fmt.Errorf("%w: dimension %s: %w", errSubject, d.Name, err)
 		}
-		reqs = append(reqs, client.Request{Subject: s.Value, HashSubject: s.Hash, Policies: l.dims[i], Cost: cost})
+		for _, p := range l.dims[i] {
+			out = append(out, client.Charge{Policy: p, Subject: s.Value, HashSubject: s.Hash, Cost: req.Cost})
+		}
 	}
-	return reqs, nil
+	return out, nil
 }
 
-// MostRestrictive folds the decisions of one request's dimensions into
-// one: allowed only when every one is, degraded when any is, and carrying
+// MostRestrictive folds the decisions of one request's checks (or the
+// per-charge results of one CheckAll) into one: allowed only when every one is, degraded when any is, and carrying
 // the single most restrictive policy result: the denial that asks to wait
 // longest, or when nothing denied, the least remaining budget (the longer
 // reset on a tie). A client-made denial (no policy results) counts as a
@@ -285,7 +352,7 @@ func MostRestrictive(ds []client.Decision) client.Decision {
 	if found {
 		out.DecidedBy, out.Limit, out.Remaining = best.Policy, best.Limit, best.Remaining
 		out.RetryAfter, out.ResetAfter = best.RetryAfter, best.ResetAfter
-		out.Policies = []client.PolicyDecision{best}
+		out.Policies, out.DecidedAt = []client.PolicyDecision{best}, best.DecidedAt
 	}
 	return out
 }

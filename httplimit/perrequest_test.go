@@ -4,10 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/quotacoord/quota/client"
 	"github.com/quotacoord/quota/httplimit"
@@ -107,8 +111,12 @@ func TestTierConfig(t *testing.T) {
 		{"unnamed tier", httplimit.Config{Checker: chk, Subject: subj, Tier: tier, Tiers: map[string][]httplimit.Policy{"": {{Name: "p"}}}}},
 		{"one policy, two windows", httplimit.Config{Checker: chk, Subject: subj, Tier: tier, Policies: []httplimit.Policy{{Name: "p", Window: time.Second}},
 			Tiers: map[string][]httplimit.Policy{"a": {{Name: "p", Window: time.Minute}}}}},
-		{"dimensions need a batch checker", httplimit.Config{Checker: chk, Subject: subj, Policies: []httplimit.Policy{{Name: "p"}},
+		{"dimensions need an all-or-nothing checker", httplimit.Config{Checker: chk, Subject: subj, Policies: []httplimit.Policy{{Name: "p"}},
 			Dimensions: []httplimit.Dimension{{Name: "ip", Subject: subj, Policies: []httplimit.Policy{{Name: "q"}}}}}},
+		{"more charges than one check holds", httplimit.Config{Checker: allChecker{chk}, Subject: subj, Policies: []httplimit.Policy{{Name: "p"}},
+			Dimensions: []httplimit.Dimension{
+				{Name: "a", Subject: subj, Policies: manyPolicies("a", 8)},
+				{Name: "b", Subject: subj, Policies: manyPolicies("b", 8)}}}},
 	} {
 		if _, err := httplimit.New(tt.cfg); !errors.Is(err, httplimit.ErrInvalidConfig) {
 			t.Errorf("%s: %v", tt.name, err)
@@ -128,8 +136,9 @@ func TestTierConfig(t *testing.T) {
 }
 
 // TestDimensionsAgainstNode charges API key, client address, endpoint and
-// the whole API on a real regional node; the headers carry the most
-// restrictive of the four, and the first dimension to run out refuses.
+// the whole API on a real regional node in one all-or-nothing check; the
+// headers carry the most restrictive of the four, the first dimension to
+// run out refuses, and a refused request is charged to no dimension.
 func TestDimensionsAgainstNode(t *testing.T) {
 	c, names := startNode(t,
 		nodePolicy{name: "key", subject: "api_key", capacity: 3},
@@ -171,12 +180,17 @@ func TestDimensionsAgainstNode(t *testing.T) {
 		{"k1", "192.0.2.1:1", "/exports/1", 200, "ip", "1"},
 		{"k2", "192.0.2.1:1", "/exports/2", 200, "ip", "0"},
 		{"k3", "192.0.2.1:1", "/exports/3", 429, "ip", "0"},
-		// The refused request was charged on its other dimensions (checks
-		// across subjects are not all or nothing): endpoint 1, global 3.
-		{"k1", "192.0.2.2:1", "/exports/4", 200, "endpoint", "0"},
-		{"k4", "192.0.2.3:1", "/exports/5", 429, "endpoint", "0"},
-		// Another endpoint has its own budget; the whole API has 1 left.
-		{"k5", "192.0.2.4:1", "/other", 200, "global", "0"},
+		// The refused request was charged nowhere: the endpoint had 2
+		// left and now 1, as k1 and the new address (the endpoint's
+		// bucket takes longest to refill, so it is shown).
+		{"k1", "192.0.2.2:1", "/exports/4", 200, "endpoint", "1"},
+		{"k4", "192.0.2.3:1", "/exports/5", 200, "endpoint", "0"},
+		{"k5", "192.0.2.4:1", "/exports/6", 429, "endpoint", "0"},
+		// Another endpoint has its own budget; the whole API has 2 left
+		// (not 1: the refused request took none).
+		{"k5", "192.0.2.4:1", "/other", 200, "global", "1"},
+		{"k3", "192.0.2.5:1", "/other", 200, "global", "0"},
+		{"k6", "192.0.2.6:1", "/other", 429, "global", "0"},
 	}
 	for i, s := range steps {
 		req := httptest.NewRequest("GET", s.path, nil)
@@ -227,5 +241,64 @@ func TestMostRestrictive(t *testing.T) {
 		if got.Allowed != tt.allowed || got.DecidedBy != tt.policy || got.RetryAfter != tt.retry {
 			t.Errorf("%s: %+v", tt.name, got)
 		}
+	}
+}
+
+// allChecker adds a CheckAll that is never reached to a Checker.
+type allChecker struct{ checkerFunc }
+
+func (allChecker) CheckAll(context.Context, []client.Charge) (client.Decision, error) {
+	return client.Decision{}, errors.New("not reached: New refuses the config")
+}
+
+func manyPolicies(prefix string, n int) []httplimit.Policy {
+	ps := make([]httplimit.Policy, n)
+	for i := range ps {
+		ps[i] = httplimit.Policy{Name: fmt.Sprintf("%s%d", prefix, i)}
+	}
+	return ps
+}
+
+// TestRefundNeedsGrant: Limiter.Refund asks the node to give a request's
+// charges back; a node with the default grants (check only) refuses it
+// and the budget stays spent. A Checker that cannot refund is
+// ErrNoRefunder.
+func TestRefundNeedsGrant(t *testing.T) {
+	c, names := startNode(t, nodePolicy{name: "key", subject: "api_key", capacity: 1}, nodePolicy{name: "global", subject: "all", capacity: 5})
+	global, err := httplimit.Fixed("all")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := httplimit.New(httplimit.Config{Checker: c, Subject: httplimit.Header("X-Api-Key"), Policies: []httplimit.Policy{{Name: names["key"]}},
+		Dimensions: []httplimit.Dimension{{Name: "global", Subject: global, Policies: []httplimit.Policy{{Name: names["global"]}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serve := func() (*http.Request, int) {
+		req := httptest.NewRequest("POST", "/", nil)
+		req.Header.Set("X-Api-Key", "k")
+		rec := httptest.NewRecorder()
+		l.Wrap(ok).ServeHTTP(rec, req)
+		return req, rec.Code
+	}
+	req, code := serve()
+	if code != http.StatusOK {
+		t.Fatalf("first request: %d", code)
+	}
+	if err := l.Refund(req); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("refund without the grant: %v, want PermissionDenied", err)
+	}
+	if _, code := serve(); code != http.StatusTooManyRequests {
+		t.Fatalf("after a refused refund: %d, want 429", code)
+	}
+	chk := checkerFunc(func(context.Context, client.Request) (client.Decision, error) {
+		return client.Decision{Allowed: true}, nil
+	})
+	l2, err := httplimit.New(httplimit.Config{Checker: chk, Subject: httplimit.Header("X-Api-Key"), Policies: []httplimit.Policy{{Name: "p"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l2.Refund(req); !errors.Is(err, httplimit.ErrNoRefunder) {
+		t.Fatalf("refund through a plain Checker: %v, want ErrNoRefunder", err)
 	}
 }

@@ -36,9 +36,10 @@
 -- new. A bucket lost at born starts as the algorithm says (token bucket:
 -- empty at born; window algorithms: full in born's window); long after
 -- born this is what a new bucket starts with anyway.
--- Reply: for each bucket five integers: allowed (1/0), capacity (units),
+-- Reply: for each bucket six integers: allowed (1/0), capacity (units),
 --          remaining (units), retry-after (microseconds), reset-after
---          (microseconds).
+--          (microseconds), and the instant of the decision (microseconds
+--          since the Unix epoch: Redis TIME, or ARGV[2]).
 -- A take ('t') is all or nothing: if one bucket denies, no bucket is
 -- charged and every bucket reports allowed 0 (only a token-bucket clamp is
 -- still written). Independent takes ('i') and refunds decide each bucket
@@ -180,5 +181,6 @@ for i = 1, n do
   reply[#reply + 1] = rem
   reply[#reply + 1] = retry
   reply[#reply + 1] = reset
+  reply[#reply + 1] = now
 end
 return reply

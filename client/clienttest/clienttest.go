@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/quotacoord/quota/bucket"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
@@ -186,30 +187,45 @@ func (s *Server) wait(ctx context.Context) error {
 }
 
 func (s *Server) validate(req *quotav1.CheckRequest) error {
-	subject := req.GetSubject()
-	if req.GetHashSubject() {
-		if subject == "" || len(subject) > 1024 {
-			return status.Error(codes.InvalidArgument, "subject must be 1 to 1024 bytes")
-		}
-	} else if err := bucket.ValidateSubject(subject); err != nil {
-		return status.Error(codes.InvalidArgument, err.Error())
-	}
 	if len(req.GetPolicies()) == 0 || len(req.GetPolicies()) > 16 {
 		return status.Error(codes.InvalidArgument, "want 1 to 16 policies")
 	}
 	for _, p := range req.GetPolicies() {
-		limit, ok := s.limits[p]
-		if !ok {
-			return status.Errorf(codes.NotFound, "unknown policy %q", p)
+		if _, err := s.validCharge(p, req.GetSubject(), req.GetHashSubject(), req.GetCost()); err != nil {
+			return err
 		}
-		if req.GetCost() > limit {
-			return status.Errorf(codes.InvalidArgument, "cost %d is more than the capacity %d of policy %q", req.GetCost(), limit, p)
-		}
-	}
-	if req.GetCost() < 0 {
-		return status.Error(codes.InvalidArgument, "negative cost")
 	}
 	return nil
+}
+
+// validCharge checks one (policy, subject, cost) and returns the subject
+// as buckets are keyed (hashed when asked).
+func (s *Server) validCharge(policy, subject string, hash bool, cost int64) (string, error) {
+	if hash {
+		if subject == "" || len(subject) > 1024 {
+			return "", status.Error(codes.InvalidArgument, "subject must be 1 to 1024 bytes")
+		}
+		subject = bucket.HashSubject("clienttest", subject)
+	} else if err := bucket.ValidateSubject(subject); err != nil {
+		return "", status.Error(codes.InvalidArgument, err.Error())
+	}
+	limit, ok := s.limits[policy]
+	if !ok {
+		return "", status.Errorf(codes.NotFound, "unknown policy %q", policy)
+	}
+	if cost > limit {
+		return "", status.Errorf(codes.InvalidArgument, "cost %d is more than the capacity %d of policy %q", cost, limit, policy)
+	}
+	if cost < 0 {
+		return "", status.Error(codes.InvalidArgument, "negative cost")
+	}
+	return subject, nil
+}
+
+// charge is one bucket of a check: used[policy+"\x00"+subject].
+type charge struct {
+	policy, subject string
+	cost            int64
 }
 
 func (s *Server) check(req *quotav1.CheckRequest) (*quotav1.CheckResponse, error) {
@@ -228,55 +244,122 @@ func (s *Server) check(req *quotav1.CheckRequest) (*quotav1.CheckResponse, error
 			return out, nil
 		}
 	}
-	cost := req.GetCost()
-	if cost == 0 {
-		cost = 1
-	}
+	cost := max(req.GetCost(), 1)
 	if req.GetPeek() {
 		cost = 0
 	}
-	resp := &quotav1.CheckResponse{Allowed: true, Degraded: s.degraded}
+	charges := make([]charge, len(req.GetPolicies()))
+	for i, p := range req.GetPolicies() {
+		charges[i] = charge{policy: p, subject: subject, cost: cost}
+	}
+	resp := s.decide(charges)
+	if k := req.GetIdempotencyKey(); k != "" && len(s.replays) < maxReplays {
+		s.replays[subject+"\x00"+k] = resp
+	}
+	return resp, nil
+}
+
+// decide charges every bucket of charges, all or nothing.
+func (s *Server) decide(charges []charge) *quotav1.CheckResponse {
+	now := timestamppb.Now()
+	resp := &quotav1.CheckResponse{Allowed: true, Degraded: s.degraded, DecidedAt: now, DecidedIndex: -1}
 	var minRemaining int64 = -1
-	for _, p := range req.GetPolicies() {
-		limit, used := s.limits[p], s.used[p+"\x00"+subject]
-		pd := &quotav1.PolicyDecision{Policy: p, Limit: limit, Share: s.share, ResetAfter: durationpb.New(ResetAfter)}
-		if used+cost <= limit {
+	for i, c := range charges {
+		limit, used := s.limits[c.policy], s.used[c.policy+"\x00"+c.subject]
+		pd := &quotav1.PolicyDecision{Policy: c.policy, Limit: limit, Share: s.share, ResetAfter: durationpb.New(ResetAfter), DecidedAt: now}
+		if used+c.cost <= limit {
 			pd.Allowed = true
-			pd.Remaining = limit - used - cost
+			pd.Remaining = limit - used - c.cost
 			pd.RetryAfter = durationpb.New(0)
 		} else {
 			pd.Remaining = limit - used
 			pd.RetryAfter = durationpb.New(RetryAfter)
 			if resp.Allowed {
 				resp.Allowed = false
-				resp.DecidedBy = p
+				resp.DecidedIndex = int32(i)
 			}
 		}
 		resp.Policies = append(resp.Policies, pd)
 		if resp.Allowed && (minRemaining < 0 || pd.Remaining < minRemaining) {
 			minRemaining = pd.Remaining
-			resp.DecidedBy = p
+			resp.DecidedIndex = int32(i)
 		}
 	}
-	if resp.Allowed {
-		for _, p := range req.GetPolicies() {
-			s.used[p+"\x00"+subject] += cost
-		}
-	} else {
-		// Nothing was charged: every bucket still holds what it held.
-		for _, pd := range resp.Policies {
-			pd.Remaining = pd.Limit - s.used[pd.Policy+"\x00"+subject]
+	for i, c := range charges {
+		if resp.Allowed {
+			s.used[c.policy+"\x00"+c.subject] += c.cost
+		} else {
+			// Nothing was charged: every bucket still holds what it held.
+			resp.Policies[i].Remaining = resp.Policies[i].Limit - s.used[c.policy+"\x00"+c.subject]
 		}
 	}
-	for _, pd := range resp.Policies {
-		if pd.Policy == resp.DecidedBy {
-			resp.Limit, resp.Remaining, resp.RetryAfter, resp.ResetAfter = pd.Limit, pd.Remaining, pd.RetryAfter, pd.ResetAfter
+	pd := resp.Policies[resp.DecidedIndex]
+	resp.DecidedBy, resp.Limit, resp.Remaining, resp.RetryAfter, resp.ResetAfter = pd.Policy, pd.Limit, pd.Remaining, pd.RetryAfter, pd.ResetAfter
+	return resp
+}
+
+// lockCharges waits the set delay, locks the server and checks the
+// charges of a CheckAll or Refund. On success the caller holds s.mu and
+// must unlock it; on error it is unlocked.
+func (s *Server) lockCharges(ctx context.Context, in []*quotav1.Charge) ([]charge, error) {
+	if err := s.wait(ctx); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	charges, err := s.validCharges(in)
+	if err != nil {
+		s.mu.Unlock()
+		return nil, err
+	}
+	return charges, nil
+}
+
+func (s *Server) validCharges(in []*quotav1.Charge) ([]charge, error) {
+	if len(in) == 0 || len(in) > 16 {
+		return nil, status.Error(codes.InvalidArgument, "want 1 to 16 charges")
+	}
+	out := make([]charge, len(in))
+	for i, c := range in {
+		subject, err := s.validCharge(c.GetPolicy(), c.GetSubject(), c.GetHashSubject(), c.GetCost())
+		if err != nil {
+			return nil, status.Errorf(status.Code(err), "charge %d: %s", i, status.Convert(err).Message())
 		}
+		out[i] = charge{policy: c.GetPolicy(), subject: subject, cost: max(c.GetCost(), 1)}
 	}
-	if k := req.GetIdempotencyKey(); k != "" && len(s.replays) < maxReplays {
-		s.replays[subject+"\x00"+k] = resp
+	return out, nil
+}
+
+// CheckAll implements quotav1.AdmissionServer: the charges all or
+// nothing, counted as one check.
+func (s *Server) CheckAll(ctx context.Context, req *quotav1.CheckAllRequest) (*quotav1.CheckResponse, error) {
+	charges, err := s.lockCharges(ctx, req.GetCharges())
+	if err != nil {
+		return nil, err
 	}
-	return resp, nil
+	defer s.mu.Unlock()
+	s.calls++
+	return s.decide(charges), nil
+}
+
+// Refund implements quotav1.AdmissionServer: each charge's cost is given
+// back, never below nothing spent. The server grants refunds to every
+// caller; a regional node asks for the refund grant.
+func (s *Server) Refund(ctx context.Context, req *quotav1.RefundRequest) (*quotav1.RefundResponse, error) {
+	charges, err := s.lockCharges(ctx, req.GetCharges())
+	if err != nil {
+		return nil, err
+	}
+	defer s.mu.Unlock()
+	now := timestamppb.Now()
+	out := &quotav1.RefundResponse{}
+	for _, c := range charges {
+		k := c.policy + "\x00" + c.subject
+		s.used[k] = max(s.used[k]-c.cost, 0)
+		limit := s.limits[c.policy]
+		out.Refunds = append(out.Refunds, &quotav1.RefundDecision{Policy: c.policy, Refunded: true, Limit: limit,
+			Remaining: limit - s.used[k], ResetAfter: durationpb.New(ResetAfter), DecidedAt: now})
+	}
+	return out, nil
 }
 
 // String describes the server for test logs.

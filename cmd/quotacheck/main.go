@@ -3,6 +3,10 @@
 //
 //	go run ./cmd/quotacheck -addr 127.0.0.1:8081 -subject tenant-a -policy exports -n 5
 //	go run ./cmd/quotacheck -subject tenant-a -policy exports,daily -cost 3 -json
+//	go run ./cmd/quotacheck -subject tenant-a -policy exports -cost 3 -refund
+//
+// -refund gives the cost back instead of checking; the node must grant the
+// caller the refund action (its -grants file).
 //
 // Human output has one line per check and a summary; -json prints one JSON
 // object per check, one per line. The exit status is 0 when every check was

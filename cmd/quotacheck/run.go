@@ -38,6 +38,7 @@ type config struct {
 	caFile      string
 	idemKey     string
 	tokenFile   string
+	refund      bool
 }
 
 func parseFlags(args []string, stderr io.Writer) (config, error) {
@@ -60,6 +61,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.caFile, "ca", "", "PEM `file` of CA certificates to trust (implies -tls)")
 	fs.StringVar(&c.idemKey, "idempotency-key", "", "idempotency key sent with every check")
 	fs.StringVar(&c.tokenFile, "token-file", "", "`file` holding a bearer token the node knows (its -auth-tokens), sent over TLS or to loopback only; -peek needs a caller granted peek")
+	fs.BoolVar(&c.refund, "refund", false, "give -cost back to the subject under each policy instead of checking (the node must grant the caller refund, see -token-file)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -82,6 +84,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return c, fmt.Errorf("%w: -cost must not be negative", errUsage)
 	case c.interval < 0:
 		return c, fmt.Errorf("%w: -interval must not be negative", errUsage)
+	case c.refund && (c.peek || c.idemKey != ""):
+		return c, fmt.Errorf("%w: -refund goes without -peek and -idempotency-key", errUsage)
 	}
 	return c, nil
 }
@@ -134,6 +138,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			case <-t.C:
 			}
 		}
+		if cfg.refund {
+			if err := refund(ctx, c, cfg, i, enc, stdout); err != nil {
+				return err
+			}
+			continue
+		}
 		d, err := c.Check(ctx, client.Request{
 			Subject: cfg.subject, HashSubject: cfg.hash, Policies: cfg.policies,
 			Cost: cfg.cost, Peek: cfg.peek, IdempotencyKey: cfg.idemKey,
@@ -159,12 +169,54 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("write: %w", err)
 		}
 	}
-	if !cfg.asJSON {
+	if !cfg.asJSON && !cfg.refund {
 		if _, err := fmt.Fprintf(stdout, "%d allowed, %d denied of %d checks\n", allowed, denied, cfg.n); err != nil {
 			return fmt.Errorf("write: %w", err)
 		}
 	}
 	return nil
+}
+
+// refund sends refund i: cfg.cost back to the subject under each policy,
+// printed one line (or JSON object) per policy.
+func refund(ctx context.Context, c *client.Client, cfg config, i int, enc *json.Encoder, stdout io.Writer) error {
+	charges := make([]client.Charge, len(cfg.policies))
+	for k, p := range cfg.policies {
+		charges[k] = client.Charge{Policy: p, Subject: cfg.subject, HashSubject: cfg.hash, Cost: cfg.cost}
+	}
+	rs, err := c.Refund(ctx, charges)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("refund %d against %s: %w", i, cfg.addr, err)
+	}
+	for _, r := range rs {
+		if cfg.asJSON {
+			err = enc.Encode(jsonRefund{N: i, Policy: r.Policy, Refunded: r.Refunded, Limit: r.Limit, Remaining: r.Remaining,
+				ResetAfterMS: r.ResetAfter.Milliseconds(), DecidedAt: r.DecidedAt})
+		} else {
+			verdict := "refunded"
+			if !r.Refunded {
+				verdict = "NOT refunded"
+			}
+			_, err = fmt.Fprintf(stdout, "#%-3d %s  %s: %d of %d left\n", i, verdict, r.Policy, r.Remaining, r.Limit)
+		}
+		if err != nil {
+			return fmt.Errorf("write: %w", err)
+		}
+	}
+	return nil
+}
+
+type jsonRefund struct {
+	N            int       `json:"n"`
+	Policy       string    `json:"policy"`
+	Refunded     bool      `json:"refunded"`
+	Limit        int64     `json:"limit"`
+	Remaining    int64     `json:"remaining"`
+	ResetAfterMS int64     `json:"reset_after_ms"`
+	DecidedAt    time.Time `json:"decided_at"`
 }
 
 func human(i int, d client.Decision) string {
@@ -206,6 +258,7 @@ type jsonDecision struct {
 	Degraded     string         `json:"degraded,omitempty"`
 	Replayed     bool           `json:"replayed,omitempty"`
 	Cause        string         `json:"cause,omitempty"`
+	DecidedAt    *time.Time     `json:"decided_at,omitempty"`
 	Policies     []jsonPolicyDn `json:"policies,omitempty"`
 }
 
@@ -227,6 +280,9 @@ func toJSON(i int, d client.Decision) jsonDecision {
 	}
 	if d.Cause != nil {
 		out.Cause = d.Cause.Error()
+	}
+	if !d.DecidedAt.IsZero() {
+		out.DecidedAt = &d.DecidedAt
 	}
 	for _, p := range d.Policies {
 		out.Policies = append(out.Policies, jsonPolicyDn{

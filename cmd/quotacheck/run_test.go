@@ -171,3 +171,35 @@ func TestRunTokenOnLoopback(t *testing.T) {
 		t.Fatal(err, errOut.String())
 	}
 }
+
+// TestRunRefund: -refund gives the cost back under each policy and prints
+// what each bucket holds; -refund with -peek is a usage error.
+func TestRunRefund(t *testing.T) {
+	srv := clienttest.Start(t, map[string]int64{"exports": 2, "daily": 5}, nil)
+	base := []string{"-addr", srv.Addr, "-subject", "tenant-a", "-policy", "exports,daily"}
+	if err := run(context.Background(), append(base, "-n", "2"), &bytes.Buffer{}, &bytes.Buffer{}); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := run(context.Background(), append(base, "-refund", "-cost", "1"), &out, &bytes.Buffer{}); err != nil {
+		t.Fatal(err)
+	}
+	want := "#1   refunded  exports: 1 of 2 left\n#1   refunded  daily: 4 of 5 left\n"
+	if out.String() != want {
+		t.Errorf("output:\n%s\nwant:\n%s", out.String(), want)
+	}
+	if used := srv.Used("exports", "tenant-a"); used != 1 {
+		t.Errorf("exports spent %d after two checks and a refund of 1, want 1", used)
+	}
+	out.Reset()
+	if err := run(context.Background(), append(base, "-refund", "-json"), &out, &bytes.Buffer{}); err != nil {
+		t.Fatal(err)
+	}
+	var r jsonRefund
+	if err := json.Unmarshal([]byte(strings.SplitN(out.String(), "\n", 2)[0]), &r); err != nil || !r.Refunded || r.Remaining != 2 || r.DecidedAt.IsZero() {
+		t.Errorf("JSON refund %q: %+v %v", out.String(), r, err)
+	}
+	if err := run(context.Background(), append(base, "-refund", "-peek"), &bytes.Buffer{}, &bytes.Buffer{}); !errors.Is(err, errUsage) {
+		t.Errorf("-refund -peek: %v, want a usage error", err)
+	}
+}

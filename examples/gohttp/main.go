@@ -26,7 +26,8 @@
 // without a plan). Dimensions: -ip-policy, -endpoint-policy and
 // -global-policy charge each request also to its client address, its
 // route and the whole service; the RateLimit fields then show the most
-// restrictive result.
+// restrictive result. They are one all-or-nothing check: a request one
+// dimension refuses is charged to none.
 //
 //	curl -i -H 'X-Tenant: acme' -H 'X-Plan: pro' http://127.0.0.1:8000/exports
 //
@@ -39,6 +40,11 @@
 //
 //	go run ./examples/gohttp -node 127.0.0.1:8081 -unreachable closed \
 //	    -emergency-clients 3 -emergency-capacity 50 -emergency-refill 16.667
+//
+// A body that is not JSON is refused with 400 and code INVALID_BODY after
+// the limiter admitted it; with -refund-invalid the service gives its
+// charges back (Limiter.Refund), so a malformed request costs no quota.
+// The node must grant this service refund (-grants, docs/security.md).
 package main
 
 import (
@@ -89,6 +95,8 @@ type options struct {
 	// emergency keeps -policy's emergency bucket while the node is
 	// unreachable (Clients 0: none).
 	emergency client.Emergency
+	// refundInvalid gives a malformed request's charges back.
+	refundInvalid bool
 }
 
 func parse(args []string, out io.Writer) (options, error) {
@@ -117,6 +125,7 @@ func parse(args []string, out io.Writer) (options, error) {
 	fs.StringVar(&o.ipPolicy, "ip-policy", "", "also charge the client address to this policy")
 	fs.StringVar(&o.endpointPolicy, "endpoint-policy", "", "also charge the route (one budget per endpoint) to this policy")
 	fs.StringVar(&o.globalPolicy, "global-policy", "", "also charge the whole service (subject \"all\") to this policy")
+	fs.BoolVar(&o.refundInvalid, "refund-invalid", false, "give back what a request with a malformed body was charged (the node must grant refund)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -185,9 +194,23 @@ func handler(o options, c httplimit.Checker, g prometheus.Gatherer) (http.Handle
 	}
 	// The routes, known before the limiter so that the endpoint
 	// dimension charges each route pattern.
+	// limiter is set below, before the server takes requests.
+	var limiter *httplimit.Limiter
 	routes := http.NewServeMux()
 	routes.HandleFunc("POST /exports", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
+		if body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20)); err != nil || (len(body) > 0 && !json.Valid(body)) {
+			// Refused after the limiter admitted it: the export never
+			// ran, so with -refund-invalid it costs no quota.
+			refunded := false
+			if o.refundInvalid {
+				refunded = limiter.Refund(r) == nil
+			}
+			w.WriteHeader(http.StatusBadRequest)
+			_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{
+				"code": "INVALID_BODY", "message": "the body is not JSON", "refunded": refunded}})
+			return
+		}
 		_ = json.NewEncoder(w).Encode(map[string]string{"status": "export queued"})
 	})
 	cfg := httplimit.Config{
@@ -221,7 +244,7 @@ func handler(o options, c httplimit.Checker, g prometheus.Gatherer) (http.Handle
 		}
 		cfg.Dimensions = append(cfg.Dimensions, httplimit.Dimension{Name: "global", Subject: all, Policies: []httplimit.Policy{{Name: o.globalPolicy}}})
 	}
-	limiter, err := httplimit.New(cfg)
+	limiter, err = httplimit.New(cfg)
 	if err != nil {
 		return nil, err
 	}

@@ -87,25 +87,40 @@ const exportsDoc = `policies:
 `
 
 // startNode runs a real regional node (regional.Run, standalone, the
-// in-process store) with the policies of doc.
+// in-process store) with the policies of doc and the default grants.
 func startNode(t *testing.T, doc string) string {
 	t.Helper()
-	addr, _ := startStoppableNode(t, doc)
+	addr, _ := startStoppableNode(t, doc, "")
 	return addr
 }
 
-// startStoppableNode is startNode that also returns a function stopping
-// the node before the test ends.
-func startStoppableNode(t *testing.T, doc string) (string, func()) {
+// startNodeGrants is startNode with a grants file of grantsDoc ("": none).
+func startNodeGrants(t *testing.T, doc, grantsDoc string) string {
+	t.Helper()
+	addr, _ := startStoppableNode(t, doc, grantsDoc)
+	return addr
+}
+
+// startStoppableNode is startNodeGrants that also returns a function
+// stopping the node before the test ends.
+func startStoppableNode(t *testing.T, doc, grantsDoc string) (string, func()) {
 	t.Helper()
 	dir := t.TempDir()
 	pol := filepath.Join(dir, "policies.yaml")
 	if err := os.WriteFile(pol, []byte(doc), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	var grantsFile string
+	if grantsDoc != "" {
+		grantsFile = filepath.Join(dir, "grants.yaml")
+		if err := os.WriteFile(grantsFile, []byte(grantsDoc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	return startStoppable(t, "regional node", regexp.MustCompile(`grpc listening on (\S+)`), func(ctx context.Context, out io.Writer) error {
 		return regional.Run(ctx, regional.DaemonConfig{Region: "test", GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Policies: pol,
-			Logger: hclog.New(&hclog.LoggerOptions{Name: "regional", Output: out, Level: hclog.Warn}), Announce: out})
+			GrantsFile: grantsFile,
+			Logger:     hclog.New(&hclog.LoggerOptions{Name: "regional", Output: out, Level: hclog.Warn}), Announce: out})
 	})
 }
 
@@ -134,7 +149,12 @@ func post(t *testing.T, url, tenant string) answer {
 
 func postWith(t *testing.T, url string, headers map[string]string) answer {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url+"/exports", nil)
+	return postBody(t, url, headers, "")
+}
+
+func postBody(t *testing.T, url string, headers map[string]string, body string) answer {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url+"/exports", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +226,8 @@ func TestAgainstRegionalNode(t *testing.T) {
 // plans (-tiers) and an address and a global dimension, against a real
 // regional node: two spellings of one e-mail share a budget, the pro plan
 // gets its own policy, the RateLimit fields show the most restrictive
-// dimension, which then refuses; an unknown plan is a 400.
+// dimension, which then refuses; a refused request charges no dimension;
+// an unknown plan is a 400.
 func TestPlansIdentityAndDimensions(t *testing.T) {
 	node := startNode(t, `policies:
   - {name: exports, subject: user, capacity: 1, refill_per_second: 0.001, failure_mode: closed}
@@ -224,10 +245,14 @@ func TestPlansIdentityAndDimensions(t *testing.T) {
 	}{
 		{map[string]string{"X-User": "Bob@Example.com"}, 200, `"exports";r=0;`},
 		{map[string]string{"X-User": "bob@example.COM"}, 429, `"exports";r=0;`},
+		// The refused request charged no dimension: the address has 4.
+		{pro, 200, `"per-ip";r=3;`},
 		{pro, 200, `"per-ip";r=2;`},
 		{pro, 200, `"per-ip";r=1;`},
 		{pro, 200, `"per-ip";r=0;`},
-		{pro, 429, `"per-ip";r=0;`},
+		// The plan and the address are both spent and wait as long: the
+		// plan, checked first, is shown.
+		{pro, 429, `"exports-pro";r=0;`},
 	}
 	for i, s := range steps {
 		a := postWith(t, url, s.headers)
@@ -237,6 +262,51 @@ func TestPlansIdentityAndDimensions(t *testing.T) {
 	}
 	if a := postWith(t, url, map[string]string{"X-Tenant": "initech", "X-Plan": "platinum"}); a.code != 400 || a.body["error"]["code"] != "INVALID_TIER" {
 		t.Errorf("unknown plan: %d %v", a.code, a.body)
+	}
+}
+
+// TestRefundInvalid: with -refund-invalid, malformed requests (admitted,
+// then refused with 400) cost no quota on a node that grants the service
+// refund: five of them leave the tenant its whole burst of 2, charged to
+// the tenant and to the whole service alike. On a node with the default
+// grants (check only) the refund is refused and the malformed requests
+// spend the budget.
+func TestRefundInvalid(t *testing.T) {
+	doc := `policies:
+  - {name: exports, subject: tenant, capacity: 2, refill_per_second: 0.001, failure_mode: closed}
+  - {name: everything, subject: all, capacity: 2, refill_per_second: 0.001, failure_mode: closed}
+`
+	for _, tc := range []struct {
+		name, grants string
+		refunded     bool
+		valid        int // admitted valid requests after five malformed ones
+	}{
+		{"granted", "default: [{actions: [check, refund], policies: ['*']}]", true, 2},
+		{"default grants", "", false, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			url := startService(t, "-node", startNodeGrants(t, doc, tc.grants), "-refund-invalid", "-global-policy", "everything")
+			acme := map[string]string{"X-Tenant": "acme"}
+			for i := range 5 {
+				a := postBody(t, url, acme, "{not json")
+				if i < 2 || tc.refunded {
+					if a.code != http.StatusBadRequest || a.body["error"]["code"] != "INVALID_BODY" || a.body["error"]["refunded"] != tc.refunded {
+						t.Fatalf("malformed %d: %d %v, want 400 INVALID_BODY refunded %v", i, a.code, a.body, tc.refunded)
+					}
+				} else if a.code != http.StatusTooManyRequests {
+					t.Fatalf("malformed %d without refunds: %d, want 429 (the budget is spent)", i, a.code)
+				}
+			}
+			valid := 0
+			for range 3 {
+				if postBody(t, url, acme, `{"report": "q3"}`).code == http.StatusOK {
+					valid++
+				}
+			}
+			if valid != tc.valid {
+				t.Errorf("%d valid requests admitted after five malformed ones, want %d", valid, tc.valid)
+			}
+		})
 	}
 }
 
@@ -266,7 +336,7 @@ func TestNodeUnreachable(t *testing.T) {
 // exports (capacity 3: one token), then denies with degraded
 // "client_local", and /metrics counts both decisions.
 func TestEmergencyBucket(t *testing.T) {
-	node, stop := startStoppableNode(t, exportsDoc)
+	node, stop := startStoppableNode(t, exportsDoc, "")
 	url := startService(t, "-node", node, "-unreachable", "open", "-timeout", "1s",
 		"-emergency-clients", "3", "-emergency-capacity", "3", "-emergency-refill", "0.5")
 	if a := post(t, url, "acme"); a.code != http.StatusOK {

@@ -6,12 +6,12 @@
 //
 // # Actions
 //
-//   - check: charge a policy's bucket (own API Check and CheckBatch, an
-//     Envoy descriptor).
+//   - check: charge a policy's bucket (own API Check, CheckBatch and
+//     each CheckAll charge, an Envoy descriptor).
 //   - peek: read a policy's bucket without charging it (own API peek): it
 //     tells anyone the remaining budget of any subject.
-//   - refund: give tokens back (Envoy is_negative_hits): it lifts a limit
-//     for whoever may send it.
+//   - refund: give tokens back (own API Refund, Envoy is_negative_hits):
+//     it lifts a limit for whoever may send it.
 //   - override: replace a matched rule with a limit of the caller's own
 //     (Envoy's per-descriptor limit).
 //

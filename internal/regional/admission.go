@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/quotacoord/quota/bucket"
 	"github.com/quotacoord/quota/internal/grants"
@@ -156,14 +157,9 @@ func (n *Node) prepareCheck(set *policy.Set, req *quotav1.CheckRequest, shares *
 	if len(req.GetIdempotencyKey()) > MaxIdempotencyKeyLen {
 		return nil, status.Errorf(codes.InvalidArgument, "idempotency_key has %d bytes, at most %d", len(req.GetIdempotencyKey()), MaxIdempotencyKeyLen)
 	}
-	cost := req.GetCost()
-	switch {
-	case cost < 0:
-		return nil, status.Errorf(codes.InvalidArgument, "cost %d is negative", cost)
-	case cost > MaxCost:
-		return nil, status.Errorf(codes.InvalidArgument, "cost %d exceeds %d", cost, int64(MaxCost))
-	case cost == 0:
-		cost = 1
+	cost, err := validCost(req.GetCost())
+	if err != nil {
+		return nil, err
 	}
 	if req.GetPeek() {
 		cost = 0
@@ -209,13 +205,8 @@ func (n *Node) prepareCheck(set *policy.Set, req *quotav1.CheckRequest, shares *
 		}
 		pols = append(pols, p)
 	}
-	if ip {
-		subject = ipSubject(subject, n.cfg.IPv6SubjectPrefix)
-	}
-	if hash {
-		subject = bucket.HashSubject(n.cfg.SubjectSalt, subject)
-	} else if err := bucket.ValidateSubject(subject); err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "subject: %v (set hash_subject for raw identities)", err)
+	if subject, err = n.normalSubject(subject, hash, ip); err != nil {
+		return nil, err
 	}
 	c.subject = subject
 	c.items = make([]item, 0, len(pols))
@@ -282,7 +273,7 @@ func (n *Node) policyItem(p *policy.Policy, subject string, valid bucket.Subject
 func (n *Node) runCheck(ctx context.Context, c *check) (*quotav1.CheckResponse, error) {
 	now := n.cfg.Clock.Now()
 	if c.unknownDeny != "" {
-		return &quotav1.CheckResponse{Allowed: false, DecidedBy: c.unknownDeny}, nil
+		return &quotav1.CheckResponse{Allowed: false, DecidedBy: c.unknownDeny, DecidedAt: timestamppb.New(now), DecidedIndex: -1}, nil
 	}
 	var entry *replayEntry
 	if c.replayKey != "" {
@@ -334,6 +325,7 @@ func (n *Node) checkNow(ctx context.Context, now time.Time, c *check) (*quotav1.
 			RetryAfter: durationpb.New(d.RetryAfter),
 			ResetAfter: durationpb.New(d.ResetAfter),
 			Share:      it.req.Share,
+			DecidedAt:  decidedAt(d, now),
 		}
 		resp.Policies[i] = pd
 		if it.shadow || it.unlimited {
@@ -351,8 +343,12 @@ func (n *Node) checkNow(ctx context.Context, now time.Time, c *check) (*quotav1.
 	if decider < 0 && len(c.items) > 0 {
 		decider = 0
 	}
-	if decider >= 0 {
+	resp.DecidedIndex = int32(decider)
+	if decider < 0 {
+		resp.DecidedAt = timestamppb.New(now)
+	} else {
 		d := resp.Policies[decider]
+		resp.DecidedAt = d.DecidedAt
 		resp.DecidedBy, resp.Limit, resp.Remaining = d.Policy, d.Limit, d.Remaining
 		resp.RetryAfter, resp.ResetAfter = d.RetryAfter, d.ResetAfter
 		if !out.allowed {
@@ -371,15 +367,26 @@ func (n *Node) checkNow(ctx context.Context, now time.Time, c *check) (*quotav1.
 // longest the caller's operations in flight take to finish.
 func (n *Node) busyResponse(c *check) *quotav1.CheckResponse {
 	retry := durationpb.New(n.cfg.StoreTimeout)
+	at := timestamppb.New(n.cfg.Clock.Now())
 	resp := &quotav1.CheckResponse{Allowed: false, Degraded: string(policy.FailClosed), RetryAfter: retry, ResetAfter: retry,
-		Policies: make([]*quotav1.PolicyDecision, len(c.items))}
+		Policies: make([]*quotav1.PolicyDecision, len(c.items)), DecidedAt: at, DecidedIndex: -1}
 	for i := range c.items {
-		resp.Policies[i] = &quotav1.PolicyDecision{Policy: c.items[i].label, RetryAfter: retry, ResetAfter: retry, Share: c.items[i].req.Share}
+		resp.Policies[i] = &quotav1.PolicyDecision{Policy: c.items[i].label, RetryAfter: retry, ResetAfter: retry, Share: c.items[i].req.Share, DecidedAt: at}
 	}
 	if len(c.items) > 0 {
-		resp.DecidedBy = c.items[0].label
+		resp.DecidedBy, resp.DecidedIndex = c.items[0].label, 0
 	}
 	return resp
+}
+
+// decidedAt is the instant of d: the store's (bucket.Decision.At), or
+// now, the node's clock, for a decision no store made (a failure mode, an
+// unlimited policy, a cost no bucket could hold).
+func decidedAt(d bucket.Decision, now time.Time) *timestamppb.Timestamp {
+	if d.At.IsZero() {
+		return timestamppb.New(now)
+	}
+	return timestamppb.New(d.At)
 }
 
 // floorInt rounds a bucket figure down to an int64, clamping infinities

@@ -18,6 +18,22 @@
 // and counted whole (an Envoy hits_addend of 2^53) it would drag the
 // region's share towards one caller.
 //
+// # Several subjects, refunds and instants
+//
+// CheckAll takes up to MaxCharges (policy, subject, cost) charges, each
+// validated, authorized (check) and normalized as a Check's policy is,
+// and decides them as one check through the same TakeAll: one atomic
+// script call for the charges whose subjects share a Redis slot (every
+// charge on a single server), one call per slot otherwise, with the slots
+// that admitted refunded when another denies, so a partial denial admits
+// nothing. Demand is reported per charge. Refund gives charges back
+// through the refund path of Envoy's is_negative_hits, each on its own,
+// never above capacity; it needs the refund grant on every policy named.
+// Every decision in a reply carries decided_at: the store's instant
+// (bucket.Decision.At: Redis TIME, or the in-process store's clock), or
+// the node's clock for a decision no store made. Sampled decision logs
+// carry each policy's cost.
+//
 // A check reads all its shares from one view: when the ShareSource is a
 // PinnedShareSource (internal/regionsync), each check, each batch and each
 // Envoy request takes one pin at its start and ends it on return, on every
@@ -81,8 +97,8 @@
 // peek, refund and override, per policy. A caller is identified by the
 // URI and DNS SANs of its verified client certificate and by a bearer
 // token from Config.Tokens; the default grants check only. The own API
-// refuses what is not granted (PermissionDenied; an unknown token is
-// Unauthenticated). The Envoy API never answers with an error, which
+// refuses what is not granted (PermissionDenied, and then a Refund gives
+// nothing back; an unknown token is Unauthenticated). The Envoy API never answers with an error, which
 // Envoy would turn into admission: an override not granted is ignored, a
 // refund not granted is charged as a hit, and a rule the caller may not
 // check makes the request OVER_LIMIT. A granted override holds the
@@ -181,7 +197,8 @@
 // Metrics live under quota_regional_* on the Registerer passed in; no label
 // carries a subject or a key. Logs are hclog; sampled decision logs carry a
 // one-way hash of the subject only. Checks and their store calls are traced
-// with OpenTelemetry (spans "regional.Check", "regional.ShouldRateLimit" and
+// with OpenTelemetry (spans "regional.Check" (also for CheckAll),
+// "regional.Refund", "regional.ShouldRateLimit" and
 // "bucket.TakeAll" under otelgrpc's server span). A check's span carries
 // quota.policies, quota.allowed, quota.decided_by and quota.degraded, never
 // the subject, raw or hashed.

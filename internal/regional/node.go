@@ -670,18 +670,19 @@ func (n *Node) logDegraded(now time.Time, mode policy.FailureMode, err error) {
 }
 
 // logDecision logs one decision in every DecisionLogEvery, with a one-way
-// hash of the subject only.
+// hash of the subject only, and each policy's cost (0 for a peek).
 func (n *Node) logDecision(api, subject string, items []item, out outcome) {
 	every := n.cfg.DecisionLogEvery
 	if every <= 0 || n.decisionN.Add(1)%uint64(every) != 0 {
 		return
 	}
 	names := make([]string, len(items))
+	costs := make([]int64, len(items))
 	for i := range items {
-		names[i] = items[i].label
+		names[i], costs[i] = items[i].label, items[i].req.Cost
 	}
 	n.log.Info("decision", "api", api, "subject_hash", bucket.HashSubject("decision-log", subject)[:14],
-		"policies", names, "allowed", out.allowed, "degraded", string(out.degraded), "negative_cache", out.negative)
+		"policies", names, "costs", costs, "allowed", out.allowed, "degraded", string(out.degraded), "negative_cache", out.negative)
 }
 
 // account counts the outcome and reports demand.

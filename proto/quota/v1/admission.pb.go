@@ -13,6 +13,7 @@ import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -149,8 +150,16 @@ type CheckResponse struct {
 	// replayed is true when the reply repeats an earlier decision for the
 	// same idempotency key.
 	Replayed bool `protobuf:"varint,8,opt,name=replayed,proto3" json:"replayed,omitempty"`
-	// policies holds one entry per requested policy, in request order.
-	Policies      []*PolicyDecision `protobuf:"bytes,9,rep,name=policies,proto3" json:"policies,omitempty"`
+	// policies holds one entry per requested policy (per charge for
+	// CheckAll), in request order.
+	Policies []*PolicyDecision `protobuf:"bytes,9,rep,name=policies,proto3" json:"policies,omitempty"`
+	// decided_at is the store's instant of the deciding bucket's decision:
+	// Redis TIME, or the node's clock when no store decided (a failure
+	// mode, an unlimited policy, a busy caller).
+	DecidedAt *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=decided_at,json=decidedAt,proto3" json:"decided_at,omitempty"`
+	// decided_index is the index in policies of the entry that decided (the
+	// one decided_by names); -1 when none did (an unknown policy denied).
+	DecidedIndex  int32 `protobuf:"varint,11,opt,name=decided_index,json=decidedIndex,proto3" json:"decided_index,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -248,6 +257,20 @@ func (x *CheckResponse) GetPolicies() []*PolicyDecision {
 	return nil
 }
 
+func (x *CheckResponse) GetDecidedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DecidedAt
+	}
+	return nil
+}
+
+func (x *CheckResponse) GetDecidedIndex() int32 {
+	if x != nil {
+		return x.DecidedIndex
+	}
+	return 0
+}
+
 // PolicyDecision is one policy's part of a decision.
 type PolicyDecision struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -264,7 +287,10 @@ type PolicyDecision struct {
 	// reset_after is how long until this bucket is full again.
 	ResetAfter *durationpb.Duration `protobuf:"bytes,6,opt,name=reset_after,json=resetAfter,proto3" json:"reset_after,omitempty"`
 	// share is the fraction of the global budget this region enforced.
-	Share         float64 `protobuf:"fixed64,7,opt,name=share,proto3" json:"share,omitempty"`
+	Share float64 `protobuf:"fixed64,7,opt,name=share,proto3" json:"share,omitempty"`
+	// decided_at is the store's instant of this bucket's decision (see
+	// CheckResponse.decided_at).
+	DecidedAt     *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=decided_at,json=decidedAt,proto3" json:"decided_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -346,6 +372,13 @@ func (x *PolicyDecision) GetShare() float64 {
 		return x.Share
 	}
 	return 0
+}
+
+func (x *PolicyDecision) GetDecidedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DecidedAt
+	}
+	return nil
 }
 
 // CheckBatchRequest holds independent checks.
@@ -440,18 +473,326 @@ func (x *CheckBatchResponse) GetResponses() []*CheckResponse {
 	return nil
 }
 
+// Charge is one subject charged under one policy.
+type Charge struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// policy is the policy's name.
+	Policy string `protobuf:"bytes,1,opt,name=policy,proto3" json:"policy,omitempty"`
+	// subject is the normalized identity, [A-Za-z0-9_-]{1,96}, or with
+	// hash_subject any string of up to 1024 bytes, hashed before use.
+	Subject string `protobuf:"bytes,2,opt,name=subject,proto3" json:"subject,omitempty"`
+	// hash_subject asks the node to hash subject (the policy may ask too).
+	HashSubject bool `protobuf:"varint,3,opt,name=hash_subject,json=hashSubject,proto3" json:"hash_subject,omitempty"`
+	// cost is the charge's weight; 0 means 1. Must not exceed the policy's
+	// capacity.
+	Cost          int64 `protobuf:"varint,4,opt,name=cost,proto3" json:"cost,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Charge) Reset() {
+	*x = Charge{}
+	mi := &file_quota_v1_admission_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Charge) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Charge) ProtoMessage() {}
+
+func (x *Charge) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_admission_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Charge.ProtoReflect.Descriptor instead.
+func (*Charge) Descriptor() ([]byte, []int) {
+	return file_quota_v1_admission_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Charge) GetPolicy() string {
+	if x != nil {
+		return x.Policy
+	}
+	return ""
+}
+
+func (x *Charge) GetSubject() string {
+	if x != nil {
+		return x.Subject
+	}
+	return ""
+}
+
+func (x *Charge) GetHashSubject() bool {
+	if x != nil {
+		return x.HashSubject
+	}
+	return false
+}
+
+func (x *Charge) GetCost() int64 {
+	if x != nil {
+		return x.Cost
+	}
+	return 0
+}
+
+// CheckAllRequest is one request charged to several subjects.
+type CheckAllRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// charges are decided together, all or nothing; 1 to 16. A (policy,
+	// subject) pair named twice is charged the sum of its costs.
+	Charges       []*Charge `protobuf:"bytes,1,rep,name=charges,proto3" json:"charges,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckAllRequest) Reset() {
+	*x = CheckAllRequest{}
+	mi := &file_quota_v1_admission_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckAllRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckAllRequest) ProtoMessage() {}
+
+func (x *CheckAllRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_admission_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckAllRequest.ProtoReflect.Descriptor instead.
+func (*CheckAllRequest) Descriptor() ([]byte, []int) {
+	return file_quota_v1_admission_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *CheckAllRequest) GetCharges() []*Charge {
+	if x != nil {
+		return x.Charges
+	}
+	return nil
+}
+
+// RefundRequest gives back charges.
+type RefundRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// charges are refunded each on its own; 1 to 16.
+	Charges       []*Charge `protobuf:"bytes,1,rep,name=charges,proto3" json:"charges,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RefundRequest) Reset() {
+	*x = RefundRequest{}
+	mi := &file_quota_v1_admission_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RefundRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RefundRequest) ProtoMessage() {}
+
+func (x *RefundRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_admission_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RefundRequest.ProtoReflect.Descriptor instead.
+func (*RefundRequest) Descriptor() ([]byte, []int) {
+	return file_quota_v1_admission_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *RefundRequest) GetCharges() []*Charge {
+	if x != nil {
+		return x.Charges
+	}
+	return nil
+}
+
+// RefundResponse holds one result per charge, in request order.
+type RefundResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// refunds are in the order of the request's charges.
+	Refunds       []*RefundDecision `protobuf:"bytes,1,rep,name=refunds,proto3" json:"refunds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RefundResponse) Reset() {
+	*x = RefundResponse{}
+	mi := &file_quota_v1_admission_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RefundResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RefundResponse) ProtoMessage() {}
+
+func (x *RefundResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_admission_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RefundResponse.ProtoReflect.Descriptor instead.
+func (*RefundResponse) Descriptor() ([]byte, []int) {
+	return file_quota_v1_admission_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *RefundResponse) GetRefunds() []*RefundDecision {
+	if x != nil {
+		return x.Refunds
+	}
+	return nil
+}
+
+// RefundDecision is what one refunded charge left in its bucket.
+type RefundDecision struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// policy is the policy's name.
+	Policy string `protobuf:"bytes,1,opt,name=policy,proto3" json:"policy,omitempty"`
+	// refunded is true when the store gave the cost back; false when there
+	// was nothing to give back to (an unlimited policy, a zero share) or
+	// the store could not be reached.
+	Refunded bool `protobuf:"varint,2,opt,name=refunded,proto3" json:"refunded,omitempty"`
+	// limit is the capacity enforced in this region, rounded down.
+	Limit int64 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	// remaining is what the bucket holds after the refund, rounded down.
+	Remaining int64 `protobuf:"varint,4,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	// reset_after is how long until the bucket is full again.
+	ResetAfter *durationpb.Duration `protobuf:"bytes,5,opt,name=reset_after,json=resetAfter,proto3" json:"reset_after,omitempty"`
+	// decided_at is the store's instant of the refund, or the node's clock
+	// when the store was not asked.
+	DecidedAt     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=decided_at,json=decidedAt,proto3" json:"decided_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RefundDecision) Reset() {
+	*x = RefundDecision{}
+	mi := &file_quota_v1_admission_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RefundDecision) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RefundDecision) ProtoMessage() {}
+
+func (x *RefundDecision) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_v1_admission_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RefundDecision.ProtoReflect.Descriptor instead.
+func (*RefundDecision) Descriptor() ([]byte, []int) {
+	return file_quota_v1_admission_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *RefundDecision) GetPolicy() string {
+	if x != nil {
+		return x.Policy
+	}
+	return ""
+}
+
+func (x *RefundDecision) GetRefunded() bool {
+	if x != nil {
+		return x.Refunded
+	}
+	return false
+}
+
+func (x *RefundDecision) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *RefundDecision) GetRemaining() int64 {
+	if x != nil {
+		return x.Remaining
+	}
+	return 0
+}
+
+func (x *RefundDecision) GetResetAfter() *durationpb.Duration {
+	if x != nil {
+		return x.ResetAfter
+	}
+	return nil
+}
+
+func (x *RefundDecision) GetDecidedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DecidedAt
+	}
+	return nil
+}
+
 var File_quota_v1_admission_proto protoreflect.FileDescriptor
 
 const file_quota_v1_admission_proto_rawDesc = "" +
 	"\n" +
-	"\x18quota/v1/admission.proto\x12\bquota.v1\x1a\x1egoogle/protobuf/duration.proto\"\xb8\x01\n" +
+	"\x18quota/v1/admission.proto\x12\bquota.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb8\x01\n" +
 	"\fCheckRequest\x12\x18\n" +
 	"\asubject\x18\x01 \x01(\tR\asubject\x12!\n" +
 	"\fhash_subject\x18\x02 \x01(\bR\vhashSubject\x12\x1a\n" +
 	"\bpolicies\x18\x03 \x03(\tR\bpolicies\x12\x12\n" +
 	"\x04cost\x18\x04 \x01(\x03R\x04cost\x12'\n" +
 	"\x0fidempotency_key\x18\x05 \x01(\tR\x0eidempotencyKey\x12\x12\n" +
-	"\x04peek\x18\x06 \x01(\bR\x04peek\"\xe2\x02\n" +
+	"\x04peek\x18\x06 \x01(\bR\x04peek\"\xc2\x03\n" +
 	"\rCheckResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x1d\n" +
 	"\n" +
@@ -464,7 +805,11 @@ const file_quota_v1_admission_proto_rawDesc = "" +
 	"resetAfter\x12\x1a\n" +
 	"\bdegraded\x18\a \x01(\tR\bdegraded\x12\x1a\n" +
 	"\breplayed\x18\b \x01(\bR\breplayed\x124\n" +
-	"\bpolicies\x18\t \x03(\v2\x18.quota.v1.PolicyDecisionR\bpolicies\"\x84\x02\n" +
+	"\bpolicies\x18\t \x03(\v2\x18.quota.v1.PolicyDecisionR\bpolicies\x129\n" +
+	"\n" +
+	"decided_at\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt\x12#\n" +
+	"\rdecided_index\x18\v \x01(\x05R\fdecidedIndex\"\xbf\x02\n" +
 	"\x0ePolicyDecision\x12\x16\n" +
 	"\x06policy\x18\x01 \x01(\tR\x06policy\x12\x18\n" +
 	"\aallowed\x18\x02 \x01(\bR\aallowed\x12\x14\n" +
@@ -474,15 +819,39 @@ const file_quota_v1_admission_proto_rawDesc = "" +
 	"retryAfter\x12:\n" +
 	"\vreset_after\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"resetAfter\x12\x14\n" +
-	"\x05share\x18\a \x01(\x01R\x05share\"C\n" +
+	"\x05share\x18\a \x01(\x01R\x05share\x129\n" +
+	"\n" +
+	"decided_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt\"C\n" +
 	"\x11CheckBatchRequest\x12.\n" +
 	"\x06checks\x18\x01 \x03(\v2\x16.quota.v1.CheckRequestR\x06checks\"K\n" +
 	"\x12CheckBatchResponse\x125\n" +
-	"\tresponses\x18\x01 \x03(\v2\x17.quota.v1.CheckResponseR\tresponses2\x8e\x01\n" +
+	"\tresponses\x18\x01 \x03(\v2\x17.quota.v1.CheckResponseR\tresponses\"q\n" +
+	"\x06Charge\x12\x16\n" +
+	"\x06policy\x18\x01 \x01(\tR\x06policy\x12\x18\n" +
+	"\asubject\x18\x02 \x01(\tR\asubject\x12!\n" +
+	"\fhash_subject\x18\x03 \x01(\bR\vhashSubject\x12\x12\n" +
+	"\x04cost\x18\x04 \x01(\x03R\x04cost\"=\n" +
+	"\x0fCheckAllRequest\x12*\n" +
+	"\acharges\x18\x01 \x03(\v2\x10.quota.v1.ChargeR\acharges\";\n" +
+	"\rRefundRequest\x12*\n" +
+	"\acharges\x18\x01 \x03(\v2\x10.quota.v1.ChargeR\acharges\"D\n" +
+	"\x0eRefundResponse\x122\n" +
+	"\arefunds\x18\x01 \x03(\v2\x18.quota.v1.RefundDecisionR\arefunds\"\xef\x01\n" +
+	"\x0eRefundDecision\x12\x16\n" +
+	"\x06policy\x18\x01 \x01(\tR\x06policy\x12\x1a\n" +
+	"\brefunded\x18\x02 \x01(\bR\brefunded\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\x03R\x05limit\x12\x1c\n" +
+	"\tremaining\x18\x04 \x01(\x03R\tremaining\x12:\n" +
+	"\vreset_after\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"resetAfter\x129\n" +
+	"\n" +
+	"decided_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt2\x8b\x02\n" +
 	"\tAdmission\x128\n" +
 	"\x05Check\x12\x16.quota.v1.CheckRequest\x1a\x17.quota.v1.CheckResponse\x12G\n" +
 	"\n" +
-	"CheckBatch\x12\x1b.quota.v1.CheckBatchRequest\x1a\x1c.quota.v1.CheckBatchResponseB4Z2github.com/quotacoord/quota/proto/quota/v1;quotav1b\x06proto3"
+	"CheckBatch\x12\x1b.quota.v1.CheckBatchRequest\x1a\x1c.quota.v1.CheckBatchResponse\x12>\n" +
+	"\bCheckAll\x12\x19.quota.v1.CheckAllRequest\x1a\x17.quota.v1.CheckResponse\x12;\n" +
+	"\x06Refund\x12\x17.quota.v1.RefundRequest\x1a\x18.quota.v1.RefundResponseB4Z2github.com/quotacoord/quota/proto/quota/v1;quotav1b\x06proto3"
 
 var (
 	file_quota_v1_admission_proto_rawDescOnce sync.Once
@@ -496,32 +865,49 @@ func file_quota_v1_admission_proto_rawDescGZIP() []byte {
 	return file_quota_v1_admission_proto_rawDescData
 }
 
-var file_quota_v1_admission_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_quota_v1_admission_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_quota_v1_admission_proto_goTypes = []any{
-	(*CheckRequest)(nil),        // 0: quota.v1.CheckRequest
-	(*CheckResponse)(nil),       // 1: quota.v1.CheckResponse
-	(*PolicyDecision)(nil),      // 2: quota.v1.PolicyDecision
-	(*CheckBatchRequest)(nil),   // 3: quota.v1.CheckBatchRequest
-	(*CheckBatchResponse)(nil),  // 4: quota.v1.CheckBatchResponse
-	(*durationpb.Duration)(nil), // 5: google.protobuf.Duration
+	(*CheckRequest)(nil),          // 0: quota.v1.CheckRequest
+	(*CheckResponse)(nil),         // 1: quota.v1.CheckResponse
+	(*PolicyDecision)(nil),        // 2: quota.v1.PolicyDecision
+	(*CheckBatchRequest)(nil),     // 3: quota.v1.CheckBatchRequest
+	(*CheckBatchResponse)(nil),    // 4: quota.v1.CheckBatchResponse
+	(*Charge)(nil),                // 5: quota.v1.Charge
+	(*CheckAllRequest)(nil),       // 6: quota.v1.CheckAllRequest
+	(*RefundRequest)(nil),         // 7: quota.v1.RefundRequest
+	(*RefundResponse)(nil),        // 8: quota.v1.RefundResponse
+	(*RefundDecision)(nil),        // 9: quota.v1.RefundDecision
+	(*durationpb.Duration)(nil),   // 10: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
 }
 var file_quota_v1_admission_proto_depIdxs = []int32{
-	5, // 0: quota.v1.CheckResponse.retry_after:type_name -> google.protobuf.Duration
-	5, // 1: quota.v1.CheckResponse.reset_after:type_name -> google.protobuf.Duration
-	2, // 2: quota.v1.CheckResponse.policies:type_name -> quota.v1.PolicyDecision
-	5, // 3: quota.v1.PolicyDecision.retry_after:type_name -> google.protobuf.Duration
-	5, // 4: quota.v1.PolicyDecision.reset_after:type_name -> google.protobuf.Duration
-	0, // 5: quota.v1.CheckBatchRequest.checks:type_name -> quota.v1.CheckRequest
-	1, // 6: quota.v1.CheckBatchResponse.responses:type_name -> quota.v1.CheckResponse
-	0, // 7: quota.v1.Admission.Check:input_type -> quota.v1.CheckRequest
-	3, // 8: quota.v1.Admission.CheckBatch:input_type -> quota.v1.CheckBatchRequest
-	1, // 9: quota.v1.Admission.Check:output_type -> quota.v1.CheckResponse
-	4, // 10: quota.v1.Admission.CheckBatch:output_type -> quota.v1.CheckBatchResponse
-	9, // [9:11] is the sub-list for method output_type
-	7, // [7:9] is the sub-list for method input_type
-	7, // [7:7] is the sub-list for extension type_name
-	7, // [7:7] is the sub-list for extension extendee
-	0, // [0:7] is the sub-list for field type_name
+	10, // 0: quota.v1.CheckResponse.retry_after:type_name -> google.protobuf.Duration
+	10, // 1: quota.v1.CheckResponse.reset_after:type_name -> google.protobuf.Duration
+	2,  // 2: quota.v1.CheckResponse.policies:type_name -> quota.v1.PolicyDecision
+	11, // 3: quota.v1.CheckResponse.decided_at:type_name -> google.protobuf.Timestamp
+	10, // 4: quota.v1.PolicyDecision.retry_after:type_name -> google.protobuf.Duration
+	10, // 5: quota.v1.PolicyDecision.reset_after:type_name -> google.protobuf.Duration
+	11, // 6: quota.v1.PolicyDecision.decided_at:type_name -> google.protobuf.Timestamp
+	0,  // 7: quota.v1.CheckBatchRequest.checks:type_name -> quota.v1.CheckRequest
+	1,  // 8: quota.v1.CheckBatchResponse.responses:type_name -> quota.v1.CheckResponse
+	5,  // 9: quota.v1.CheckAllRequest.charges:type_name -> quota.v1.Charge
+	5,  // 10: quota.v1.RefundRequest.charges:type_name -> quota.v1.Charge
+	9,  // 11: quota.v1.RefundResponse.refunds:type_name -> quota.v1.RefundDecision
+	10, // 12: quota.v1.RefundDecision.reset_after:type_name -> google.protobuf.Duration
+	11, // 13: quota.v1.RefundDecision.decided_at:type_name -> google.protobuf.Timestamp
+	0,  // 14: quota.v1.Admission.Check:input_type -> quota.v1.CheckRequest
+	3,  // 15: quota.v1.Admission.CheckBatch:input_type -> quota.v1.CheckBatchRequest
+	6,  // 16: quota.v1.Admission.CheckAll:input_type -> quota.v1.CheckAllRequest
+	7,  // 17: quota.v1.Admission.Refund:input_type -> quota.v1.RefundRequest
+	1,  // 18: quota.v1.Admission.Check:output_type -> quota.v1.CheckResponse
+	4,  // 19: quota.v1.Admission.CheckBatch:output_type -> quota.v1.CheckBatchResponse
+	1,  // 20: quota.v1.Admission.CheckAll:output_type -> quota.v1.CheckResponse
+	8,  // 21: quota.v1.Admission.Refund:output_type -> quota.v1.RefundResponse
+	18, // [18:22] is the sub-list for method output_type
+	14, // [14:18] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_quota_v1_admission_proto_init() }
@@ -535,7 +921,7 @@ func file_quota_v1_admission_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quota_v1_admission_proto_rawDesc), len(file_quota_v1_admission_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

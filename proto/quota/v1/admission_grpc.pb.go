@@ -24,6 +24,8 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	Admission_Check_FullMethodName      = "/quota.v1.Admission/Check"
 	Admission_CheckBatch_FullMethodName = "/quota.v1.Admission/CheckBatch"
+	Admission_CheckAll_FullMethodName   = "/quota.v1.Admission/CheckAll"
+	Admission_Refund_FullMethodName     = "/quota.v1.Admission/Refund"
 )
 
 // AdmissionClient is the client API for Admission service.
@@ -41,6 +43,22 @@ type AdmissionClient interface {
 	// entry is decided as Check would decide it; a bad entry fails the batch
 	// with InvalidArgument and charges nothing.
 	CheckBatch(ctx context.Context, in *CheckBatchRequest, opts ...grpc.CallOption) (*CheckBatchResponse, error)
+	// CheckAll decides one request charged to several subjects at once
+	// (an API key, the client address, the endpoint, the whole API), each
+	// under its own policy and cost, all or nothing: when one charge is
+	// denied, none is charged. Charges whose subjects share a Redis slot are
+	// decided in one atomic script call; across slots a denial refunds what
+	// the other slots took (a concurrent check may see those tokens gone
+	// for that moment, never more admitted). The reply's policies hold one
+	// entry per charge, in request order. Bad input is InvalidArgument and a
+	// policy the caller may not check PermissionDenied; both charge nothing.
+	CheckAll(ctx context.Context, in *CheckAllRequest, opts ...grpc.CallOption) (*CheckResponse, error)
+	// Refund gives back the cost of charges whose work did not happen (a
+	// request that failed before doing anything), never filling a bucket
+	// above its capacity. It needs the refund grant for every policy named:
+	// without it the call is PermissionDenied and nothing is refunded. Each
+	// charge is refunded on its own; the reply says which were.
+	Refund(ctx context.Context, in *RefundRequest, opts ...grpc.CallOption) (*RefundResponse, error)
 }
 
 type admissionClient struct {
@@ -71,6 +89,26 @@ func (c *admissionClient) CheckBatch(ctx context.Context, in *CheckBatchRequest,
 	return out, nil
 }
 
+func (c *admissionClient) CheckAll(ctx context.Context, in *CheckAllRequest, opts ...grpc.CallOption) (*CheckResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CheckResponse)
+	err := c.cc.Invoke(ctx, Admission_CheckAll_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *admissionClient) Refund(ctx context.Context, in *RefundRequest, opts ...grpc.CallOption) (*RefundResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RefundResponse)
+	err := c.cc.Invoke(ctx, Admission_Refund_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdmissionServer is the server API for Admission service.
 // All implementations must embed UnimplementedAdmissionServer
 // for forward compatibility.
@@ -86,6 +124,22 @@ type AdmissionServer interface {
 	// entry is decided as Check would decide it; a bad entry fails the batch
 	// with InvalidArgument and charges nothing.
 	CheckBatch(context.Context, *CheckBatchRequest) (*CheckBatchResponse, error)
+	// CheckAll decides one request charged to several subjects at once
+	// (an API key, the client address, the endpoint, the whole API), each
+	// under its own policy and cost, all or nothing: when one charge is
+	// denied, none is charged. Charges whose subjects share a Redis slot are
+	// decided in one atomic script call; across slots a denial refunds what
+	// the other slots took (a concurrent check may see those tokens gone
+	// for that moment, never more admitted). The reply's policies hold one
+	// entry per charge, in request order. Bad input is InvalidArgument and a
+	// policy the caller may not check PermissionDenied; both charge nothing.
+	CheckAll(context.Context, *CheckAllRequest) (*CheckResponse, error)
+	// Refund gives back the cost of charges whose work did not happen (a
+	// request that failed before doing anything), never filling a bucket
+	// above its capacity. It needs the refund grant for every policy named:
+	// without it the call is PermissionDenied and nothing is refunded. Each
+	// charge is refunded on its own; the reply says which were.
+	Refund(context.Context, *RefundRequest) (*RefundResponse, error)
 	mustEmbedUnimplementedAdmissionServer()
 }
 
@@ -101,6 +155,12 @@ func (UnimplementedAdmissionServer) Check(context.Context, *CheckRequest) (*Chec
 }
 func (UnimplementedAdmissionServer) CheckBatch(context.Context, *CheckBatchRequest) (*CheckBatchResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CheckBatch not implemented")
+}
+func (UnimplementedAdmissionServer) CheckAll(context.Context, *CheckAllRequest) (*CheckResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CheckAll not implemented")
+}
+func (UnimplementedAdmissionServer) Refund(context.Context, *RefundRequest) (*RefundResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Refund not implemented")
 }
 func (UnimplementedAdmissionServer) mustEmbedUnimplementedAdmissionServer() {}
 func (UnimplementedAdmissionServer) testEmbeddedByValue()                   {}
@@ -159,6 +219,42 @@ func _Admission_CheckBatch_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admission_CheckAll_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CheckAllRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdmissionServer).CheckAll(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admission_CheckAll_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdmissionServer).CheckAll(ctx, req.(*CheckAllRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admission_Refund_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RefundRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdmissionServer).Refund(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admission_Refund_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdmissionServer).Refund(ctx, req.(*RefundRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admission_ServiceDesc is the grpc.ServiceDesc for Admission service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -173,6 +269,14 @@ var Admission_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CheckBatch",
 			Handler:    _Admission_CheckBatch_Handler,
+		},
+		{
+			MethodName: "CheckAll",
+			Handler:    _Admission_CheckAll_Handler,
+		},
+		{
+			MethodName: "Refund",
+			Handler:    _Admission_Refund_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
