@@ -113,6 +113,15 @@ func TestLeaseSteps(t *testing.T) {
 	if d := take(5000, 0); !near(d.Remaining, 23) {
 		t.Fatalf("a second after the last lease ended: %+v", d)
 	}
+	// A credit is clamped to the room the bucket had at the last call: a
+	// bucket full (with the leases' bursts) until the hot path spends it
+	// just before the next call earned almost nothing meanwhile.
+	k = leaseKey(t, "p", "s4")
+	must(m.LeaseAt(at(0), grant(k, "a", 2, 50, false)))
+	take(1800, 50)
+	if l = must(m.LeaseAt(at(1900), grant(k, "a", 2, 50, true))); !l.Renewed || !near(l.Tokens, 0) {
+		t.Fatalf("credit after a full bucket was spent: %+v (an eager bucket would hold under a token)", l)
+	}
 	// A lease that changes counts at its larger rate until the cut.
 	k = leaseKey(t, "p", "s3")
 	must(m.LeaseAt(at(0), grant(k, "a", 8, 5, false)))
