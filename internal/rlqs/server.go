@@ -32,12 +32,14 @@ type Server struct {
 	cfg Config
 	m   *metrics
 
-	mu       sync.Mutex
-	streams  map[uint64]*stream
-	groups   map[bucket.Key]*group
-	holds    map[string]map[string]*hold // policy → holder → hold
-	nextID   uint64
-	draining bool
+	mu          sync.Mutex
+	streams     map[uint64]*stream
+	groups      map[bucket.Key]*group
+	holds       map[string]map[string]*hold // policy → holder → hold
+	nextID      uint64
+	draining    bool
+	drained     chan struct{} // closed by Drain: streams end
+	closedDrain bool
 
 	nonce   string
 	wake    chan struct{}
@@ -128,6 +130,7 @@ func New(cfg Config) (*Server, error) {
 		groups:  map[bucket.Key]*group{},
 		holds:   map[string]map[string]*hold{},
 		wake:    make(chan struct{}, 1),
+		drained: make(chan struct{}),
 		nonce:   nonce(),
 	}, nil
 }
@@ -179,6 +182,19 @@ func (s *Server) StreamRateLimitQuotas(st grpc.BidiStreamingServer[rlqsv3.RateLi
 			return err
 		case <-st.Context().Done():
 			return st.Context().Err()
+		case <-s.drained:
+			// Send what Drain queued (TTL 0), then end the stream: the
+			// Envoy reconnects, to another node when this one stops.
+			for {
+				select {
+				case resp := <-ss.out:
+					if err := st.Send(resp); err != nil {
+						return err
+					}
+				default:
+					return status.Error(codes.Unavailable, "rlqs: node draining")
+				}
+			}
 		}
 	}
 }
@@ -691,6 +707,10 @@ func (s *Server) Drain(ctx context.Context) {
 		}
 	}
 	s.sendLocked(out)
+	if !s.closedDrain {
+		s.closedDrain = true
+		close(s.drained)
+	}
 	s.mu.Unlock()
 	for _, c := range leased {
 		s.release(ctx, c)
