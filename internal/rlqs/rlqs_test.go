@@ -2,6 +2,7 @@ package rlqs
 
 import (
 	"context"
+	"errors"
 	"math"
 	"math/rand/v2"
 	"net"
@@ -129,14 +130,19 @@ func (h *harness) region(name string, share float64, clients int, ccfg ClientCon
 func (r *region) round(t *testing.T) {
 	t.Helper()
 	before := make([]uint64, len(r.clients))
+	up := make([]bool, len(r.clients))
 	for i, c := range r.clients {
 		before[i] = c.Responses()
 		c.mu.Lock()
 		n := len(c.buckets)
 		c.mu.Unlock()
-		if err := c.Report(); err != nil {
+		switch err := c.Report(); {
+		case errors.Is(err, ErrNotConnected):
+			continue // the filter drops the usage of a stream that is down
+		case err != nil:
 			t.Fatal(err)
 		}
+		up[i] = true
 		r.reports += uint64(n)
 	}
 	waitFor(t, "reports", func() bool { return r.srv.Reports() >= r.reports })
@@ -145,7 +151,7 @@ func (r *region) round(t *testing.T) {
 		c.mu.Lock()
 		n := len(c.buckets)
 		c.mu.Unlock()
-		if n > 0 {
+		if n > 0 && up[i] {
 			waitFor(t, "responses", func() bool { return c.Responses() > before[i] })
 		}
 	}
@@ -163,7 +169,8 @@ func waitFor(t *testing.T, what string, ok func() bool) {
 }
 
 // TestRLQSBound: 3 regions × 4 Envoys, one tenant offered 3× its budget,
-// the demand moving between regions and between Envoys every 10 s. Every
+// the demand moving between regions and between Envoys every 10 s, an
+// Envoy's stream cut for 2 s every 7 s. Every
 // window admits at most C + r·W, and the under-admission against one
 // ideal global bucket on the merged stream is reported.
 func TestRLQSBound(t *testing.T) {
@@ -186,6 +193,7 @@ func TestRLQSBound(t *testing.T) {
 	var adms []boundcheck.Admission
 	var offers []time.Time
 	regionOffers := make([][]time.Time, len(regions))
+	var cut *Client
 	for s := 0; s < seconds*10; s++ {
 		if s%100 == 0 {
 			// Demand moves: most of it to one region, and within it
@@ -205,6 +213,19 @@ func TestRLQSBound(t *testing.T) {
 			for i := range weights {
 				weights[i] /= sum
 			}
+		}
+		// Now and then an Envoy's stream is cut for 2 s: its assignment
+		// stays in force until its TTL, its usage is dropped, and it
+		// subscribes again on a new stream (a new lease holder).
+		if s%70 == 35 {
+			cut = regions[rng.IntN(3)].clients[rng.IntN(4)]
+			cut.Close()
+		}
+		if s%70 == 55 && cut != nil {
+			if err := cut.Connect(context.Background(), cutConn(regions, cut)); err != nil {
+				t.Fatal(err)
+			}
+			cut = nil
 		}
 		now := h.clk.Advance(step)
 		for i := range weights {
@@ -257,6 +278,18 @@ func TestRLQSBound(t *testing.T) {
 		denied += value(r.srv.m.leaseDenied)
 	}
 	t.Logf("assignment changes %v, lease denials %v; leased at the end %.1f tokens/s", changes, denied, leased)
+}
+
+// cutConn returns the connection of c's region.
+func cutConn(regions []*region, c *Client) *grpc.ClientConn {
+	for _, r := range regions {
+		for _, rc := range r.clients {
+			if rc == c {
+				return r.conn
+			}
+		}
+	}
+	return nil
 }
 
 // idealAdmitted runs one token bucket (full at the start) over the merged
