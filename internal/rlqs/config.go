@@ -61,6 +61,11 @@ type Config struct {
 	// Share returns the share the region enforces for a policy and
 	// subject (regionsync's Syncer.Share). Required.
 	Share func(policy, subject string) float64
+	// Request builds the bucket request of a policy and subject exactly
+	// as the node's checks do (key version, share, Since, Withheld), so
+	// that leases and Redis-backed checks share one bucket. Default: the
+	// policy's key version and Share, clamped to [0, 1+ε].
+	Request func(p *policy.Policy, subject bucket.Subject, now time.Time) (bucket.Request, error)
 	// Store leases parts of the region's buckets. Required.
 	Store bucket.Leaser
 	// Node names this node in lease holders: [A-Za-z0-9_.-]{1,40}.
@@ -138,6 +143,17 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Clock == nil {
 		c.Clock = clock.Real{}
+	}
+	if c.Request == nil {
+		share := c.Share
+		c.Request = func(p *policy.Policy, subject bucket.Subject, _ time.Time) (bucket.Request, error) {
+			k, err := bucket.NewSubjectKey(p.Name, p.KeyVersion(), subject)
+			f := share(p.Name, subject.String())
+			if math.IsNaN(f) || f < 0 {
+				f = 0
+			}
+			return bucket.Request{Key: k, Limits: p.Limits, Share: min(f, 1+p.Limits.Overcommit)}, err
+		}
 	}
 	if c.Logger == nil {
 		c.Logger = hclog.NewNullLogger()

@@ -9,6 +9,8 @@ import (
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/quotacoord/quota/internal/policy"
 )
 
 // rawStream opens a stream on r's connection and sends msgs; it returns
@@ -206,5 +208,44 @@ func TestTokenBucketFor(t *testing.T) {
 	}
 	if d := demandRate(3, 7, 5*time.Second, 2*time.Second, time.Second); d != 2 {
 		t.Errorf("time_elapsed 5 s: %v, want 2", d)
+	}
+}
+
+// TestPolicyEditMovesLeases: after a policy edit (new limits, so a new
+// key version) the next round resolves the bucket again, releases the
+// lease on the old bucket and leases on the new one at the new rate.
+func TestPolicyEditMovesLeases(t *testing.T) {
+	h := newHarness(t)
+	r := h.region("eu", 1, 1, ClientConfig{Domain: "edge", NoAssignment: DenyAll}, nil)
+	c := r.clients[0]
+	acme := map[string]string{"tenant": "acme"}
+	for range 40 {
+		c.Allow(acme)
+	}
+	h.clk.Advance(time.Second)
+	r.round(t)
+	rateOf := func() float64 {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.buckets[idKey(acme)].rate
+	}
+	if got := rateOf(); got < 20 {
+		t.Fatalf("rate %v before the edit, want about 27 (30/s less the reserve)", got)
+	}
+	edited, err := policy.Parse("edge.yaml", []byte(strings.Replace(edgePolicies, "requests_per_unit: 30, burst: 60", "requests_per_unit: 10, burst: 20", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.set.Store(edited)
+	for range 40 {
+		c.Allow(acme)
+	}
+	h.clk.Advance(time.Second)
+	r.round(t)
+	if got := rateOf(); got > 9 || got == 0 {
+		t.Fatalf("rate %v after the edit to 10/s, want at most 9", got)
+	}
+	if got := value(r.srv.m.leased); got > 9 {
+		t.Fatalf("leased %v after the edit, want at most 9", got)
 	}
 }

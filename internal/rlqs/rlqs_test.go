@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -56,7 +57,7 @@ type region struct {
 type harness struct {
 	t   *testing.T
 	clk *clock.Manual
-	set *policy.Set
+	set atomic.Pointer[policy.Set]
 }
 
 func newHarness(t *testing.T) *harness {
@@ -64,7 +65,9 @@ func newHarness(t *testing.T) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &harness{t: t, clk: clock.NewManual(t0), set: set}
+	h := &harness{t: t, clk: clock.NewManual(t0)}
+	h.set.Store(set)
+	return h
 }
 
 func (h *harness) region(name string, share float64, clients int, ccfg ClientConfig, mod func(*Config)) *region {
@@ -77,7 +80,7 @@ func (h *harness) region(name string, share float64, clients int, ccfg ClientCon
 	r := &region{name: name, store: store, reg: prometheus.NewRegistry()}
 	r.share = func() float64 { mu.Lock(); defer mu.Unlock(); return share }
 	cfg := Config{
-		Policies: func() *policy.Set { return h.set },
+		Policies: h.set.Load,
 		Subjects: policy.EnvoySubjects{PlainKeys: []string{"tenant", "path"}},
 		Share:    func(string, string) float64 { return r.share() },
 		Store:    store, Node: name, Interval: time.Second, TTL: 3 * time.Second, Margin: time.Second,

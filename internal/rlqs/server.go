@@ -40,6 +40,7 @@ type Server struct {
 	draining    bool
 	drained     chan struct{} // closed by Drain: streams end
 	closedDrain bool
+	set         *policy.Set // the policies the consumers were resolved against
 
 	nonce   string
 	wake    chan struct{}
@@ -102,6 +103,7 @@ type sentAssignment struct {
 type group struct {
 	key       bucket.Key
 	pol       *policy.Policy
+	subject   bucket.Subject
 	consumers map[*consumer]struct{}
 }
 
@@ -250,6 +252,7 @@ func (s *Server) handle(ss *stream, r *rlqsv3.RateLimitQuotaUsageReports) error 
 	if ss.closed {
 		return nil
 	}
+	s.refreshPolicies(now) // a moved consumer's old lease lapses at its end
 	switch d := r.GetDomain(); {
 	case ss.domain == "" && (d == "" || len(d) > policy.MaxDomainBytes):
 		return status.Errorf(codes.InvalidArgument, "rlqs: the first message must name a domain of 1 to %d bytes", policy.MaxDomainBytes)
@@ -328,8 +331,28 @@ func (s *Server) subscribe(ss *stream, id map[string]string, key string, now tim
 		holder: s.cfg.Node + "." + s.nonce + "." + strconv.FormatUint(ss.id, 36) + "." + strconv.FormatUint(ss.seq, 36)}
 	ss.buckets[key] = c
 	s.m.buckets.Inc()
-	c.kind = kindUnsupported
-	ms, err := s.cfg.Policies().Match(ss.domain, [][]policy.Entry{descriptor(id, s.cfg.KeyOrder)}, s.cfg.Subjects)
+	s.resolve(c, now)
+	return c
+}
+
+// resolve matches c's bucket id against the current policies and puts it
+// in its group; the caller holds mu. A consumer that moves to another
+// group (a policy edit) is left unleased: its next lease is a fresh one.
+func (s *Server) resolve(c *consumer, now time.Time) {
+	old := c.g
+	if old != nil {
+		delete(old.consumers, c)
+		if len(old.consumers) == 0 {
+			delete(s.groups, old.key)
+		}
+	}
+	c.g, c.kind = nil, kindUnsupported
+	defer func() {
+		if c.g != old {
+			c.leased, c.rate, c.burst = false, 0, 0
+		}
+	}()
+	ms, err := s.set.Match(c.s.domain, [][]policy.Entry{descriptor(c.id, s.cfg.KeyOrder)}, s.cfg.Subjects)
 	switch {
 	case err != nil:
 		s.cfg.Logger.Debug("bucket id is not a descriptor the policies take", "error", err)
@@ -341,15 +364,15 @@ func (s *Server) subscribe(ss *stream, id map[string]string, key string, now tim
 		s.m.unsupported.Inc()
 	default:
 		p := ms[0].Policy
-		k, err := bucket.NewSubjectKey(p.Name, p.Version, ms[0].BucketSubject)
+		req, err := s.cfg.Request(p, ms[0].BucketSubject, now)
 		if err != nil {
 			s.m.unsupported.Inc()
 			break
 		}
-		g := s.groups[k]
+		g := s.groups[req.Key]
 		if g == nil {
-			g = &group{key: k, pol: p, consumers: map[*consumer]struct{}{}}
-			s.groups[k] = g
+			g = &group{key: req.Key, pol: p, subject: ms[0].BucketSubject, consumers: map[*consumer]struct{}{}}
+			s.groups[req.Key] = g
 		}
 		if len(g.consumers) >= MaxConsumers {
 			s.m.overflow.Inc()
@@ -358,7 +381,6 @@ func (s *Server) subscribe(ss *stream, id map[string]string, key string, now tim
 		g.consumers[c] = struct{}{}
 		c.g, c.kind = g, kindLeased
 	}
-	return c
 }
 
 // Run re-splits every Interval (and at once when a bucket subscribes)
@@ -410,6 +432,7 @@ func (s *Server) Step(ctx context.Context) {
 		s.mu.Unlock()
 		return
 	}
+	moved := s.refreshPolicies(now)
 	for _, ss := range s.streams {
 		for _, c := range ss.buckets {
 			if now.Sub(c.lastUse) >= s.cfg.IdleAfter {
@@ -434,6 +457,9 @@ func (s *Server) Step(ctx context.Context) {
 	}
 	s.mu.Unlock()
 
+	for _, m := range moved {
+		s.releaseLease(ctx, m)
+	}
 	actions := map[*consumer]*rlqsv3.RateLimitQuotaResponse_BucketAction{}
 	results := map[*consumer]plan{}
 	for i := range others {
@@ -493,8 +519,13 @@ func (s *Server) round(ctx context.Context, now time.Time, g *group, plans []pla
 	if len(plans) == 0 {
 		return
 	}
-	l := g.pol.Limits
-	share := s.cfg.Share(g.pol.Name, g.key.Subject())
+	req, err := s.cfg.Request(g.pol, g.subject, now)
+	if err != nil || req.Key != g.key {
+		// The policies changed under the round: the next one resolves
+		// the consumers again.
+		return
+	}
+	l, share := req.Limits, req.Share
 	if share <= 0 {
 		for i := range plans {
 			s.deny(ctx, now, &plans[i], actions, results)
@@ -523,7 +554,6 @@ func (s *Server) round(ctx context.Context, now time.Time, g *group, plans []pla
 		}
 		return 0
 	})
-	req := bucket.Request{Key: g.key, Limits: l, Share: share}
 	for _, i := range order {
 		p := &plans[i]
 		tb, ok := tokenBucketFor(rates[i])
@@ -624,25 +654,57 @@ func (s *Server) deny(ctx context.Context, now time.Time, p *plan, actions map[*
 	actions[p.c] = s.assignment(p.c.id, r.prev, s.cfg.TTL)
 }
 
+// leaseRef names one holder's lease on one group's bucket.
+type leaseRef struct {
+	g      *group
+	holder string
+}
+
 // release ends c's lease within the margin (the time the assignment that
 // replaces it takes to arrive).
 func (s *Server) release(ctx context.Context, c *consumer) {
-	if c.g == nil {
-		return
+	if c.g != nil {
+		s.releaseLease(ctx, leaseRef{c.g, c.holder})
 	}
-	_, err := s.cfg.Store.Release(ctx, bucket.LeaseRelease{
-		Request: bucket.Request{Key: c.g.key, Limits: c.g.pol.Limits, Share: max(s.cfg.Share(c.g.pol.Name, c.g.key.Subject()), 1e-9)},
-		Holder:  c.holder, Within: s.cfg.Margin,
-	})
+}
+
+func (s *Server) releaseLease(ctx context.Context, r leaseRef) {
+	now := s.cfg.Clock.Now()
+	req, err := s.cfg.Request(r.g.pol, r.g.subject, now)
+	if err == nil {
+		req.Key, req.Limits, req.Share = r.g.key, r.g.pol.Limits, max(req.Share, 1e-9)
+		_, err = s.cfg.Store.Release(ctx, bucket.LeaseRelease{Request: req, Holder: r.holder, Within: s.cfg.Margin})
+	}
 	if err != nil {
 		s.cfg.Logger.Warn("lease release failed; it ends at its expiry", "error", err)
 	}
-	now := s.cfg.Clock.Now()
 	s.mu.Lock()
-	if h := s.holds[c.g.pol.Name][c.holder]; h != nil {
+	if h := s.holds[r.g.pol.Name][r.holder]; h != nil {
 		h.expiry = minTime(h.expiry, now.Add(s.cfg.Margin))
 	}
 	s.mu.Unlock()
+}
+
+// refreshPolicies resolves every consumer again when the policy set
+// changed, and returns the leases of those that moved to another bucket
+// (to be released); the caller holds mu.
+func (s *Server) refreshPolicies(now time.Time) []leaseRef {
+	set := s.cfg.Policies()
+	if set == s.set {
+		return nil
+	}
+	s.set = set
+	var moved []leaseRef
+	for _, ss := range s.streams {
+		for _, c := range ss.buckets {
+			g, leased := c.g, c.leased
+			s.resolve(c, now)
+			if leased && c.g != g {
+				moved = append(moved, leaseRef{g, c.holder})
+			}
+		}
+	}
+	return moved
 }
 
 // assignment builds a quota assignment action.
