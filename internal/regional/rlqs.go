@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/quotacoord/quota/bucket"
 	"github.com/quotacoord/quota/internal/daemon"
+	"github.com/quotacoord/quota/internal/policy"
 	"github.com/quotacoord/quota/internal/rlqs"
 )
 
@@ -80,7 +82,7 @@ func startRLQS(ctx context.Context, c DaemonConfig, n *Node, store bucket.Store,
 	}
 	srv, err := rlqs.New(rlqs.Config{
 		Policies: n.Policies, Subjects: n.envoySubj, KeyOrder: c.RLQS.KeyOrder,
-		Share: shares.Share, Store: leaser, Node: node,
+		Share: shares.Share, Request: n.leaseRequest, Store: leaser, Node: node,
 		Interval: c.RLQS.Interval, TTL: c.RLQS.TTL, Margin: c.RLQS.Margin, Reserve: c.RLQS.Reserve,
 		Logger: log.Named("rlqs"), Registerer: reg,
 	})
@@ -101,4 +103,25 @@ func startRLQS(ctx context.Context, c DaemonConfig, n *Node, store bucket.Store,
 	cleanup.Push(func() { cancel(); wg.Wait() })
 	log.Info("serving RLQS")
 	return nil
+}
+
+// leaseRequest is the bucket request a check of p for subject would make
+// at now, cost 0: the same key version, share, Since and Withheld, so that
+// RLQS leases and the node's checks share one bucket under one rule.
+func (n *Node) leaseRequest(p *policy.Policy, subject bucket.Subject, now time.Time) (bucket.Request, error) {
+	key, err := bucket.NewSubjectKey(p.Name, p.KeyVersion(), subject)
+	if err != nil {
+		return bucket.Request{}, err
+	}
+	share := n.cfg.Shares.Share(p.Name, subject.String())
+	switch {
+	case math.IsNaN(share) || share < 0:
+		share = 0
+	case share > 1+p.Limits.Overcommit:
+		share = 1 + p.Limits.Overcommit
+	}
+	it := item{label: p.Name, pol: p, subject: subject.String(),
+		req: bucket.Request{Key: key, Limits: p.Limits, Share: share, Since: n.versions.since(p, key.Version(), now)}}
+	it.req.Withheld = n.withheld(&it)
+	return it.req, nil
 }
