@@ -10,9 +10,14 @@ import (
 	"testing"
 	"time"
 
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/quotacoord/quota/bucket"
+	"github.com/quotacoord/quota/internal/clock"
+	"github.com/quotacoord/quota/internal/policy"
 	"github.com/quotacoord/quota/internal/rlqs"
 )
 
@@ -62,5 +67,43 @@ func TestRLQSOnTheGRPCPort(t *testing.T) {
 		if !strings.Contains(body, m) {
 			t.Errorf("metrics lack %q", m)
 		}
+	}
+}
+
+// TestLeaseRequestIsTheChecksBucket: a lease built by leaseRequest sees
+// what the node's Envoy checks spent: one bucket, one key version.
+func TestLeaseRequestIsTheChecksBucket(t *testing.T) {
+	clk := clock.NewManual(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
+	store := memoryStore(t, clk)
+	n, err := New(Config{Region: "r", Store: store, Local: memoryStore(t, clk), EnvoyPlainKeys: []string{"tenant"}, Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := policy.Parse("edge.yaml", []byte("domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 20, burst: 40}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.SetPolicies(set)
+	r := &rls{n: n}
+	for range 10 {
+		resp, err := r.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlcommon.RateLimitDescriptor{desc("tenant", "acme")}})
+		if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("check: %v, %v", resp, err)
+		}
+	}
+	m, err := set.Match("edge", [][]policy.Entry{{{Key: "tenant", Value: "acme"}}}, n.envoySubj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, err := n.leaseRequest(m[0].Policy, m[0].BucketSubject, clk.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := store.LeaseAt(clk.Now(), bucket.LeaseRequest{Request: req, Holder: "h", Rate: 1, Burst: 5, For: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !l.Granted || l.Tokens != 40-10-5 {
+		t.Fatalf("lease after 10 checks of 40: %+v, want 25 tokens left", l)
 	}
 }
