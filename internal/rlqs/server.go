@@ -88,7 +88,6 @@ type consumer struct {
 	rate      float64 // the lease's rate as granted (renewals name it)
 	burst     int64
 	sentAt    time.Time
-	freshAt   time.Time
 	freshFrac float64 // the share in force at the last fresh lease
 }
 
