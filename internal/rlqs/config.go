@@ -38,6 +38,9 @@ const (
 	// token per MaxFillInterval is answered DENY_ALL.
 	MaxFillInterval = time.Minute
 	maxNodeLen      = 40
+	// MaxTTL bounds Config.TTL: a lease lasts TTL + Margin, and a shrink
+	// of the region's share waits for it.
+	MaxTTL = time.Minute
 	// DeadBand is the relative change of a bucket's rate below which its
 	// assignment is kept (renewed) rather than changed.
 	DeadBand = 0.2
@@ -163,8 +166,10 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("%w: interval %v below 10ms", ErrInvalidConfig, c.Interval)
 	case c.TTL < time.Second || c.TTL%time.Second != 0 || c.TTL <= c.Interval+c.Margin:
 		return c, fmt.Errorf("%w: TTL %v: want whole seconds, above the interval plus the margin (%v), so that a renewal arrives before the assignment expires", ErrInvalidConfig, c.TTL, c.Interval+c.Margin)
-	case c.Margin < 0:
-		return c, fmt.Errorf("%w: margin %v is negative", ErrInvalidConfig, c.Margin)
+	case c.TTL > MaxTTL:
+		return c, fmt.Errorf("%w: TTL %v above %v", ErrInvalidConfig, c.TTL, MaxTTL)
+	case c.Margin < 0 || c.Margin > MaxTTL:
+		return c, fmt.Errorf("%w: margin %v outside 0..%v", ErrInvalidConfig, c.Margin, MaxTTL)
 	case math.IsNaN(c.Reserve) || c.Reserve < 0 || c.Reserve > 0.9:
 		return c, fmt.Errorf("%w: reserve %v outside [0, 0.9]", ErrInvalidConfig, c.Reserve)
 	case c.IdleAfter < c.Interval:
