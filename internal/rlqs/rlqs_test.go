@@ -51,6 +51,7 @@ type region struct {
 	reg      *prometheus.Registry
 	share    func() float64
 	setShare func(float64)
+	kill     func() // stops the gRPC server without a drain
 	reports  uint64 // usage entries sent so far
 }
 
@@ -124,6 +125,7 @@ func (h *harness) region(name string, share float64, clients int, ccfg ClientCon
 		gs.Stop()
 	})
 	r.setShare = func(f float64) { mu.Lock(); defer mu.Unlock(); share = f }
+	r.kill = gs.Stop
 	return r
 }
 
