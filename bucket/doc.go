@@ -173,6 +173,18 @@
 // the policy refills, since every valid IdleTTL covers a full refill; with
 // RefillPerSecond 0 the TTL is the allowance period, and they must agree.
 //
+// # Leases
+//
+// Memory and Redis also implement Leaser: a token bucket's refill and
+// tokens can be handed out as time-bounded leases (a rate and a burst
+// until an end) to holders that decide on their own, such as Envoys over
+// RLQS. One atomic call grants, renews or releases a lease with the
+// bucket; while a lease lives the bucket refills only through lease calls
+// (the refill no lease holds), so the bucket and its leases together
+// admit no more than the bucket alone would. lease.go has the model and
+// the argument; lua/lease.lua the script (the group's hash tag, a lease
+// set rl:lease:v<version>:{g.<group>}:<policy>:<subject> beside it).
+//
 // # Concurrency and zero values
 //
 // Memory and Redis are safe for concurrent use. Memory starts no goroutine

@@ -99,6 +99,10 @@ type Memory struct {
 	marks  []atomic.Int64
 	groups uint32
 	shards [memShards]memShard
+	// leases holds the lease sets (lease.go), at most max of them; leaseMu
+	// is taken inside a shard's lock.
+	leaseMu sync.Mutex
+	leases  memLeases
 }
 
 type memShard struct {

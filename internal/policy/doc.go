@@ -56,7 +56,11 @@
 // algorithm fixed_window with the unit as window, version 1 and the default
 // failure mode. A requests_per_unit of 0 is rejected: capacity must be at
 // least 1. Set.MatchDescriptors decides which rule each request descriptor
-// meets, as the reference service does.
+// meets, as the reference service does. One extension: rate_limit.burst
+// makes the rule a token bucket of that capacity refilled at
+// requests_per_unit per unit (idle TTL: a full refill plus LeaseHeadroom),
+// the shape Envoy's rate_limit_quota filter enforces and internal/rlqs
+// leases.
 //
 // # Subjects are never raw untrusted values
 //

@@ -38,7 +38,16 @@ type envoyRateLimit struct {
 	Unlimited       bool            `yaml:"unlimited"`
 	Name            string          `yaml:"name"`
 	Replaces        []envoyReplaces `yaml:"replaces"`
+	// Burst (this project's extension) makes the rule a token bucket of
+	// capacity Burst refilled at requests_per_unit per unit, instead of
+	// a fixed window: the shape Envoy's rate_limit_quota filter enforces,
+	// so the RLQS server can lease it (internal/rlqs).
+	Burst uint32 `yaml:"burst"`
 }
+
+// LeaseHeadroom is what a token-bucket rule's idle TTL has beyond a full
+// refill: the longest lease of its buckets (bucket.MaxLeaseFor).
+const LeaseHeadroom = time.Minute
 
 type envoyReplaces struct {
 	Name string `yaml:"name"`
@@ -169,6 +178,9 @@ func (l *envoyLoader) policy(path, keys []string, dc *envoyDescriptor) (*Policy,
 	if !rl.Unlimited && !validUnit {
 		return nil, l.errorf(path, "rate_limit.unit: %q is not second, minute, hour, day, week, month or year", rl.Unit)
 	}
+	if rl.Unlimited && rl.Burst > 0 {
+		return nil, l.errorf(path, "rate_limit.burst: must not be set when unlimited")
+	}
 	if !rl.Unlimited && rl.RequestsPerUnit == 0 {
 		return nil, l.errorf(path, "rate_limit.requests_per_unit: must be > 0")
 	}
@@ -208,11 +220,21 @@ func (l *envoyLoader) policy(path, keys []string, dc *envoyDescriptor) (*Policy,
 			Capacity:  int64(rl.RequestsPerUnit),
 			Window:    window,
 		}
+		if rl.Burst > 0 {
+			p.Limits = bucket.Limits{
+				Algorithm:       bucket.TokenBucket,
+				Capacity:        int64(rl.Burst),
+				RefillPerSecond: float64(rl.RequestsPerUnit) / window.Seconds(),
+			}
+		}
 		ttl, err := minIdleTTL(p.Limits)
 		if err != nil {
 			return nil, l.errorf(path, "%v", err)
 		}
 		p.Limits.IdleTTL = ttl
+		if rl.Burst > 0 {
+			p.Limits.IdleTTL += LeaseHeadroom
+		}
 	}
 	if err := p.Validate(); err != nil {
 		return nil, l.errorf(path, "%v", err)

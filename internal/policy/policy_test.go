@@ -376,3 +376,27 @@ func TestParseShards(t *testing.T) {
 		}
 	}
 }
+
+// TestParseEnvoyBurst checks the burst extension: a token bucket at
+// requests_per_unit per unit with room for leases, and its errors.
+func TestParseEnvoyBurst(t *testing.T) {
+	s, err := Parse("e.yaml", []byte("domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 600, burst: 50}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.MatchDescriptors("edge", [][]Entry{{{Key: "tenant", Value: "acme"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := m[0].Policy.Limits
+	want := bucket.Limits{Algorithm: bucket.TokenBucket, Capacity: 50, RefillPerSecond: 10, IdleTTL: time.Minute + LeaseHeadroom} // the least idle TTL is a minute
+	if l != want {
+		t.Fatalf("limits %+v, want %+v", l, want)
+	}
+	if bucket.MaxLeaseFor(l) < LeaseHeadroom {
+		t.Fatalf("MaxLeaseFor %v, want at least %v", bucket.MaxLeaseFor(l), LeaseHeadroom)
+	}
+	if _, err := Parse("e.yaml", []byte("domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unlimited: true, burst: 5}\n")); err == nil {
+		t.Fatal("burst with unlimited accepted")
+	}
+}

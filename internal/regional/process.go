@@ -38,6 +38,8 @@ import (
 // (Config). Zero fields take the defaults listed; the flag of each field
 // (cmd/regional) is named in its errors.
 type DaemonConfig struct {
+	// RLQS serves Envoy's Rate Limit Quota Service (rlqs.go).
+	RLQS RLQSConfig
 	// Region is this node's region; default "local".
 	Region string
 	// NodeID is this node's id within its region,
@@ -375,6 +377,7 @@ func Run(ctx context.Context, c DaemonConfig) error {
 		log.Info("no -redis: using the in-process store (one node only)")
 	}
 
+	c.RLQS.gate = &rlqsGate{}
 	ss, err := startSync(ctx, c, log)
 	if err != nil {
 		return err
@@ -432,6 +435,9 @@ func Run(ctx context.Context, c DaemonConfig) error {
 	}
 	gs := grpc.NewServer(serverOpts...)
 	n.Register(gs)
+	if err := startRLQS(ctx, c, n, store, ss.shares, gs, reg, log, &cleanup); err != nil {
+		return err
+	}
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
 

@@ -73,7 +73,7 @@ func startSync(ctx context.Context, c DaemonConfig, log hclog.Logger) (*syncer, 
 	var node atomic.Pointer[Node]
 	cfg := regionsync.Config{
 		Region: c.Region, Node: c.NodeID, Addr: c.GRPCAddr, Client: client, ReportInterval: c.ReportInterval,
-		Recorder: rec, Logger: log, Clock: c.Clock,
+		Recorder: rec, Logger: log, Clock: c.Clock, Leases: c.RLQS.gate,
 		Fingerprint: func() string {
 			if n := node.Load(); n != nil {
 				return n.Fingerprint()

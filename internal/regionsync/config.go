@@ -89,6 +89,9 @@ type Config struct {
 	// allocation; a larger one is enforced at the safe share. Default
 	// 100000.
 	MaxOverrides int
+	// Leases, when set, holds back each acknowledgement until the leases
+	// taken above the shares it acknowledges have ended (LeaseGate).
+	Leases LeaseGate
 	// Clock stamps registrations, reports and acks with its wall reading
 	// and measures the lease's age on its monotonic reading
 	// (clock.MonotonicOf: real elapsed time for a clock without one), so

@@ -40,6 +40,11 @@ func (s *Syncer) ackLoop(ctx context.Context) {
 			}
 			continue
 		}
+		if !s.leasesEnded(ctx, t) {
+			// A newer table came first (its publish queued an ack), or
+			// the Syncer stops.
+			continue
+		}
 		err := s.putLeased(ctx, id, s.cfg.Layout.NodeAck(s.cfg.Region, s.cfg.Node),
 			etcdlayout.Ack{Region: s.cfg.Region, Node: s.cfg.Node, Epochs: t.epochs, At: s.now()})
 		if err != nil {
