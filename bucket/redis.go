@@ -131,7 +131,10 @@ type Redis struct {
 	// of a cluster).
 	single    bool
 	crossSlot atomic.Bool
-	args      argCache
+	// calls counts the single calls (Take, Refund, one-call TakeAll) in
+	// the store, sent or waiting: one that finds no other goes direct.
+	calls atomic.Int64
+	args  argCache
 	// guard is the boxed guard argument of every bucket: "1" with
 	// LossGuard, else "0" (see lua/take.lua).
 	guard any
@@ -348,12 +351,50 @@ func scriptSource(s *redis.Script) string {
 	return "" // unreachable: every call uses one of the package's scripts
 }
 
-// do queues c and waits for its answer.
+// do sends c and waits for its answer: on the caller's goroutine when no
+// other call is in the store (see direct), else through the flushers'
+// queue, where it may share a pipeline and a script call with others.
 func (r *Redis) do(ctx context.Context, c *call) error {
+	defer r.calls.Add(-1)
+	if r.calls.Add(1) == 1 {
+		return r.direct(ctx, c)
+	}
 	if err := r.enqueue(ctx, c); err != nil {
 		return err
 	}
 	return wait(ctx, c)
+}
+
+// direct sends c, the only call in the store, on the caller's goroutine,
+// in the caller's context: a lone check then pays one round trip and no
+// hand-off to a flusher and back (two goroutine switches, and a yield in
+// the flusher, that only pay off when other calls can join the
+// pipeline). Calls that come while it is in flight go through the queue,
+// so merging still gathers concurrent calls. Like a queued call, a call
+// whose context has ended is not sent; one whose context ends in flight
+// gets the context's error and may have been charged.
+func (r *Redis) direct(ctx context.Context, c *call) error {
+	r.mu.RLock()
+	closed := r.closed
+	r.mu.RUnlock()
+	switch {
+	case closed:
+		return ErrClosed
+	case ctx.Err() != nil:
+		return ctx.Err()
+	}
+	c.ctx = ctx
+	f := directFlush.Get().(*flush)
+	f.batch = append(f.batch[:0], c)
+	r.plan(f)
+	r.send(ctx, f)
+	f.reset()
+	directFlush.Put(f)
+	<-c.done // send answered it on this goroutine
+	if c.err != nil && ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return c.err
 }
 
 // enqueue puts c on the queue of the flushers.
