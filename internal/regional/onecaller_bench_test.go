@@ -31,7 +31,8 @@ import (
 // production defaults (grants, in-flight bound, live-subject bound, salted
 // subject hashing, one flusher per P). "handler" calls the Envoy handler
 // itself; "grpc" goes through a loopback gRPC client and server as Envoy
-// does. Beside ns/op and allocations it reports, per check:
+// does; "handler-c50" calls the handler from 50 goroutines per P at once.
+// Beside ns/op and allocations it reports, per check:
 //
 //   - cpu-ns/op: the process's user and system CPU time (getrusage), which
 //     leaves out the wait for Redis that ns/op includes;
@@ -112,6 +113,28 @@ func BenchmarkOneCaller(b *testing.B) {
 			sampleProcess(b, writes).report(b, before, i)
 		})
 	}
+	// handler-c50: 50 callers per P at once on the handler, as the c=50
+	// runs of the script load the node: redis-rt/op shows how many checks
+	// share a round trip (merged and pipelined).
+	b.Run("handler-c50", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetParallelism(50)
+		var n, next atomic.Int64
+		before := sampleProcess(b, writes)
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				resp, err := r.ShouldRateLimit(context.Background(), reqs[next.Add(1)%int64(len(reqs))])
+				if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+					b.Error(resp, err)
+					return
+				}
+				n.Add(1)
+			}
+		})
+		b.StopTimer()
+		sampleProcess(b, writes).report(b, before, int(n.Load()))
+	})
 }
 
 // countingConn counts the writes on a connection.
