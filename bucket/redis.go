@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -391,8 +392,15 @@ func (r *Redis) direct(ctx context.Context, c *call) error {
 	f.reset()
 	directFlush.Put(f)
 	<-c.done // send answered it on this goroutine
-	if c.err != nil && ctx.Err() != nil {
-		return ctx.Err()
+	if c.err != nil {
+		// The connection's deadline is the context's, and may pass just
+		// before the context's own timer ends it.
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+			return context.DeadlineExceeded
+		}
 	}
 	return c.err
 }
