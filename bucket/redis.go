@@ -75,12 +75,14 @@ type RedisConfig struct {
 // Redis is the store that production regional nodes use: one Lua script
 // call per decision, atomic in Redis, timed by Redis TIME only.
 //
-// Concurrent callers are coalesced: Take, TakeAll and Refund put their
-// script call on a bounded queue; Flushers goroutines (started by NewRedis,
-// stopped by Close) each take every call waiting, up to MaxBatch, and send
-// them in one pipeline. A woken flusher first yields once, so that callers
-// already runnable add their calls; a lone caller's call then goes out
-// alone. Within a pipeline, up to Merge single-bucket calls of the same
+// A call that finds no other in the store is sent by its caller, on its
+// own goroutine and in its own context: one round trip, no hand-off.
+// Concurrent callers are coalesced: while a call is in the store, Take,
+// TakeAll and Refund put their script call on a bounded queue; Flushers
+// goroutines (started by NewRedis, stopped by Close) each take every call
+// waiting, up to MaxBatch, and send them in one pipeline. A woken flusher
+// first yields once, so that callers already runnable add their calls.
+// Within a pipeline, up to Merge single-bucket calls of the same
 // operation (and, on a cluster, hash slot) go out as one script call that
 // decides each bucket on its own, in queue order, as separate calls would:
 // Redis then pays a script call's fixed cost once for all of them (see
