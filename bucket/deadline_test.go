@@ -10,13 +10,14 @@ import (
 	"github.com/quotacoord/quota/internal/redistest"
 )
 
-// TestRedisDropsCallsPastTheirDeadline: the store's one flusher waits on a
-// pipeline that a paused Redis holds (CLIENT PAUSE); meanwhile a Take, a
-// TakeAll and a Refund are queued behind it with a 50 ms deadline, and
-// their callers give up. When Redis resumes, none of them is sent: the
-// buckets they named are as they were. A caller whose check ended must
-// never have its take written afterwards, at a share its region may since
-// have acknowledged giving up.
+// TestRedisDropsCallsPastTheirDeadline: a paused Redis (CLIENT PAUSE) holds
+// a call sent by its caller (the only one in the store, it goes direct)
+// and one the store's one flusher sent (it came while the first was in
+// flight); meanwhile a Take, a TakeAll and a Refund are queued behind them
+// with a 50 ms deadline, and their callers give up. When Redis resumes,
+// none of them is sent: the buckets they named are as they were. A caller
+// whose check ended must never have its take written afterwards, at a
+// share its region may since have acknowledged giving up.
 func TestRedisDropsCallsPastTheirDeadline(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t)
@@ -43,12 +44,16 @@ func TestRedisDropsCallsPastTheirDeadline(t *testing.T) {
 	if err := pause.Do(ctx, "CLIENT", "PAUSE", "1000", "ALL").Err(); err != nil {
 		t.Fatal(err)
 	}
-	inFlight := make(chan error, 1)
-	go func() {
-		_, err := r.Take(ctx, req("first", 1))
-		inFlight <- err
-	}()
-	time.Sleep(200 * time.Millisecond) // the flusher is now waiting on "first"
+	inFlight := make(chan error, 2)
+	for _, subject := range []string{"first", "second"} {
+		go func() {
+			_, err := r.Take(ctx, req(subject, 1))
+			inFlight <- err
+		}()
+		// "first" is now in flight on its caller's goroutine, then the
+		// flusher is waiting on "second".
+		time.Sleep(200 * time.Millisecond)
+	}
 
 	late := func(what string, call func(context.Context) error) {
 		t.Helper()
@@ -64,8 +69,10 @@ func TestRedisDropsCallsPastTheirDeadline(t *testing.T) {
 		return err
 	})
 	late("refund", func(ctx context.Context) error { _, err := r.Refund(ctx, req("refunded", 3)); return err })
-	if err := <-inFlight; err != nil {
-		t.Fatalf("the call in flight when Redis paused: %v", err)
+	for range 2 {
+		if err := <-inFlight; err != nil {
+			t.Fatalf("a call in flight when Redis paused: %v", err)
+		}
 	}
 
 	for subject, want := range map[string]float64{"taken": 5, "all1": 5, "all2": 5, "refunded": 2} {

@@ -2,12 +2,14 @@ package bucket
 
 import (
 	"crypto/sha256"
+	"encoding"
 	"encoding/base64"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/maphash"
 	"strconv"
+	"sync/atomic"
 )
 
 // MaxSubjectLen is the longest subject accepted in a key.
@@ -165,47 +167,88 @@ const hashBlock = 64
 
 // hashSubject writes "h-" and the URL-safe base64 of the first 24 bytes
 // of HMAC-SHA256(salt, raw‖rawb) into out (one of raw and rawb is empty).
-// It is RFC 2104 written out over stack buffers (crypto/hmac allocates
-// its two digests); TestHashSubjectIsHMAC holds it to crypto/hmac.
+// It is RFC 2104 over stack buffers, starting from the SHA-256 states the
+// salt's padded key blocks lead to (see hmacStates): two compressions of
+// a short value instead of four. TestHashSubjectIsHMAC holds it to
+// crypto/hmac.
 func hashSubject(out *[HashedSubjectLen]byte, salt, raw string, rawb []byte) {
-	// The digests stay on the stack (sha256.New is inlined and its calls
+	st := hmacStatesOf(salt)
+	// The digest stays on the stack (sha256.New is inlined and its calls
 	// devirtualized); strings go through buf in chunks.
 	h := sha256.New()
+	u := h.(encoding.BinaryUnmarshaler)
+	if err := u.UnmarshalBinary(st.inner[:]); err != nil {
+		panic(err) // unreachable: marshaled by this package's SHA-256
+	}
 	var buf [256]byte
-	write := func(s string) {
-		for len(s) > 0 {
-			n := copy(buf[:], s)
-			h.Write(buf[:n])
-			s = s[n:]
-		}
+	for s := raw; len(s) > 0; {
+		n := copy(buf[:], s)
+		h.Write(buf[:n])
+		s = s[n:]
 	}
-	var key [hashBlock]byte
-	if len(salt) > hashBlock {
-		write(salt)
-		h.Sum(key[:0])
-		h.Reset()
-	} else {
-		copy(key[:], salt)
-	}
-	var pad [hashBlock]byte
-	for i := range pad {
-		pad[i] = key[i] ^ 0x36
-	}
-	h.Write(pad[:])
-	write(raw)
 	h.Write(rawb)
 	var inner [sha256.Size]byte
 	h.Sum(inner[:0])
-	for i := range pad {
-		pad[i] = key[i] ^ 0x5c
+	if err := u.UnmarshalBinary(st.outer[:]); err != nil {
+		panic(err)
 	}
-	h.Reset()
-	h.Write(pad[:])
 	h.Write(inner[:])
 	var sum [sha256.Size]byte
 	h.Sum(sum[:0])
 	out[0], out[1] = 'h', '-'
 	base64.RawURLEncoding.Encode(out[2:], sum[:24])
+}
+
+// hmacStates are the SHA-256 states, marshaled, after HMAC-SHA256 of one
+// salt has hashed its inner padded key block (key ⊕ ipad) and its outer
+// one (key ⊕ opad): every subject hashed with the salt starts from them,
+// as crypto/hmac does after its first use, instead of compressing the two
+// key blocks again. They are as secret as the salt.
+type hmacStates struct {
+	salt         string
+	inner, outer [sha256StateLen]byte
+}
+
+// sha256StateLen is the length of a marshaled SHA-256 state: a 4-byte
+// magic, 8 words of state, a 64-byte block and an 8-byte length.
+const sha256StateLen = 4 + 8*4 + hashBlock + 8
+
+// lastSalt holds the states of the salt hashed last: a node hashes with
+// one salt (Config.SubjectSalt), so that is the one that counts; another
+// salt replaces it and costs two more compressions and an allocation.
+var lastSalt atomic.Pointer[hmacStates]
+
+// hmacStatesOf returns salt's states, from lastSalt or computed.
+func hmacStatesOf(salt string) *hmacStates {
+	if st := lastSalt.Load(); st != nil && st.salt == salt {
+		return st
+	}
+	st := &hmacStates{salt: salt}
+	var key [hashBlock]byte
+	if len(salt) > hashBlock {
+		sum := sha256.Sum256([]byte(salt))
+		copy(key[:], sum[:])
+	} else {
+		copy(key[:], salt)
+	}
+	var pad [hashBlock]byte
+	for _, s := range []struct {
+		x   byte
+		out *[sha256StateLen]byte
+	}{{0x36, &st.inner}, {0x5c, &st.outer}} {
+		for i := range pad {
+			pad[i] = key[i] ^ s.x
+		}
+		h := sha256.New()
+		h.Write(pad[:])
+		b, err := h.(encoding.BinaryMarshaler).MarshalBinary()
+		if err != nil || len(b) != sha256StateLen {
+			panic(fmt.Sprintf("bucket: marshal a SHA-256 state: %d bytes, %v", len(b), err))
+		}
+		copy(s.out[:], b)
+	}
+	lastSalt.Store(st)
+	return st
 }
 
 // Policy returns the key's policy name.

@@ -5,8 +5,10 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/quotacoord/quota/bucket"
@@ -118,6 +120,38 @@ func TestNewKeyValidation(t *testing.T) {
 	h := bucket.HashedSubject("salt", "a@b")
 	if h.String() != bucket.HashSubject("salt", "a@b") || bucket.HashedSubjectBytes("salt", []byte("a@b")) != h {
 		t.Errorf("HashedSubject %q differs from HashSubject", h)
+	}
+}
+
+// TestHashSubjectSaltsInterleaved: goroutines hashing with different
+// salts at once, each salt replacing the other's precomputed key states,
+// still get every salt's own HMAC.
+func TestHashSubjectSaltsInterleaved(t *testing.T) {
+	salts := []string{"node-salt", "decision-log", strings.Repeat("long", 20)}
+	want := make(map[string]string)
+	for _, salt := range salts {
+		m := hmac.New(sha256.New, []byte(salt))
+		m.Write([]byte("alice@example.com"))
+		want[salt] = "h-" + base64.RawURLEncoding.EncodeToString(m.Sum(nil)[:24])
+	}
+	var wg sync.WaitGroup
+	errs := make(chan string, len(salts))
+	for _, salt := range salts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 2000 {
+				if got := bucket.HashSubject(salt, "alice@example.com"); got != want[salt] {
+					errs <- fmt.Sprintf("HashSubject(%q) = %q, want %q", salt, got, want[salt])
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"strconv"
+	"sync"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -51,14 +52,36 @@ type flush struct {
 	retry []int
 }
 
-func (r *Redis) flusher() {
-	defer r.wg.Done()
-	f := &flush{
-		batch:   make([]*call, 0, r.maxBatch),
-		of:      make([]int, r.maxBatch),
-		members: make([]*call, r.maxBatch),
+// newFlush returns a flush for batches of at most size calls.
+func newFlush(size int) *flush {
+	return &flush{
+		batch:   make([]*call, 0, size),
+		of:      make([]int, size),
+		members: make([]*call, size),
 		open:    make(map[uint32]int),
 	}
+}
+
+// reset drops f's references to the calls it sent, keeping its buffers.
+func (f *flush) reset() {
+	clear(f.batch)
+	f.batch = f.batch[:0]
+	clear(f.members)
+	for w := range f.wires {
+		f.wires[w] = wire{}
+	}
+	for w := range f.argvs {
+		clear(f.argvs[w])
+	}
+}
+
+// directFlush holds the flushes of calls sent on their caller's goroutine
+// (see Redis.direct), one call each.
+var directFlush = sync.Pool{New: func() any { return newFlush(1) }}
+
+func (r *Redis) flusher() {
+	defer r.wg.Done()
+	f := newFlush(r.maxBatch)
 	for {
 		select {
 		case <-r.stop:
@@ -84,15 +107,8 @@ func (r *Redis) flusher() {
 				continue
 			}
 			r.plan(f)
-			r.send(f)
-			clear(f.batch)
-			clear(f.members)
-			for w := range f.wires {
-				f.wires[w] = wire{}
-			}
-			for w := range f.argvs {
-				clear(f.argvs[w])
-			}
+			r.send(context.Background(), f)
+			f.reset()
 		}
 	}
 }
@@ -215,9 +231,10 @@ func (r *Redis) lay(f *flush, w int) {
 
 // send runs f's wires in one pipeline, resends the ones Redis refused
 // (NOSCRIPT: with EVAL; CROSSSLOT on a merged wire: its calls one by one,
-// and no more merging across slots), and answers every call.
-func (r *Redis) send(f *flush) {
-	ctx := context.Background()
+// and no more merging across slots), and answers every call. ctx bounds
+// the round trips: a flusher's never ends (the client's timeouts bound
+// them), a direct caller's is its own.
+func (r *Redis) send(ctx context.Context, f *flush) {
 	pipe := r.client.Pipeline()
 	f.retry = f.retry[:0]
 	for w := range f.wires {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -74,12 +75,14 @@ type RedisConfig struct {
 // Redis is the store that production regional nodes use: one Lua script
 // call per decision, atomic in Redis, timed by Redis TIME only.
 //
-// Concurrent callers are coalesced: Take, TakeAll and Refund put their
-// script call on a bounded queue; Flushers goroutines (started by NewRedis,
-// stopped by Close) each take every call waiting, up to MaxBatch, and send
-// them in one pipeline. A woken flusher first yields once, so that callers
-// already runnable add their calls; a lone caller's call then goes out
-// alone. Within a pipeline, up to Merge single-bucket calls of the same
+// A call that finds no other in the store is sent by its caller, on its
+// own goroutine and in its own context: one round trip, no hand-off.
+// Concurrent callers are coalesced: while a call is in the store, Take,
+// TakeAll and Refund put their script call on a bounded queue; Flushers
+// goroutines (started by NewRedis, stopped by Close) each take every call
+// waiting, up to MaxBatch, and send them in one pipeline. A woken flusher
+// first yields once, so that callers already runnable add their calls.
+// Within a pipeline, up to Merge single-bucket calls of the same
 // operation (and, on a cluster, hash slot) go out as one script call that
 // decides each bucket on its own, in queue order, as separate calls would:
 // Redis then pays a script call's fixed cost once for all of them (see
@@ -131,7 +134,10 @@ type Redis struct {
 	// of a cluster).
 	single    bool
 	crossSlot atomic.Bool
-	args      argCache
+	// calls counts the single calls (Take, Refund, one-call TakeAll) in
+	// the store, sent or waiting: one that finds no other goes direct.
+	calls atomic.Int64
+	args  argCache
 	// guard is the boxed guard argument of every bucket: "1" with
 	// LossGuard, else "0" (see lua/take.lua).
 	guard any
@@ -348,12 +354,57 @@ func scriptSource(s *redis.Script) string {
 	return "" // unreachable: every call uses one of the package's scripts
 }
 
-// do queues c and waits for its answer.
+// do sends c and waits for its answer: on the caller's goroutine when no
+// other call is in the store (see direct), else through the flushers'
+// queue, where it may share a pipeline and a script call with others.
 func (r *Redis) do(ctx context.Context, c *call) error {
+	defer r.calls.Add(-1)
+	if r.calls.Add(1) == 1 {
+		return r.direct(ctx, c)
+	}
 	if err := r.enqueue(ctx, c); err != nil {
 		return err
 	}
 	return wait(ctx, c)
+}
+
+// direct sends c, the only call in the store, on the caller's goroutine,
+// in the caller's context: a lone check then pays one round trip and no
+// hand-off to a flusher and back (two goroutine switches, and a yield in
+// the flusher, that only pay off when other calls can join the
+// pipeline). Calls that come while it is in flight go through the queue,
+// so merging still gathers concurrent calls. Like a queued call, a call
+// whose context has ended is not sent; one whose context ends in flight
+// gets the context's error and may have been charged.
+func (r *Redis) direct(ctx context.Context, c *call) error {
+	r.mu.RLock()
+	closed := r.closed
+	r.mu.RUnlock()
+	switch {
+	case closed:
+		return ErrClosed
+	case ctx.Err() != nil:
+		return ctx.Err()
+	}
+	c.ctx = ctx
+	f := directFlush.Get().(*flush)
+	f.batch = append(f.batch[:0], c)
+	r.plan(f)
+	r.send(ctx, f)
+	f.reset()
+	directFlush.Put(f)
+	<-c.done // send answered it on this goroutine
+	if c.err != nil {
+		// The connection's deadline is the context's, and may pass just
+		// before the context's own timer ends it.
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+			return context.DeadlineExceeded
+		}
+	}
+	return c.err
 }
 
 // enqueue puts c on the queue of the flushers.

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -61,6 +63,41 @@ func TestOversizedBatchRefusedBeforeStore(t *testing.T) {
 	}
 	if n := counterValue(t, h.reg, "quota_regional_bucket_operations_total"); n != MaxBatchOps {
 		t.Fatalf("bucket operations counted %v, want %d", n, MaxBatchOps)
+	}
+}
+
+// TestEnvoyBucketOperationsCounted: an Envoy request counts one bucket
+// operation per limited descriptor under api="envoy", beside the own
+// API's.
+func TestEnvoyBucketOperationsCounted(t *testing.T) {
+	h := startNode(t, Config{}, map[string]string{"e.yaml": benchEnvoy10})
+	descs := []*rlcommon.RateLimitDescriptor{desc("d0", "a"), desc("d1", "a"), desc("unlimited-key", "a")}
+	if r, err := h.rls.ShouldRateLimit(ctxT(t), &rlsv3.RateLimitRequest{Domain: "bench10", Descriptors: descs}); err != nil || r.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("envoy request: %v, %v", r, err)
+	}
+	if _, err := h.adm.Check(ctxT(t), &quotav1.CheckRequest{Subject: "s", Policies: []string{"unknown"}}); status.Code(err) != codes.NotFound {
+		t.Fatalf("check of an unknown policy: %v", err)
+	}
+	want := map[string]float64{"envoy": 2}
+	mfs, err := h.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "quota_regional_bucket_operations_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "api" && m.GetCounter().GetValue() != 0 {
+					got[l.GetValue()] = m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	if len(got) != len(want) || got["envoy"] != want["envoy"] {
+		t.Fatalf("bucket operations by api %v, want %v", got, want)
 	}
 }
 

@@ -64,7 +64,12 @@ func (n *Node) admitOps(api string, k callerKey, ops int) bool {
 		n.m.callerLimited.WithLabelValues(api).Inc()
 		return false
 	}
-	n.m.bucketOps.WithLabelValues(api).Add(float64(ops))
+	ops64 := float64(ops)
+	if c, ok := n.apiOps[api]; ok {
+		c.Add(ops64)
+	} else {
+		n.m.bucketOps.WithLabelValues(api).Add(ops64)
+	}
 	return true
 }
 

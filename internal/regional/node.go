@@ -60,6 +60,10 @@ type Node struct {
 
 	deadlines   *deadlines // of store calls (see callStore)
 	takeLatency prometheus.Observer
+	// apiOps holds the bucket operations counter of each API the node
+	// serves (see admitOps), looked up once: a vector lookup hashes the
+	// label on every check. Read-only after New.
+	apiOps map[string]prometheus.Counter
 	// counters caches decision counters by policy (see decisionCounter):
 	// *policy.Policy -> *[len(decisionResults)]prometheus.Counter.
 	counters   sync.Map
@@ -105,6 +109,10 @@ func New(cfg Config) (*Node, error) {
 			"and a restart starts every hashed bucket afresh")
 	}
 	n.takeLatency = m.storeLatency.WithLabelValues("take_all")
+	n.apiOps = make(map[string]prometheus.Counter)
+	for _, api := range []string{"admission", "envoy"} {
+		n.apiOps[api] = m.bucketOps.WithLabelValues(api)
+	}
 	n.deadlines = newDeadlines(cfg.StoreTimeout)
 	if ps, ok := cfg.Shares.(PinnedShareSource); ok {
 		n.pins = ps

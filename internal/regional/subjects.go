@@ -1,7 +1,6 @@
 package regional
 
 import (
-	"container/list"
 	"hash/maphash"
 	"net/netip"
 	"sync"
@@ -74,15 +73,54 @@ type subjectSet struct {
 
 // subjectShard is a part of a policy's live subjects, soonest to expire
 // first. A subject stays listed at least ttl after its last check.
+//
+// The map points at the entries themselves, which carry their own list
+// links and their expiry in unix nanoseconds: a check of a live subject
+// reads the map and one entry (container/list took an element, its
+// boxed value and a time.Time to get there).
 type subjectShard struct {
-	mu    sync.Mutex
-	m     map[string]*list.Element // of *liveEntry
-	order list.List
+	mu sync.Mutex
+	m  map[string]*liveEntry
+	// head expires first, tail last.
+	head, tail *liveEntry
 }
 
 type liveEntry struct {
-	subject string
-	expires time.Time
+	subject    string
+	expires    int64 // unix nanoseconds
+	prev, next *liveEntry
+}
+
+// pushBack appends e, which is in no list, at the tail.
+func (sh *subjectShard) pushBack(e *liveEntry) {
+	e.prev, e.next = sh.tail, nil
+	if sh.tail != nil {
+		sh.tail.next = e
+	} else {
+		sh.head = e
+	}
+	sh.tail = e
+}
+
+// unlink takes e out of the list.
+func (sh *subjectShard) unlink(e *liveEntry) {
+	if e.prev != nil {
+		e.prev.next = e.next
+	} else {
+		sh.head = e.next
+	}
+	if e.next != nil {
+		e.next.prev = e.prev
+	} else {
+		sh.tail = e.prev
+	}
+	e.prev, e.next = nil, nil
+}
+
+// drop removes e from the shard.
+func (sh *subjectShard) drop(e *liveEntry) {
+	sh.unlink(e)
+	delete(sh.m, e.subject)
 }
 
 // shardedFrom is the least bound split into subjectShards shards; a
@@ -124,7 +162,7 @@ func newSubjectSet(max int, ttl time.Duration) *subjectSet {
 	}
 	s := &subjectSet{seed: maphash.MakeSeed(), shards: make([]subjectShard, n), per: max / n, ttl: ttl}
 	for i := range s.shards {
-		s.shards[i].m = make(map[string]*list.Element)
+		s.shards[i].m = make(map[string]*liveEntry)
 	}
 	return s
 }
@@ -157,40 +195,37 @@ const maxExpiredPerAdmit = 4
 // this node knew of).
 func (s *subjectSet) admit(subject string, now time.Time) (v subjectVerdict, fresh bool) {
 	sh := s.shard(subject)
+	at, ttl := now.UnixNano(), int64(s.ttl)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if el, ok := sh.m[subject]; ok {
-		e := el.Value.(*liveEntry)
-		if now.Before(e.expires) {
+	if e, ok := sh.m[subject]; ok {
+		if at < e.expires {
 			// Moving an entry to the back on every check cost a list
 			// operation per check; an entry is moved once less than ttl
 			// of its life is left, and then lives 1.5 ttl, so it is still
 			// listed ttl after its last check (as its bucket may be), and
 			// the list stays in expiry order.
-			if e.expires.Sub(now) < s.ttl {
-				e.expires = now.Add(s.ttl + s.ttl/2)
-				sh.order.MoveToBack(el)
+			if e.expires-at < ttl {
+				e.expires = at + ttl + ttl/2
+				sh.unlink(e)
+				sh.pushBack(e)
 			}
 			return subjectOwn, false
 		}
-		sh.order.Remove(el)
-		delete(sh.m, subject)
+		sh.drop(e)
 	}
-	if now.UnixNano() < s.fullUntil.Load() {
+	if at < s.fullUntil.Load() {
 		return subjectRefused, false
 	}
-	for i := 0; i < maxExpiredPerAdmit; i++ {
-		front := sh.order.Front()
-		if front == nil || now.Before(front.Value.(*liveEntry).expires) {
-			break
-		}
-		delete(sh.m, front.Value.(*liveEntry).subject)
-		sh.order.Remove(front)
+	for i := 0; i < maxExpiredPerAdmit && sh.head != nil && at >= sh.head.expires; i++ {
+		sh.drop(sh.head)
 	}
 	if len(sh.m) >= s.per {
 		return subjectOverflow, false
 	}
-	sh.m[subject] = sh.order.PushBack(&liveEntry{subject: subject, expires: now.Add(s.ttl + s.ttl/2)})
+	e := &liveEntry{subject: subject, expires: at + ttl + ttl/2}
+	sh.m[subject] = e
+	sh.pushBack(e)
 	return subjectOwn, true
 }
 
@@ -211,9 +246,8 @@ func (s *subjectSet) refused(subject string, fresh bool, now time.Time, cooldown
 	sh := s.shard(subject)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if el, ok := sh.m[subject]; ok {
-		sh.order.Remove(el)
-		delete(sh.m, subject)
+	if e, ok := sh.m[subject]; ok {
+		sh.drop(e)
 	}
 }
 

@@ -1,0 +1,204 @@
+package regional
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"net"
+	"os"
+	"runtime"
+	rtmetrics "runtime/metrics"
+	"strconv"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/quotacoord/quota/bucket"
+	"github.com/quotacoord/quota/internal/clock"
+	"github.com/quotacoord/quota/internal/redistest"
+)
+
+// BenchmarkOneCaller is the c=1 path of scripts/bench-regional.sh in
+// process: one caller at a time checks one descriptor of 10,000 uniform
+// subjects on a node whose store is real Redis over loopback (the shared
+// redistest server: run it under scripts/with-redis.sh), with the node's
+// production defaults (grants, in-flight bound, live-subject bound, salted
+// subject hashing, one flusher per P). "handler" calls the Envoy handler
+// itself; "grpc" goes through a loopback gRPC client and server as Envoy
+// does; "handler-c50" calls the handler from 50 goroutines per P at once.
+// Beside ns/op and allocations it reports, per check:
+//
+//   - cpu-ns/op: the process's user and system CPU time (getrusage), which
+//     leaves out the wait for Redis that ns/op includes;
+//   - rw-syscalls/op: read and write system calls of the process
+//     (/proc/self/io syscr + syscw; epoll and futex calls are not counted);
+//   - redis-rt/op: writes on the Redis connections (one per round trip);
+//   - ctxsw/op: the process's OS context switches (getrusage nvcsw +
+//     nivcsw), that is, times a thread slept and was woken;
+//   - g-runs/op: goroutines made runnable and then run (the count of
+//     /sched/latencies:seconds, which the runtime samples at one in 8
+//     transitions per goroutine, times 8): every hand-off from one
+//     goroutine to another, and every wake-up from the network poller,
+//     is one.
+//
+// Run it on one P, as the script runs the node (taskset on one CPU):
+//
+//	scripts/with-redis.sh go test -run '^$' -bench OneCaller -cpu 1 -benchtime 20000x ./internal/regional/
+func BenchmarkOneCaller(b *testing.B) {
+	writes := new(atomic.Int64)
+	rc := redis.NewClient(&redis.Options{
+		Addr: redistest.Addr(b), Protocol: 2, ContextTimeoutEnabled: true, MaxRetries: -1,
+		ReadTimeout: time.Second, WriteTimeout: time.Second,
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			var d net.Dialer
+			c, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return &countingConn{Conn: c, writes: writes}, nil
+		},
+	})
+	b.Cleanup(func() { _ = rc.Close() })
+	store, err := bucket.NewRedis(bucket.RedisConfig{Client: rc, Flushers: min(bucket.DefaultFlushers, runtime.GOMAXPROCS(0))})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { store.Close() })
+	h := startNode(b, Config{StoreTimeout: 250 * time.Millisecond, Store: store,
+		Local: memoryStore(b, clock.Real{})}, map[string]string{"e.yaml": benchEnvoy})
+	// The harness counts the store's calls under a lock: call the store
+	// itself, as a node does.
+	h.node.cfg.Store = h.store.Store
+	r := &rls{n: h.node}
+	prefix := redistest.Unique(b)
+	reqs := make([]*rlsv3.RateLimitRequest, 10000)
+	for i := range reqs {
+		reqs[i] = &rlsv3.RateLimitRequest{Domain: "bench",
+			Descriptors: []*rlcommon.RateLimitDescriptor{desc("tenant", prefix+"-"+strconv.Itoa(i))}}
+	}
+	calls := map[string]func(context.Context, *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error){
+		"handler": r.ShouldRateLimit,
+		"grpc": func(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+			return h.rls.ShouldRateLimit(ctx, req)
+		},
+	}
+	for _, name := range []string{"handler", "grpc"} {
+		call := calls[name]
+		b.Run(name, func(b *testing.B) {
+			ctx := context.Background()
+			for i := range 200 { // warm: connections, script cache, live subjects
+				if _, err := call(ctx, reqs[i%len(reqs)]); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportAllocs()
+			before := sampleProcess(b, writes)
+			b.ResetTimer()
+			i := 0
+			for b.Loop() {
+				resp, err := call(ctx, reqs[i%len(reqs)])
+				if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+					b.Fatal(resp, err)
+				}
+				i++
+			}
+			b.StopTimer()
+			sampleProcess(b, writes).report(b, before, i)
+		})
+	}
+	// handler-c50: 50 callers per P at once on the handler, as the c=50
+	// runs of the script load the node: redis-rt/op shows how many checks
+	// share a round trip (merged and pipelined).
+	b.Run("handler-c50", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetParallelism(50)
+		var n, next atomic.Int64
+		before := sampleProcess(b, writes)
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				resp, err := r.ShouldRateLimit(context.Background(), reqs[next.Add(1)%int64(len(reqs))])
+				if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+					b.Error(resp, err)
+					return
+				}
+				n.Add(1)
+			}
+		})
+		b.StopTimer()
+		sampleProcess(b, writes).report(b, before, int(n.Load()))
+	})
+}
+
+// countingConn counts the writes on a connection.
+type countingConn struct {
+	net.Conn
+	writes *atomic.Int64
+}
+
+func (c *countingConn) Write(p []byte) (int, error) {
+	c.writes.Add(1)
+	return c.Conn.Write(p)
+}
+
+// processSample is what BenchmarkOneCaller reads of the process before and
+// after its loop.
+type processSample struct {
+	cpu      time.Duration
+	ctxsw    int64
+	syscalls int64
+	gruns    uint64
+	writes   int64
+}
+
+func sampleProcess(b *testing.B, writes *atomic.Int64) processSample {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	s := processSample{
+		cpu:    time.Duration(ru.Utime.Nano() + ru.Stime.Nano()),
+		ctxsw:  ru.Nvcsw + ru.Nivcsw,
+		writes: writes.Load(),
+	}
+	if io, err := os.ReadFile("/proc/self/io"); err == nil {
+		sc := bufio.NewScanner(bytes.NewReader(io))
+		for sc.Scan() {
+			k, v, _ := bytes.Cut(sc.Bytes(), []byte(": "))
+			if n, err := strconv.ParseInt(string(v), 10, 64); err == nil && (string(k) == "syscr" || string(k) == "syscw") {
+				s.syscalls += n
+			}
+		}
+	}
+	m := []rtmetrics.Sample{{Name: "/sched/latencies:seconds"}}
+	rtmetrics.Read(m)
+	if m[0].Value.Kind() == rtmetrics.KindFloat64Histogram {
+		for _, c := range m[0].Value.Float64Histogram().Counts {
+			s.gruns += c
+		}
+	}
+	return s
+}
+
+// gTrackingPeriod is the runtime's sampling period of scheduling
+// latencies (runtime.gTrackingPeriod).
+const gTrackingPeriod = 8
+
+func (s processSample) report(b *testing.B, before processSample, n int) {
+	if n == 0 {
+		return
+	}
+	per := func(v float64) float64 { return v / float64(n) }
+	b.ReportMetric(per(float64(s.cpu-before.cpu)), "cpu-ns/op")
+	b.ReportMetric(per(float64(s.syscalls-before.syscalls)), "rw-syscalls/op")
+	b.ReportMetric(per(float64(s.writes-before.writes)), "redis-rt/op")
+	b.ReportMetric(per(float64(s.ctxsw-before.ctxsw)), "ctxsw/op")
+	b.ReportMetric(per(float64(gTrackingPeriod*(s.gruns-before.gruns))), "g-runs/op")
+}
