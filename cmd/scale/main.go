@@ -2,9 +2,12 @@
 // internal/scale): the real coordinator on its embedded etcd and many
 // regional nodes speaking the real protocol in one process, without
 // Redis. It prints one markdown table row per run; -header prints the
-// table's header first.
+// table's header first. With -node it measures one regional node's
+// memory instead: -policies policies and -subjects live subjects on the
+// in-process store.
 //
 //	scale -policies 1000 -regions 3 -nodes 10 -duration 30s
+//	scale -node -policies 10000 -subjects 1000000
 package main
 
 import (
@@ -35,7 +38,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("scale", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var p scale.Params
-	var header, verbose bool
+	var header, verbose, node bool
+	var subjects int
 	fs.IntVar(&p.Policies, "policies", 100, "token-bucket policies")
 	fs.IntVar(&p.Regions, "regions", 3, "regions")
 	fs.IntVar(&p.NodesPerRegion, "nodes", 2, "nodes per region")
@@ -46,11 +50,24 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&p.DataDir, "data-dir", "", "embedded etcd data directory (default a new temporary directory, removed at the end)")
 	fs.BoolVar(&header, "header", false, "print the table header first")
 	fs.BoolVar(&verbose, "v", false, "log the coordinator's rounds to stderr")
+	fs.BoolVar(&node, "node", false, "measure one regional node's memory (with -policies and -subjects) instead of a deployment")
+	fs.IntVar(&subjects, "subjects", 100000, "with -node: live subjects, checked once each")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if node {
+		res, err := scale.NodeMemory(ctx, scale.NodeParams{Policies: p.Policies, Subjects: subjects})
+		if err != nil {
+			return err
+		}
+		if header {
+			fmt.Fprintln(stdout, scale.NodeTableHeader)
+		}
+		fmt.Fprintln(stdout, scale.NodeTableRow(res, command(args)))
+		return nil
 	}
 	if p.DataDir == "" {
 		dir, err := os.MkdirTemp("", "quota-scale-")
@@ -70,12 +87,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if header {
 		fmt.Fprintln(stdout, scale.TableHeader)
 	}
-	command := []string{"scale"}
+	fmt.Fprintln(stdout, scale.TableRow(res, command(args)))
+	return nil
+}
+
+// command is the command line that reproduces a row: args without the
+// flags that only change the output.
+func command(args []string) string {
+	out := []string{"scale"}
 	for _, a := range args {
 		if f := strings.TrimLeft(a, "-"); f != "header" && f != "v" {
-			command = append(command, a)
+			out = append(out, a)
 		}
 	}
-	fmt.Fprintln(stdout, scale.TableRow(res, strings.Join(command, " ")))
-	return nil
+	return strings.Join(out, " ")
 }

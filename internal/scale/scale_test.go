@@ -59,3 +59,21 @@ func TestParamsBounds(t *testing.T) {
 		}
 	}
 }
+
+// TestNodeMemorySmall: every subject gets its bucket, and the per-policy
+// and per-subject figures are positive and plausible.
+func TestNodeMemorySmall(t *testing.T) {
+	res, err := NodeMemory(context.Background(), NodeParams{Policies: 50, Subjects: 5000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Buckets != 5000+50 || res.Checks != 5000 || res.Admitted != 5000 {
+		t.Fatalf("buckets %d checks %d admitted %d, want every subject's bucket and admission", res.Buckets, res.Checks, res.Admitted)
+	}
+	if res.PerPolicy <= 0 || res.PerSubject <= 0 || res.PerSubject > 64<<10 {
+		t.Fatalf("per policy %v, per subject %v", res.PerPolicy, res.PerSubject)
+	}
+	if _, err := NodeMemory(context.Background(), NodeParams{Policies: 0, Subjects: 1}); err == nil {
+		t.Fatal("0 policies accepted")
+	}
+}
