@@ -2,34 +2,37 @@ package bucket
 
 import "time"
 
-// CountedSince returns the instant from which a window algorithm's count
-// at now may still hold cost: the start of now's aligned window
-// (FixedWindow), of the window before it, whose count is still weighted
-// in (SlidingWindow), or now − Window (SlidingLog); skew widens the span
-// for a store whose clock (Redis TIME, which aligns the windows) may run
-// behind the caller's. ok is false for TokenBucket.
+// CountedFor returns how far back from any instant a window algorithm's
+// count at that instant may hold cost, plus skew: one window for
+// FixedWindow (the aligned window holding the instant began at most one
+// window before it) and SlidingLog, two for SlidingWindow (the window
+// before the current one is still weighted in). ok is false for
+// TokenBucket.
 //
 // A caller that charges a window's count against the lowest share its
-// region held since that instant keeps regions whose shares move in the
+// region held during the last CountedFor, measured on its monotonic clock
+// from before it calls the store, keeps regions whose shares move in the
 // middle of a window within the window's budget: each region's count is
 // at most its share at the window's start times the capacity, and the
-// shares summed at any one instant stay within 1 + ε.
-func (l Limits) CountedSince(now time.Time, skew time.Duration) (since time.Time, ok bool) {
+// shares summed at any one instant stay within 1 + ε. The span depends on
+// no wall-clock reading on purpose: the stores align windows on their
+// own clock (Redis TIME), and a caller placing the window's start with
+// its own wall clock puts it too late once that clock is stepped back (or
+// forward past a window boundary). skew covers the store's clock running
+// slow or being stepped back by that much.
+func (l Limits) CountedFor(skew time.Duration) (within time.Duration, ok bool) {
 	w := l.Window
 	if w <= 0 {
-		return time.Time{}, false
+		return 0, false
 	}
 	switch l.Algorithm {
-	case FixedWindow:
-		since = WindowStart(now, w)
+	case FixedWindow, SlidingLog:
+		return w + skew, true
 	case SlidingWindow:
-		since = WindowStart(now, w).Add(-w)
-	case SlidingLog:
-		since = now.Add(-w)
+		return 2*w + skew, true
 	default:
-		return time.Time{}, false
+		return 0, false
 	}
-	return since.Add(-skew), true
 }
 
 // WindowStart is the start of the window of length w holding now, with

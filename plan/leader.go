@@ -195,8 +195,19 @@ type Leader struct {
 	// missingSince is when this leader first saw a region of an
 	// allocation without any registered node.
 	missingSince map[string]time.Time
-	// nodes are the nodes registered in the last view tracked.
-	nodes map[nodeKey]bool
+	// nodes are the nodes registered in the last view tracked, with the
+	// epoch per policy each had acknowledged.
+	nodes map[nodeKey]map[string]uint64
+	// behind is, per region and node, the epoch per policy a node had
+	// acknowledged when this leader saw it lose its registration, until
+	// the node registers again. Such a node may be alive and cut off,
+	// enforcing the safe share of an epoch its region's other nodes have
+	// long left: the region has not acknowledged a later epoch until it
+	// comes back (held). Beyond maxBehind nodes, the entries fold into
+	// node "" of their region (the lowest epochs), kept until the region
+	// is retired.
+	behind  map[string]map[string]map[string]uint64
+	nbehind int
 	// nodeGone is, per region, when this leader last saw one of its nodes
 	// lose its registration: such a node may enforce its old shares until
 	// its lease TTL plus the skew margin.
@@ -238,7 +249,8 @@ func NewLeader(p Params, since time.Time) (*Leader, error) {
 		demand:       make(map[string]map[string]float64),
 		subjects:     make(map[string]map[string]*subjectDemand),
 		missingSince: make(map[string]time.Time),
-		nodes:        make(map[nodeKey]bool),
+		nodes:        make(map[nodeKey]map[string]uint64),
+		behind:       make(map[string]map[string]map[string]uint64),
 		nodeGone:     make(map[string]time.Time),
 		leadSince:    since,
 		returned:     make(map[string]bool),
@@ -263,7 +275,11 @@ func (l *Leader) Clone() *Leader {
 		c.subjects[p] = cm
 	}
 	maps.Copy(c.missingSince, l.missingSince)
-	maps.Copy(c.nodes, l.nodes)
+	maps.Copy(c.nodes, l.nodes) // the inner maps are never changed
+	for r, ns := range l.behind {
+		c.behind[r] = maps.Clone(ns)
+	}
+	c.nbehind = l.nbehind
 	maps.Copy(c.nodeGone, l.nodeGone)
 	maps.Copy(c.returned, l.returned)
 	maps.Copy(c.shrinkSeen, l.shrinkSeen)
@@ -287,15 +303,26 @@ func (l *Leader) Track(now time.Time, v *View, allocs map[string]*Allocation) {
 		}
 	}
 	l.tracked, l.mismatched = v, v.Mismatched()
-	for k := range l.nodes {
+	for k, acked := range l.nodes {
 		if _, ok := v.Regions[k.region][k.node]; !ok {
 			l.NodeGone(k.region, now)
+			l.fellBehind(k, acked)
 		}
 	}
 	clear(l.nodes)
 	for r, nodes := range v.Regions {
-		for n := range nodes {
-			l.nodes[nodeKey{r, n}] = true
+		for n, node := range nodes {
+			l.nodes[nodeKey{r, n}] = maps.Clone(node.Acked)
+			if _, ok := l.behind[r][n]; ok {
+				delete(l.behind[r], n)
+				l.nbehind--
+			}
+		}
+	}
+	for r := range v.Retired {
+		if _, live := v.Regions[r]; !live {
+			l.nbehind -= len(l.behind[r])
+			delete(l.behind, r)
 		}
 	}
 	for p, seen := range l.shrinkSeen {
@@ -318,6 +345,45 @@ func (l *Leader) Track(now time.Time, v *View, allocs map[string]*Allocation) {
 				l.missingSince[r] = now
 			}
 		}
+	}
+}
+
+// maxBehind bounds the vanished nodes Leader.behind tracks one by one.
+const maxBehind = 4096
+
+// fellBehind records that node k, which had acknowledged acked, lost its
+// registration.
+func (l *Leader) fellBehind(k nodeKey, acked map[string]uint64) {
+	ns := l.behind[k.region]
+	if ns == nil {
+		ns = make(map[string]map[string]uint64)
+		l.behind[k.region] = ns
+	}
+	if _, ok := ns[k.node]; !ok {
+		l.nbehind++
+	}
+	ns[k.node] = acked
+	if l.nbehind <= maxBehind {
+		return
+	}
+	// Fold every region's vanished nodes into its node "": the lowest
+	// epoch per policy (a policy some node never acknowledged is 0).
+	l.nbehind = 0
+	for _, ns := range l.behind {
+		low := map[string]uint64{}
+		first := true
+		for _, acked := range ns {
+			for p, e := range low {
+				low[p] = min(e, acked[p])
+			}
+			if first {
+				maps.Copy(low, acked)
+				first = false
+			}
+		}
+		clear(ns)
+		ns[""] = low
+		l.nbehind++
 	}
 }
 

@@ -372,7 +372,9 @@ func (l *Leader) held(now time.Time, v *View, policy string, cur *Allocation) ma
 }
 
 // acknowledged says every registered node of region acknowledged epoch
-// of policy and none of its nodes vanished in the last skew margin.
+// of policy, none of its nodes vanished in the last skew margin, and none
+// that vanished before acknowledging epoch is still away (Leader.behind:
+// cut off, it enforces the safe share of the epoch it last applied).
 func (l *Leader) acknowledged(now time.Time, v *View, policy, region string, epoch uint64) bool {
 	nodes, ok := v.Regions[region]
 	if !ok {
@@ -380,6 +382,11 @@ func (l *Leader) acknowledged(now time.Time, v *View, policy, region string, epo
 	}
 	for _, n := range nodes {
 		if n.Acked[policy] < epoch {
+			return false
+		}
+	}
+	for _, acked := range l.behind[region] {
+		if acked[policy] < epoch {
 			return false
 		}
 	}

@@ -543,17 +543,23 @@ func TestChangedAndShrinks(t *testing.T) {
 	}
 }
 
+// safeCAt03 is epoch 3 of exports, where c holds and falls back to 0.3,
+// and a leader without step limit that took over an hour before t0.
+func safeCAt03(t *testing.T) (*Allocation, *Leader) {
+	cur := &Allocation{Policy: "exports", Epoch: 3, Phase: PhaseStable,
+		Default: map[string]float64{"a": 0.35, "b": 0.35, "c": 0.3}, Safe: map[string]float64{"a": 0.05, "b": 0.05, "c": 0.3}}
+	p := params()
+	p.MaxStep = 1
+	return cur, leader(t, p, t0.Add(-time.Hour))
+}
+
 // TestLoweredMinimumOfACutOffRegionStaysReserved: an operator lowers the
 // minimum of a region cut off from etcd. Its nodes fall back to the safe
 // share they last read, so the plan keeps reserving that share until the
 // region acknowledges an epoch that carries the lower one, however many
 // epochs are published meanwhile.
 func TestLoweredMinimumOfACutOffRegionStaysReserved(t *testing.T) {
-	cur := &Allocation{Policy: "exports", Epoch: 3, Phase: PhaseStable,
-		Default: map[string]float64{"a": 0.35, "b": 0.35, "c": 0.3}, Safe: map[string]float64{"a": 0.05, "b": 0.05, "c": 0.3}}
-	p := params()
-	p.MaxStep = 1
-	l := leader(t, p, t0.Add(-time.Hour))
+	cur, l := safeCAt03(t)
 	allocs := func() map[string]*Allocation { return map[string]*Allocation{"exports": cur} }
 	v := nodes(map[string]uint64{"a": 3, "b": 3}, "a", "b")
 	offered(v, "a", 30)
@@ -589,6 +595,63 @@ func TestLoweredMinimumOfACutOffRegionStaysReserved(t *testing.T) {
 	d := l.Plan(now, v, exports, cur, Control{Minimums: map[string]float64{"c": 0.05}}, true)
 	if d.Publish == nil || d.Publish.Target == nil || d.Publish.Target.Default["c"] > 0.05+1e-9 {
 		t.Fatalf("after c acknowledged: %+v", d.Publish)
+	}
+}
+
+// TestLoweredMinimumOfACutOffNodeStaysReserved: region c runs nodes c1
+// and c2; an operator lowers c's minimum while c1 is cut off. c1's lease
+// ends before it applied the lower safe share, so it falls back to the
+// one it last read (0.3) and, alive, enforces it until it comes back.
+// c2 acknowledging the lower one must not release c1's share, however
+// long c1 stays away; once c1 registers again and acknowledges, it does.
+func TestLoweredMinimumOfACutOffNodeStaysReserved(t *testing.T) {
+	cur, l := safeCAt03(t)
+	allocs := func() map[string]*Allocation { return map[string]*Allocation{"exports": cur} }
+	// view has a, b and c2 at epoch e, and c1 (at c1, when ≥ 0) or not.
+	view := func(e uint64, c1 int) *View {
+		v := nodes(map[string]uint64{"a": e, "b": e}, "a", "b")
+		v.Regions["c"] = map[string]Node{"c2": {Acked: map[string]uint64{"exports": e}}}
+		if c1 >= 0 {
+			v.Regions["c"]["c1"] = Node{Acked: map[string]uint64{"exports": uint64(c1)}}
+		}
+		offered(v, "a", 30)
+		offered(v, "b", 30)
+		return v
+	}
+	ctl := Control{Minimums: map[string]float64{"c": 0.05}}
+	now := t0
+	round := func(v *View) {
+		t.Helper()
+		l.Track(now, v, allocs())
+		l.Observe(v, []Policy{exports})
+		if d := l.Plan(now, v, exports, cur, ctl, true); d.Publish != nil {
+			cur = d.Publish
+		}
+		now = now.Add(3 * time.Second) // past the skew margin
+	}
+	round(view(3, 3))
+	if cur.Epoch != 4 || cur.Safe["c"] != 0.05 || cur.Held["c"] != 0.3 {
+		t.Fatalf("lowering c's minimum: epoch %d safe %v held %v, want 4, c at 0.05 holding 0.3", cur.Epoch, cur.Safe, cur.Held)
+	}
+	for range 10 {
+		round(view(cur.Epoch, -1)) // c1 gone, the others acknowledge
+		if got := cur.Default["c"]; got < 0.3-1e-9 {
+			t.Fatalf("epoch %d: c1, cut off at safe share 0.3, may still enforce it; c has %v, a and b %v",
+				cur.Epoch, got, cur.Default["a"]+cur.Default["b"])
+		}
+	}
+	away := view(cur.Epoch, -1)
+	if l.acknowledged(now, away, "exports", "c", cur.Epoch) || l.Clone().acknowledged(now, away, "exports", "c", cur.Epoch) {
+		t.Fatal("c counts as acknowledged while c1 is away (or a clone forgot c1)")
+	}
+	round(view(cur.Epoch, 0)) // c1 registers again
+	round(view(cur.Epoch, int(cur.Epoch)))
+	round(view(cur.Epoch, int(cur.Epoch)))
+	if cur.Target != nil {
+		round(view(cur.Epoch, int(cur.Epoch)))
+	}
+	if got := cur.Default["c"]; got > 0.05+1e-9 {
+		t.Fatalf("after c1 came back and acknowledged epoch %d: c still holds %v", cur.Epoch, got)
 	}
 }
 

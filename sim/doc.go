@@ -78,8 +78,9 @@
 // sliding window counter or sliding log (Scenario.Algorithm and Window;
 // C per window, r = C/Window). Their buckets are bucket.State, decided
 // unit by unit, and a region charges a window's count at the lowest share
-// it held since the count's window began (bucket.Limits.CountedSince), as
-// a regional node does. Their figure is OvershootWindow, the largest count
+// it held during the longest time the count can span (a whole window, two
+// for the sliding window counter: bucket.Limits.CountedFor), as a
+// regional node does. Their figure is OvershootWindow, the largest count
 // of one aligned window over C; the 1 s, 10 s and 60 s figures compare
 // with C for every window the interval touches.
 //

@@ -446,8 +446,8 @@ type engine struct {
 	maxSum   float64
 
 	// Window algorithms: the node's rule (a window's count is charged at
-	// the lowest share the region held since the count's window began)
-	// needs each region's applied allocations since then.
+	// the lowest share the region held during the longest time the count
+	// can span) needs each region's applied allocations in that time.
 	windowed   bool
 	shareHist  [][]appliedAt // per region, oldest first
 	windowRule bool          // apply the rule (a test turns it off)

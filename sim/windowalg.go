@@ -59,8 +59,8 @@ func (e *engine) recordApplied(r int, a *allocation) {
 }
 
 // windowShare is the share region r charges subject j's window count at:
-// the lowest it held since the count's window began
-// (bucket.Limits.CountedSince), as a regional node does; the current one
+// the lowest it held during the longest time the count can span
+// (bucket.Limits.CountedFor), as a regional node does; the current one
 // without the rule.
 func (e *engine) windowShare(r int, j int32) float64 {
 	h := e.shareHist[r]
@@ -68,8 +68,8 @@ func (e *engine) windowShare(r int, j int32) float64 {
 	if !e.windowRule {
 		return cur
 	}
-	since, _ := e.prep.Limits().CountedSince(time.UnixMicro(e.nowUs), 0)
-	from := since.Sub(time.Unix(0, 0))
+	within, _ := e.prep.Limits().CountedFor(0)
+	from := e.now - within
 	low := cur
 	for i := len(h) - 1; i >= 0; i-- {
 		low = math.Min(low, h[i].a.share(r, j))

@@ -21,7 +21,10 @@
 // the latest epoch published when N registered (nodes register before
 // they read alloc/). A node whose registration is gone (lease expired or
 // revoked) counts at its safe share, the largest Safe[R] of the epochs
-// from its floor on; a node that never registered enforces nothing. A
+// from its floor on (its acknowledgement's key ends with the lease, just
+// before the registration, but the node still applied the epoch it
+// acknowledged, so the floor stays); a node that never registered
+// enforces nothing. A
 // node whose floor is before the policy's first epoch counts at least at
 // the policy's minimum share for its region (from the policy documents
 // under policies/, replayed too): it enforces that until it applies an

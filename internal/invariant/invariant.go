@@ -83,7 +83,8 @@ type nodeState struct {
 	// regFloor is the latest epoch per policy at registration.
 	regFloor map[string]uint64
 	// ack is the last acknowledged epoch per policy under this
-	// registration.
+	// registration; it outlives the acknowledgement's key, which ends
+	// with the registration's lease.
 	ack map[string]uint64
 	// deadSafe is, for a dead node, the largest safe share per policy
 	// since its floor.
@@ -185,6 +186,7 @@ func (h *History) Put(key string, value []byte, created bool) error {
 			}
 			r.live = true
 			r.deadSafe = nil
+			r.ack = nil
 			r.regFloor = make(map[string]uint64, len(h.allocs))
 			for p := range h.allocs {
 				r.regFloor[p] = h.latest(p)
@@ -202,9 +204,11 @@ func (h *History) Delete(key string) {
 		delete(h.docs, etcdlayout.Name(l.PoliciesPrefix(), key))
 		h.loadPolicies()
 	case strings.HasPrefix(key, l.AcksPrefix()):
-		if r := h.node(l.AcksPrefix(), key); r != nil {
-			r.ack = nil
-		}
+		// An acknowledgement goes with its node's lease, in the same
+		// revision as the registration and before it (etcd deletes a
+		// lease's keys in key order). The node still applied every
+		// epoch up to the one it acknowledged, so its floor stays; a
+		// new registration starts a new one.
 	case strings.HasPrefix(key, l.RegionsPrefix()):
 		r := h.node(l.RegionsPrefix(), key)
 		if r == nil || !r.live {

@@ -83,6 +83,48 @@ func TestHistory(t *testing.T) {
 	runHistory(t, l, cases)
 }
 
+// TestHistoryLeaseEndKeepsAckFloor: a lease that ends deletes the node's
+// acknowledgement before its registration (etcd deletes a lease's keys in
+// key order, and acks/ sorts before regions/). The node still applied
+// every epoch up to the one it acknowledged, so it falls back to that
+// epoch's safe share, not to what it enforced when it registered. Here a
+// registered before p's first epoch (when it enforced p's minimum, 0.2);
+// an operator then lowered a's minimum to 0, a acknowledged the epochs
+// that published it, and b grew into the whole budget.
+func TestHistoryLeaseEndKeepsAckFloor(t *testing.T) {
+	var l etcdlayout.Layout
+	reg := func(r string) ev {
+		return ev{key: l.Node(r, "n"), value: etcdlayout.Registration{Region: r}, created: true}
+	}
+	at := func(epoch uint64, phase etcdlayout.Phase, a, b, safeA float64) ev {
+		al := alloc(epoch, phase, map[string]float64{"a": a, "b": b})
+		al.Safe = map[string]float64{"a": safeA, "b": 0.2}
+		return ev{key: l.Alloc("p"), value: al}
+	}
+	acked := func(r string, epoch uint64) ev { return ev{key: l.NodeAck(r, "n"), value: ack(r, epoch)} }
+	lowered := []ev{{key: l.PolicyDoc("p.yaml"), value: rawDoc(pDoc)}, reg("a"), reg("b"),
+		at(1, etcdlayout.PhaseStable, 0.2, 0.8, 0.2), acked("a", 1), acked("b", 1),
+		at(2, etcdlayout.PhaseShrink, 0, 0.8, 0), acked("a", 2), acked("b", 2),
+		at(3, etcdlayout.PhaseStable, 0, 1, 0), acked("a", 3), acked("b", 3)}
+	with := func(evs ...ev) []ev { return append(append([]ev(nil), lowered...), evs...) }
+	cases := []struct {
+		name   string
+		events []ev
+		ok     bool
+	}{
+		{"a's lease ended after it acknowledged the lowered minimum", with(
+			ev{key: l.NodeAck("a", "n"), del: true}, ev{key: l.Node("a", "n"), del: true}), true},
+		{"a came back: it starts at the latest epoch", with(
+			ev{key: l.NodeAck("a", "n"), del: true}, ev{key: l.Node("a", "n"), del: true}, reg("a"), acked("a", 3)), true},
+		// a's lease ended before a applied the lowered minimum: it falls
+		// back to the policy's minimum, which epoch 3 did not reserve.
+		{"a's lease ended before it acknowledged the lowered minimum", []ev{{key: l.PolicyDoc("p.yaml"), value: rawDoc(pDoc)}, reg("a"), reg("b"),
+			at(1, etcdlayout.PhaseStable, 0.2, 0.8, 0.2), acked("b", 1), at(2, etcdlayout.PhaseShrink, 0, 0.8, 0), acked("b", 2),
+			ev{key: l.NodeAck("a", "n"), del: true}, ev{key: l.Node("a", "n"), del: true}, at(3, etcdlayout.PhaseStable, 0, 1, 0)}, false},
+	}
+	runHistory(t, l, cases)
+}
+
 // TestHistoryNodes: a region of several nodes may enforce the largest
 // share any of them may enforce; growth is safe only once every live node
 // acknowledged the shrink.

@@ -6,6 +6,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/quotacoord/quota/internal/clock"
 	"github.com/quotacoord/quota/internal/etcdtest"
 	"github.com/quotacoord/quota/internal/redistest"
 	"github.com/quotacoord/quota/internal/regionsync"
@@ -22,9 +23,16 @@ type growthEnv struct {
 
 func newGrowthEnv(t *testing.T, policies string) growthEnv {
 	t.Helper()
+	return newGrowthEnvClock(t, policies, nil)
+}
+
+// newGrowthEnvClock is newGrowthEnv with the node reading clk (nil: the
+// wall clock).
+func newGrowthEnvClock(t *testing.T, policies string, clk clock.Clock) growthEnv {
+	t.Helper()
 	srv := etcdtest.Start(t)
 	sync := runRegionSync(t, srv, regionsync.Config{Region: "eu", Node: "n1", LeaseTTL: 5 * time.Second})
-	h := startNode(t, Config{Region: "eu", Shares: sync, Store: redisStore(t, redistest.Client(t)), StoreTimeout: time.Second},
+	h := startNode(t, Config{Region: "eu", Shares: sync, Store: redisStore(t, redistest.Client(t)), StoreTimeout: time.Second, Clock: clk},
 		map[string]string{"own.yaml": policies})
 	return growthEnv{node: h, cli: srv.Client(t), sync: sync}
 }

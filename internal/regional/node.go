@@ -311,7 +311,7 @@ func (n *Node) take(ctx context.Context, now time.Time, items []item, idx []int)
 	in := make([]bucket.Request, len(idx))
 	for j, i := range idx {
 		in[j] = items[i].req
-		in[j].Share = n.windowShare(&items[i], now)
+		in[j].Share = n.windowShare(&items[i])
 		in[j].Withheld = n.withheld(&items[i])
 	}
 	reqs, at := mergeRequests(in)
@@ -376,28 +376,34 @@ func (n *Node) withheld(it *item) float64 {
 }
 
 // windowSkew is how far the store's clock (Redis TIME, which aligns the
-// windows) may run behind this node's: a window's history reaches that
-// much further back.
+// windows) may run slow or be stepped back: a window's history reaches
+// that much further back.
 const windowSkew = time.Second
 
 // windowShare is the share a window algorithm's count is charged against:
-// the lowest share the region held for the subject since the count's
-// window began (bucket.Limits.CountedSince), so that growth in the middle
-// of a window takes effect with the next one. A region whose share grows
-// mid-window keeps what it admitted at the old share, and one whose share
-// shrank keeps what it spent at its old, larger one; charged this way the
-// regions together stay within the window's budget. A token bucket, and a
-// node whose shares never change, use the share as read.
-func (n *Node) windowShare(it *item, now time.Time) float64 {
+// the lowest share the region held for the subject during the longest
+// time the count can span (bucket.Limits.CountedFor: a whole window, two
+// for the sliding window counter, plus windowSkew), so that growth in the
+// middle of a window takes effect only once no count made before it can
+// remain. A region whose share grows mid-window keeps what it admitted at
+// the old share, and one whose share shrank keeps what it spent at its
+// old, larger one; charged this way the regions together stay within the
+// window's budget. The span is measured back from now on the share
+// history's monotonic clock, never placed by this node's wall clock in
+// the store's windows: a wall clock stepped back would put the window's
+// start too late and charge a window that began before a growth at the
+// grown share. A token bucket, and a node whose shares never change, use
+// the share as read.
+func (n *Node) windowShare(it *item) float64 {
 	share := it.req.Share
 	if n.history == nil {
 		return share
 	}
-	since, ok := it.req.Limits.CountedSince(now, windowSkew)
+	within, ok := it.req.Limits.CountedFor(windowSkew)
 	if !ok {
 		return share
 	}
-	return min(share, n.history.LowestShare(it.label, it.subject, now.Sub(since)))
+	return min(share, n.history.LowestShare(it.label, it.subject, within))
 }
 
 // mergeRequests asks a bucket named twice (an Envoy request may repeat a
