@@ -37,6 +37,12 @@ E2E_RUNS=$bound_runs E2E_STEPS=$bound_steps E2E_SEED=${BOUND_SEED:-} \
 }
 grep -E 'runs of [0-9]+ steps' "$out/bound.log" | sed 's/^ */  /'
 
+echo "== RLQS: a node killed with leases out, a stream cut mid-assignment, a lease holder paused past its TTL, log in $out/rlqs.log"
+"$GO" test -race -count=1 -timeout 5m -v -run '^(TestNodeKilledWithLeasesOut|TestStreamCutMidAssignment|TestLeaseHolderPausedPastTTL)$' ./internal/rlqs/ >"$out/rlqs.log" 2>&1 || {
+  status=1
+  echo "RLQS runs failed:"; grep -E '^\s*(--- FAIL|FAIL|panic:)|over the bound' "$out/rlqs.log" | head -40
+}
+
 echo "== fuzz targets, $fuzztime each"
 while IFS=: read -r file name; do
   dir=$(dirname "$file")
