@@ -39,7 +39,8 @@ func TestRunJSONAgainstNoop(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "decisions/s") {
 		t.Fatalf("text output %q", out.String())
-	}	// -rlqs against a service without RLQS: no usage report gets through.
+	}
+	// -rlqs against a service without RLQS: no usage report gets through.
 	err = run(context.Background(), []string{"-rlqs", "-addr", l.Addr().String(), "-streams", "2", "-warmup", "200ms", "-duration", "300ms", "-report-interval", "50ms"}, &out, &errb)
 	if err == nil || !strings.Contains(err.Error(), "no usage report reached") {
 		t.Fatalf("-rlqs against the no-work service: %v", err)
