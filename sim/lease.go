@@ -339,6 +339,13 @@ func leaseRound(cfg *LeaseConfig, store *bucket.Memory, req *bucket.Request, ori
 			}
 		}
 		if !ok || !lease.Granted {
+			if c.hasSent && !c.sent.deny {
+				// As the node does: the lease in force ends once the
+				// DENY_ALL that replaces it has arrived.
+				if _, err := store.ReleaseAt(at, bucket.LeaseRelease{Request: *req, Holder: c.holder, Within: cfg.Margin}); err != nil {
+					return fmt.Errorf("sim: release for %s: %w", c.holder, err)
+				}
+			}
 			want = leaseShape{deny: true}
 			res.Refusals++
 		} else {
