@@ -115,7 +115,10 @@ var rlqsLimits = bucket.Limits{Algorithm: bucket.TokenBucket, Capacity: 60, Refi
 // changed assignment is on the way (held in the proxy, then dropped). The
 // cut Envoy never learns of the shrink: it keeps its old, larger
 // assignment until that one's TTL and spends all of it, while the other
-// spends its grown one; it reconnects 2.6 s later. No window over C + r·W.
+// spends its grown one; it reconnects 2.6 s later. No window over C + r·W,
+// and the refill of the assignments in force at the Envoys never sums
+// past the region's (the invariant the leases keep, checked at every
+// step).
 func TestStreamCutMidAssignment(t *testing.T) {
 	h := newHarness(t)
 	ccfg := ClientConfig{Domain: "edge", NoAssignment: DenyAll, Expired: DenyAll}
@@ -124,33 +127,37 @@ func TestStreamCutMidAssignment(t *testing.T) {
 	run := &rlqsRun{h: h, id: map[string]string{"tenant": "acme"}}
 	var reports uint64
 	cuts := 0
-	for s := 0; s < 640; s++ {
-		cycle, at := s/80, s%80
+	maxRate, maxAt := 0.0, 0
+	for s := 0; s < 720; s++ {
+		cycle, at := s/180, s%180
 		victim, other := es[cycle%2], es[1-cycle%2]
 		// The victim holds most of the rate, then reports a quiet second
-		// while the other's demand jumps: the round at 49 shrinks the
+		// while the other's demand jumps: the round at 149 shrinks the
 		// victim's assignment and grows the other's, and that shrink is
 		// lost with the victim's stream. The victim then spends its old
 		// assignment in full until its TTL.
 		v, o := 30.0, 2.0
 		switch {
-		case at >= 40 && at < 50:
+		case at >= 140 && at < 150:
 			v, o = 0, 60
-		case at >= 50:
+		case at >= 150:
 			v, o = 60, 60
 		}
 		demand := make([]float64, 2)
 		demand[cycle%2], demand[1-cycle%2] = v, o
-		if at == 75 && !victim.up {
+		if at == 175 && !victim.up {
 			victim.connect(t)
 		}
 		cs := []*Client{es[0].c, es[1].c}
 		run.offer(cs, demand)
+		if r := refillInForce(h.clk.Now(), cs, run.id); r > maxRate {
+			maxRate, maxAt = r, s
+		}
 		if s%10 != 9 {
 			continue
 		}
 		reportUp(t, reg, es, &reports)
-		cut := at == 49 && victim.up
+		cut := at == 149 && victim.up
 		if cut {
 			// The round's changed assignment goes into the proxy and
 			// stays there; then the connection is dropped.
@@ -177,10 +184,14 @@ func TestStreamCutMidAssignment(t *testing.T) {
 		}
 	}
 	rep := run.check(t)
-	if cuts != 8 {
-		t.Fatalf("%d cuts, want 8", cuts)
+	t.Logf("largest refill in force at the Envoys: %.1f tokens/s at step %d (the region's refill: %v)", maxRate, maxAt, rlqsLimits.RefillPerSecond)
+	if maxRate > rlqsLimits.RefillPerSecond {
+		t.Errorf("the Envoys' assignments in force refill %.1f tokens/s at step %d, over the region's %v", maxRate, maxAt, rlqsLimits.RefillPerSecond)
 	}
-	recordRLQS(t, "rlqs: stream cut mid-assignment", rep, "8 shrinking assignments lost with their stream; the cut Envoy spends its old, larger one to its TTL")
+	if cuts != 4 {
+		t.Fatalf("%d cuts, want 4", cuts)
+	}
+	recordRLQS(t, "rlqs: stream cut mid-assignment", rep, "4 shrinking assignments lost with their stream; the cut Envoy spends its old, larger one to its TTL")
 }
 
 // reportUp has every Envoy that is up report its usage (its report
@@ -204,6 +215,22 @@ func reportUp(t *testing.T, reg *region, es []*proxied, reports *uint64) []*prox
 	}
 	waitFor(t, "reports", func() bool { return reg.srv.Reports() >= *reports })
 	return up
+}
+
+// refillInForce sums the refill rates of the token-bucket assignments in
+// force at now for bucket id across cs: what the Envoys may admit per
+// second from then on, which the leases must keep within the region's
+// refill.
+func refillInForce(now time.Time, cs []*Client, id map[string]string) float64 {
+	var sum float64
+	for _, c := range cs {
+		c.mu.Lock()
+		if b := c.buckets[idKey(id)]; b != nil && b.has && (b.expires.IsZero() || now.Before(b.expires)) && b.strategy.GetTokenBucket() != nil {
+			sum += b.rate
+		}
+		c.mu.Unlock()
+	}
+	return sum
 }
 
 // recordRLQS appends a bound row to the reliability report when
