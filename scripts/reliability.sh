@@ -2,8 +2,10 @@
 # make reliability: the fault, load and security suites in their long form
 # (RELIABILITY_LONG=1, minutes), the randomized live runs checked against
 # the cross-region bound (internal/e2e TestRandomRuns: BOUND_RUNS runs of
-# BOUND_STEPS steps; BOUND_SEED replays one), every existing fuzz target
-# for FUZZTIME, then the summary table. Every redis-server and etcd the
+# BOUND_STEPS steps; BOUND_SEED replays one), the RLQS runs checked against
+# the same bound (internal/rlqs: a node killed with leases out, a stream
+# cut mid-assignment, a lease holder paused past its TTL), every existing
+# fuzz target for FUZZTIME, then the summary table. Every redis-server and etcd the
 # suites need is started by the tests themselves (internal/redistest, internal/etcdtest);
 # with-redis.sh installs redis-server if missing and provides REDIS_ADDR.
 # RELIABILITY_LONG=0 runs the short CI configuration instead.
@@ -36,6 +38,12 @@ E2E_RUNS=$bound_runs E2E_STEPS=$bound_steps E2E_SEED=${BOUND_SEED:-} \
   echo "bound runs failed:"; grep -E '^\s*(--- FAIL|FAIL|panic:)|seed [0-9]+ \(|bound violated' "$out/bound.log" | head -40
 }
 grep -E 'runs of [0-9]+ steps' "$out/bound.log" | sed 's/^ */  /'
+
+echo "== RLQS: a node killed with leases out, a stream cut mid-assignment, a lease holder paused past its TTL, log in $out/rlqs.log"
+"$GO" test -race -count=1 -timeout 5m -v -run '^(TestNodeKilledWithLeasesOut|TestStreamCutMidAssignment|TestLeaseHolderPausedPastTTL)$' ./internal/rlqs/ >"$out/rlqs.log" 2>&1 || {
+  status=1
+  echo "RLQS runs failed:"; grep -E '^\s*(--- FAIL|FAIL|panic:)|over the bound' "$out/rlqs.log" | head -40
+}
 
 echo "== fuzz targets, $fuzztime each"
 while IFS=: read -r file name; do

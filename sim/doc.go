@@ -129,4 +129,12 @@
 // by one goroutine. Sweep runs independent Configs on up to GOMAXPROCS
 // goroutines and waits for them. The zero Config is invalid (it needs a
 // Scenario); every other zero field takes the default its doc states.
+//
+// # Leases
+//
+// RunLeases and SweepLeases model one level down: a region's bucket handed
+// to consumers (Envoys over RLQS) as leases through bucket.Memory.LeaseAt,
+// so that an operator can choose the lease TTL, reporting interval and
+// consumers per node from the predicted overshoot (which must be 0) and
+// under-admission (lease.go has the model; docs/rlqs.md the figures).
 package sim

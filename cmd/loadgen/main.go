@@ -1,10 +1,14 @@
 // Command loadgen drives Envoy's rate limit service API with a closed loop
 // of concurrent callers and prints decisions per second and latency
 // quantiles; with -serve-noop it is instead a rate limit service that
-// answers OK without any work, the ceiling to measure against.
+// answers OK without any work, the ceiling to measure against; with -rlqs
+// it opens -streams Envoy-faithful Rate Limit Quota Service clients that
+// decide locally and report usage, and prints the streams held and the
+// usage reports per second (per node CPU-second with -node-pid).
 //
 //	loadgen -addr 127.0.0.1:8081 -c 50 -duration 10s -subjects 10000 -zipf 1.1
 //	loadgen -serve-noop 127.0.0.1:9091
+//	loadgen -rlqs -addr 127.0.0.1:8081 -streams 500 -buckets 20 -node-pid 4242
 package main
 
 import (
@@ -50,6 +54,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&cfg.Conns, "conns", 1, "gRPC connections shared by the callers")
 	jsonOut := fs.Bool("json", false, "print the result as JSON")
 	noop := fs.String("serve-noop", "", "serve a no-work rate limit service on this address instead")
+	rq := addRLQSFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("loadgen: %w", err)
 	}
@@ -63,6 +68,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		fmt.Fprintf(stdout, "no-work rate limit service on %s\n", l.Addr())
 		return loadgen.ServeNoop(ctx, l)
+	}
+	if *rq.on {
+		if cfg.Requests == 0 && cfg.Duration == 0 {
+			cfg.Duration = 10e9
+		}
+		return runRLQS(ctx, rq, cfg, *jsonOut, stdout)
 	}
 	if cfg.Concurrency < 1 || cfg.Subjects < 1 || cfg.Descriptors < 1 || cfg.Conns < 1 {
 		return fmt.Errorf("loadgen: -c, -subjects, -descriptors and -conns must be at least 1")

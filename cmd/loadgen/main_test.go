@@ -40,6 +40,11 @@ func TestRunJSONAgainstNoop(t *testing.T) {
 	if !strings.Contains(out.String(), "decisions/s") {
 		t.Fatalf("text output %q", out.String())
 	}
+	// -rlqs against a service without RLQS: no usage report gets through.
+	err = run(context.Background(), []string{"-rlqs", "-addr", l.Addr().String(), "-streams", "2", "-warmup", "200ms", "-duration", "300ms", "-report-interval", "50ms"}, &out, &errb)
+	if err == nil || !strings.Contains(err.Error(), "no usage report reached") {
+		t.Fatalf("-rlqs against the no-work service: %v", err)
+	}
 }
 
 func TestRunBadFlags(t *testing.T) {
@@ -52,6 +57,11 @@ func TestRunBadFlags(t *testing.T) {
 		{[]string{"extra"}, "unexpected arguments"},
 		{[]string{"-hits", "99999999999"}, "32 bits"},
 		{[]string{"-nope"}, "not defined"},
+		{[]string{"-rlqs", "-streams", "-3"}, "streams"},
+		{[]string{"-rlqs", "-n", "10"}, "-n does not apply"},
+		{[]string{"-rlqs", "-node-pid", "-1"}, "-node-pid"},
+		{[]string{"-rlqs", "-node-pid", "999999999"}, "-node-pid 999999999"},
+		{[]string{"-rlqs", "-rate", "-1"}, "rate"},
 	}
 	for _, tt := range tests {
 		var out, errb bytes.Buffer

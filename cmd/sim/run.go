@@ -40,22 +40,25 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	lost := fs.Float64("lost-reports", 0.01, "probability a demand report is lost")
 	late := fs.Float64("late-reports", 0.01, "probability a demand report is one interval late")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the sweep to this file")
+	leases := addLeaseFlags(fs, seed)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
+	if *leases.run != "" {
+		return runLeases(ctx, leases, stdout)
+	}
 	if len(scenarios) == 0 {
 		scenarios = sim.Builtin()
 	}
-	var ivs []time.Duration
-	for _, s := range strings.Split(*intervals, ",") {
-		d, err := time.ParseDuration(strings.TrimSpace(s))
-		if err != nil || d <= 0 {
-			return fmt.Errorf("-intervals: %q is not a positive duration", s)
-		}
-		ivs = append(ivs, d)
+	ivs, err := durations("-intervals", *intervals)
+	if err != nil {
+		return err
+	}
+	if len(ivs) == 0 {
+		return fmt.Errorf("-intervals: no interval given")
 	}
 	var protos []sim.Protocol
 	for _, p := range strings.Split(*protocols, ",") {

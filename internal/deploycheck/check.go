@@ -648,6 +648,9 @@ func (c *checker) envoy(file string, m map[string]any) {
 	visit = func(v any) {
 		switch x := v.(type) {
 		case map[string]any:
+			if str(x, "name") == quotaFilterName {
+				c.quotaFilter(file, x, clusters)
+			}
 			if str(x, "name") == "envoy.filters.http.ratelimit" {
 				found = true
 				tc := asMap(x["typed_config"])
@@ -675,14 +678,7 @@ func (c *checker) envoy(file string, m map[string]any) {
 	if len(routes) > 0 && !deny {
 		c.add(file, "rate limit filter protects routes without failure_mode_deny: true: Envoy admits every request whose rate limit call fails (see docs/security.md)")
 	}
-	var set *policy.Set
-	for _, s := range c.policies {
-		for _, d := range s.Domains() {
-			if d == domain {
-				set = s
-			}
-		}
-	}
+	set := c.domainSet(domain)
 	if set == nil {
 		c.add(file, "rate limit domain %q is served by no policy file in deploy/", domain)
 		return
@@ -718,6 +714,19 @@ func (c *checker) envoy(file string, m map[string]any) {
 			}
 		}
 	}
+}
+
+// domainSet returns the policy set that serves an Envoy domain, nil if none.
+func (c *checker) domainSet(domain string) *policy.Set {
+	var set *policy.Set
+	for _, s := range c.policies {
+		for _, d := range s.Domains() {
+			if d == domain {
+				set = s
+			}
+		}
+	}
+	return set
 }
 
 func (c *checker) rlsCluster(file, name string, cl map[string]any) {

@@ -90,6 +90,20 @@ func TestCheckFindsRot(t *testing.T) {
 		{"envoy domain", "deploy/envoy/envoy.yaml", "domain: edge", "domain: edgy", `domain "edgy" is served by no policy file`},
 		{"envoy descriptor without rule", "deploy/envoy/envoy.yaml", "descriptor_value: exports", "descriptor_value: imports", "matches no rule"},
 		{"envoy fails open", "deploy/envoy/envoy.yaml", "failure_mode_deny: true", "failure_mode_deny: false", "without failure_mode_deny: true"},
+		{"rlqs cluster port", "deploy/envoy/envoy-rlqs.yaml", "port_value: 8081", "port_value: 9081", "is not the regional node's gRPC port"},
+		{"rlqs cluster missing", "deploy/envoy/envoy-rlqs.yaml", "cluster_name: quota_regional }", "cluster_name: quota_regionl }", `cluster "quota_regionl" is not defined`},
+		{"rlqs server not envoy_grpc", "deploy/envoy/envoy-rlqs.yaml", "envoy_grpc: { cluster_name: quota_regional }", "google_grpc: { target_uri: 127.0.0.1:8081, stat_prefix: rlqs }", "rlqs_server is not an envoy_grpc cluster"},
+		{"rlqs domain", "deploy/envoy/envoy-rlqs.yaml", "domain: edge-quota", "domain: edge-quotas", `rate_limit_quota domain "edge-quotas" is served by no policy file`},
+		{"rlqs admits before assignment", "deploy/envoy/envoy-rlqs.yaml", "fallback_rate_limit: { blanket_rule: DENY_ALL }", "fallback_rate_limit: { blanket_rule: ALLOW_ALL }", "no_assignment_behavior is not DENY_ALL"},
+		{"rlqs reuses expired", "deploy/envoy/envoy-rlqs.yaml", "expired_assignment_behavior:\n                                      fallback_rate_limit: { blanket_rule: DENY_ALL }",
+			"expired_assignment_behavior:\n                                      reuse_last_assignment: {}", "expired_assignment_behavior is not a DENY_ALL fallback"},
+		{"rlqs no-assignment unset", "deploy/envoy/envoy-rlqs.yaml", "no_assignment_behavior:\n                                      fallback_rate_limit: { blanket_rule: DENY_ALL }\n                                    expired", "expired", "no_assignment_behavior is not DENY_ALL"},
+		{"rlqs fractional report", "deploy/envoy/envoy-rlqs.yaml", "reporting_interval: 1s", "reporting_interval: 1.5s", "is not whole seconds"},
+		{"rlqs invalid bucket", "deploy/envoy/envoy-rlqs.yaml", "reporting_interval: 1s", "reporting_interval: 0s", "ReportingInterval"},
+		{"rlqs invalid matcher", "deploy/envoy/envoy-rlqs.yaml", "google_re2: {}, ", "", "RegexMatcher.EngineType"},
+		{"rlqs unknown field", "deploy/envoy/envoy-rlqs.yaml", "domain: edge-quota", "domains: edge-quota", "rate_limit_quota filter: typed_config"},
+		{"rlqs bucket id without rule", "deploy/envoy/envoy-rlqs.yaml", "tenant:\n                                          custom_value", "team:\n                                          custom_value", "matches no rule"},
+		{"rlqs window rule", "deploy/envoy/rlqs-config.yaml", "requests_per_unit: 20, burst: 40}", "requests_per_unit: 20}", "cannot be leased"},
 	}
 	files := load(t, root)
 	// TestDeployIsConsistent demands no problem at all; here a case only

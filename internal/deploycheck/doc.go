@@ -23,6 +23,13 @@
 //     points at the regional node's gRPC port, every route's descriptor
 //     matches a rule, and a filter that protects routes sets
 //     failure_mode_deny: true (else a failed call admits the request);
+//   - Envoy rate_limit_quota filters (RLQS, docs/rlqs.md): the config
+//     decodes and passes Envoy's own validation (protoc-gen-validate),
+//     rlqs_server is an envoy_grpc cluster on the regional node's gRPC
+//     port, the domain is served by a policy file, and every bucket the
+//     matchers build denies all before its first assignment and after one
+//     expired (else Envoy admits outside any lease), reports in whole
+//     seconds, and has an id matching a token-bucket or unlimited rule;
 //   - Prometheus rules and Grafana dashboards: every metric in an expression
 //     is registered by prometheus Opts or NewDesc in the module's code.
 //

@@ -6,6 +6,13 @@
 // service that answers OK at once, the ceiling a real service is measured
 // against.
 //
+// RunRLQS drives a node's Rate Limit Quota Service instead: Streams
+// Envoy-faithful clients (rlqs.Client), one stream each, decide requests
+// locally from their assignments and report usage per bucket every
+// ReportInterval; it reports the streams held, the decisions, and the
+// usage reports per second, per second of the node's CPU when NodeCPU
+// reads it (ProcessCPU reads /proc/<pid>/stat).
+//
 // # Units
 //
 // Latencies are time.Duration, recorded in a log-linear histogram with a
@@ -24,7 +31,8 @@
 //
 // # Concurrency
 //
-// Run starts Concurrency goroutines and returns after all ended. ServeNoop
+// Run starts Concurrency goroutines and returns after all ended; RunRLQS
+// one goroutine per stream (and the client's response reader). ServeNoop
 // serves on its own goroutines until its context is done. Memory is bounded
 // by Subjects (at most MaxSubjects) plus one histogram per worker.
 package loadgen

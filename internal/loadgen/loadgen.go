@@ -189,6 +189,27 @@ type worker struct {
 	firstErr                 error
 }
 
+// dial opens n gRPC connections to addr, with fixed flow-control windows
+// as Envoy's HTTP/2 client keeps (no bandwidth-delay PING rides along);
+// closeAll closes them.
+func dial(addr string, n int) (conns []*grpc.ClientConn, closeAll func(), err error) {
+	closeAll = func() {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}
+	for range n {
+		c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithInitialWindowSize(1<<20), grpc.WithInitialConnWindowSize(1<<20))
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("loadgen: dial %s: %w", addr, err)
+		}
+		conns = append(conns, c)
+	}
+	return conns, closeAll, nil
+}
+
 // Run drives the load described by cfg until it is done or ctx is. It
 // returns an error for a bad Config, a failed dial, or when no request
 // at all was answered.
@@ -197,18 +218,11 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	conns := make([]*grpc.ClientConn, cfg.Conns)
-	for i := range conns {
-		// Fixed flow-control windows, as Envoy's HTTP/2 client keeps: no
-		// bandwidth-delay PING rides along with the checks.
-		c, err := grpc.NewClient(cfg.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithInitialWindowSize(1<<20), grpc.WithInitialConnWindowSize(1<<20))
-		if err != nil {
-			return Result{}, fmt.Errorf("loadgen: dial %s: %w", cfg.Addr, err)
-		}
-		defer c.Close()
-		conns[i] = c
+	conns, closeConns, err := dial(cfg.Addr, cfg.Conns)
+	if err != nil {
+		return Result{}, err
 	}
+	defer closeConns()
 	subjects := make([]string, cfg.Subjects)
 	for i := range subjects {
 		subjects[i] = "s" + strconv.Itoa(i)

@@ -71,4 +71,5 @@ func TestNodeKilledWithLeasesOut(t *testing.T) {
 	if len(adms) < ideal/2 {
 		t.Errorf("admitted %d, under half the ideal %d", len(adms), ideal)
 	}
+	recordRLQS(t, "rlqs: node killed with leases out", rep, "two nodes lease one region's bucket; one killed without a drain, its Envoys move to the other")
 }
