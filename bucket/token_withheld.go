@@ -20,3 +20,12 @@ func (l *Prepared) TokenLimitsWithheld(share, withheld float64) (TokenLimits, er
 	tl.fill = fillUnits(tl.lim, share, withheld, l.capF)
 	return tl, nil
 }
+
+// Stored reports whether a take at us (Unix microseconds) with limits l
+// reads s as a stored bucket; false means the take creates it (never
+// written, or idle past l's TTL), full or at l's fill. A caller that
+// withholds part of the share only for buckets it creates (the
+// simulator) asks it before working out the withheld part.
+func (s *TokenState) Stored(us int64, l *TokenLimits) bool {
+	return s.lw != 0 && us-(s.lw^tokenPresent) < l.ttlUs && float64(us)-s.ts < float64(l.ttlUs)
+}

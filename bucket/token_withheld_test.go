@@ -54,6 +54,17 @@ func TestTokenStateWithheldEqualsMemory(t *testing.T) {
 				if err != nil {
 					t.Fatalf("step %d: %v", step, err)
 				}
+				// Stored says whether the fill can matter: a stored bucket
+				// decides the same whatever is withheld, one the take
+				// creates starts empty with the whole share withheld.
+				none, all := ts, ts
+				tlNone, _ := p.TokenLimitsWithheld(share, 0)
+				tlAll, _ := p.TokenLimitsWithheld(share, share)
+				a0, _ := none.TakeUnitsWith(now, &tlNone, 1)
+				a1, _ := all.TakeUnitsWith(now, &tlAll, 1)
+				if stored := ts.Stored(now.UnixMicro(), &tl); stored && a0 != a1 || !stored && a1 != 0 {
+					t.Fatalf("step %d: Stored %v, but one unit is admitted %d withholding nothing, %d withholding all", step, stored, a0, a1)
+				}
 				n := rng.Int64N(min(lim.Capacity+2, 30))
 				got, err := ts.TakeUnitsWith(now, &tl, n)
 				if err != nil {
