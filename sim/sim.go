@@ -85,6 +85,10 @@ type Config struct {
 	// noWindowRule charges window counts at the current share, as nodes
 	// did before the rule (a test shows what the rule prevents).
 	noWindowRule bool
+	// noFillRule starts every token bucket a region creates full at the
+	// current share, as nodes did before the rule (a test shows what the
+	// rule prevents).
+	noFillRule bool
 	// Baselines also runs the three baseline models on the same stream.
 	// Default true (set NoBaselines to skip them).
 	NoBaselines bool
@@ -445,12 +449,18 @@ type engine struct {
 	upAt     []time.Duration // per region: when it last came back (0: up from the start)
 	maxSum   float64
 
-	// Window algorithms: the node's rule (a window's count is charged at
-	// the lowest share the region held since the count's window began)
-	// needs each region's applied allocations since then.
+	// The nodes' rules on shares that grew need each region's applied
+	// allocations over the last full refill time (token bucket: a bucket
+	// the region creates starts at the lowest share it held in that
+	// time) or since the count's window began (window algorithms: a
+	// count is charged at the lowest share held since).
 	windowed   bool
-	shareHist  [][]appliedAt // per region, oldest first
-	windowRule bool          // apply the rule (a test turns it off)
+	shareHist  [][]appliedAt   // per region, oldest first
+	windowRule bool            // apply the window rule (a test turns it off)
+	fillRule   bool            // apply the fill rule (a test turns it off)
+	refill     time.Duration   // the full refill time C/r the fill rule looks back over
+	grewAt     []time.Duration // per region: when a share of it last grew (−refill: never)
+	fillLim    []fillLimits    // per region: the limits of the last bucket it created below full
 
 	sys      *model   // nil when only the baselines run
 	base     *baseRun // baselines shared from a pass over the same stream, or nil
@@ -590,7 +600,7 @@ func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 	}
 	e.retryOf = make([]int, sc.Subjects)
 	for _, g := range compileGroups(sc, sc.Subjects) {
-		for j := 0; j < g.n; j++ {
+		for j := g.First; j < g.First+g.n; j++ {
 			e.retryOf[j] = max(e.retryOf[j], g.Retries)
 			e.maxRetry = max(e.maxRetry, g.Retries)
 		}
@@ -617,13 +627,21 @@ func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 	width := int64(time.Duration(sc.Window) / e.tick)
 	if sys {
 		e.sys = newModel(0, sc.Subjects, e.windowsW, e.windowsL, room)
+		e.shareHist = make([][]appliedAt, n)
+		for r := range e.shareHist {
+			e.shareHist[r] = []appliedAt{{at: 0, a: e.applied[r]}}
+		}
 		if e.windowed {
 			e.sys.windowed(n, sc.Subjects, width)
 			e.windowRule = !cfg.noWindowRule
-			e.shareHist = make([][]appliedAt, n)
-			for r := range e.shareHist {
-				e.shareHist[r] = []appliedAt{{at: 0, a: e.applied[r]}}
+		} else {
+			e.fillRule = !cfg.noFillRule
+			e.refill = time.Duration(float64(sc.Capacity) / sc.RefillPerSecond * float64(time.Second))
+			e.grewAt = make([]time.Duration, n)
+			for r := range e.grewAt {
+				e.grewAt[r] = -e.refill
 			}
+			e.fillLim = make([]fillLimits, n)
 		}
 	}
 	seconds := int(time.Duration(sc.Duration)/time.Second) + 1
@@ -702,6 +720,7 @@ func (e *engine) setApplied(r int, a *allocation) {
 	// voids a floor: the region's default (every floor of the region), or
 	// one subject's.
 	sub, oldDef, newDef := e.sub[r], e.defShare[r], a.def[r]
+	grew := newDef > oldDef
 	if newDef < oldDef {
 		e.shareGen[r]++
 		fm := &e.fallMin[r]
@@ -715,6 +734,7 @@ func (e *engine) setApplied(r int, a *allocation) {
 			if newDef < sub[j].ovr {
 				sub[j].floorGen = 0
 			}
+			grew = grew || newDef > sub[j].ovr
 			sub[j].ovr = math.NaN()
 		}
 	}
@@ -726,12 +746,16 @@ func (e *engine) setApplied(r int, a *allocation) {
 		if o[r] < prev {
 			sub[j].floorGen = 0
 		}
+		grew = grew || o[r] > prev
 		sub[j].ovr = o[r]
 	}
 	e.applied[r] = a
 	e.defShare[r] = newDef
-	if e.windowed && e.sys != nil {
+	if e.shareHist != nil {
 		e.recordApplied(r, a)
+	}
+	if grew && e.grewAt != nil {
+		e.grewAt[r] = e.now
 	}
 }
 
@@ -868,9 +892,18 @@ func (e *engine) decide(r int, t int64, j int32, fresh int64) {
 		if share != share { // NaN: the region's default
 			share, lim = e.defShare[r], &e.defLim[r]
 		}
+		// A bucket the region creates after a share of it grew starts at
+		// the lowest share it held over the last refill time.
+		below := false
+		if e.fillRule && e.now-e.grewAt[r] < e.refill && e.limitsAt(lim, share) && !sr.st.Stored(e.nowUs, &lim.lim) {
+			if low := e.lowestShare(r, j, e.now-e.refill); low < share {
+				lim, below = e.fillLimits(r, share, low), true
+			}
+		}
 		// Left alone long enough to be full, unless the share grew since
-		// its last write (then full only to the old capacity).
-		full := (sr.lastAt == 0 || t-int64(sr.lastAt-1) >= e.full) &&
+		// its last write (then full only to the old capacity) or the
+		// bucket starts now below full.
+		full := !below && (sr.lastAt == 0 || t-int64(sr.lastAt-1) >= e.full) &&
 			!(e.limitsAt(lim, share) && sr.st.ShareGrew(&lim.lim))
 		sr.lastAt = int32(t + 1)
 		a = e.take(e.sys, &sr.st, lim, share, t, j, n)
@@ -973,7 +1006,36 @@ func (e *engine) setLimits(lim *shareLimits, share float64) bool {
 	if share == lim.share {
 		return true
 	}
-	l, err := e.prep.TokenLimits(share)
+	return e.convert(lim, share, 0)
+}
+
+// fillLimits are the limits a region uses for a bucket it creates at
+// share, withholding what is above low (bucket.Prepared.TokenLimitsWithheld).
+type fillLimits struct {
+	shareLimits
+	low float64
+}
+
+// fillLimits returns region r's limits for a token bucket it creates at
+// share (above 0) while the lowest share it held for the subject over the
+// last refill time was low < share: the bucket starts with low·C, as a
+// regional node starts it (bucket.Request.Withheld).
+func (e *engine) fillLimits(r int, share, low float64) *shareLimits {
+	f := &e.fillLim[r]
+	share = min(share, e.maxShare)
+	if f.share != share || f.low != low {
+		f.low = low
+		f.share = 0
+		e.convert(&f.shareLimits, share, share-max(0, min(low, share)))
+	}
+	return &f.shareLimits
+}
+
+// convert sets lim to the limits at share (in (0, 1+ε]) that withhold
+// withheld of it from a bucket they create, and reports whether the
+// bucket accepted them (else the error is in e.err).
+func (e *engine) convert(lim *shareLimits, share, withheld float64) bool {
+	l, err := e.prep.TokenLimitsWithheld(share, withheld)
 	if err != nil {
 		e.err = cmp.Or(e.err, fmt.Errorf("sim: bucket decision at %v: %w", e.now, err))
 		return false

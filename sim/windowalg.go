@@ -43,11 +43,11 @@ type appliedAt struct {
 }
 
 // recordApplied adds a, applied by region r now, to r's history, which
-// keeps what the longest count of the window algorithm may reach back to
-// (two windows).
+// keeps what the nodes' rules may reach back to: the longest count of the
+// window algorithm (two windows), or the token bucket's refill time.
 func (e *engine) recordApplied(r int, a *allocation) {
 	h := append(e.shareHist[r], appliedAt{at: e.now, a: a})
-	keep := e.now - 2*time.Duration(e.sc.Window) - time.Second
+	keep := e.now - max(2*time.Duration(e.sc.Window), e.refill) - time.Second
 	first := 0
 	for first+1 < len(h) && h[first+1].at <= keep {
 		first++
@@ -69,8 +69,16 @@ func (e *engine) windowShare(r int, j int32) float64 {
 		return cur
 	}
 	since, _ := e.prep.Limits().CountedSince(time.UnixMicro(e.nowUs), 0)
-	from := since.Sub(time.Unix(0, 0))
-	low := cur
+	return e.lowestShare(r, j, since.Sub(time.Unix(0, 0)))
+}
+
+// lowestShare is the lowest share region r held for subject j from the
+// instant from (since the run's start) until now: that of every
+// allocation it applied in that time and of the one in force at from
+// (regionsync.Syncer.LowestShare).
+func (e *engine) lowestShare(r int, j int32, from time.Duration) float64 {
+	h := e.shareHist[r]
+	low := math.Inf(1)
 	for i := len(h) - 1; i >= 0; i-- {
 		low = math.Min(low, h[i].a.share(r, j))
 		if h[i].at <= from {
