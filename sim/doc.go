@@ -134,6 +134,14 @@
 // the same code, for a stream measured elsewhere (a live run replaying
 // Arrivals).
 //
+// # Admitted decisions
+//
+// Config.Admitted, when set, receives every batch the system admitted
+// (region, subject, instant, count) in time order: the stream
+// internal/boundcheck checks as it checks a live run's decisions, so a
+// run that overshoots here is one that checker shows, window by window.
+// It is off by default and in sweeps.
+//
 // # Concurrency and zero values
 //
 // Run is safe for concurrent use with different Configs; an engine is used

@@ -92,7 +92,27 @@ type Config struct {
 	// Baselines also runs the three baseline models on the same stream.
 	// Default true (set NoBaselines to skip them).
 	NoBaselines bool
+	// Admitted, when set, is called with every batch the simulated system
+	// admits (not the baselines'), in time order: the decisions a checker
+	// of the bound (internal/boundcheck) reads, as it reads a live run's.
+	// nil, the default, records nothing. Sweep calls it from the
+	// goroutine that runs the Config.
+	Admitted func(RegionAdmission)
 }
+
+// RegionAdmission is a batch the simulated system admitted: Count unit
+// requests of subject Subject (SubjectID names it) in region Region
+// (RegionName) at At, the time since the run's start (the Unix epoch).
+type RegionAdmission struct {
+	At      time.Duration
+	Region  int
+	Subject int
+	Count   int64
+}
+
+// RegionName is the name the simulator gives region r (0 ≤ r <
+// MaxScenarioRegions) in the allocations it publishes.
+func RegionName(r int) string { return regionName(r) }
 
 func (c Config) withDefaults() (Config, error) {
 	if c.Scenario == nil {
@@ -885,6 +905,7 @@ func (e *engine) decide(r int, t int64, j int32, fresh int64) {
 	a, p := n, int64(0)
 	if e.sys != nil && e.windowed {
 		a, p = e.takeWindow(e.sys, &e.sys.wstates[r][j], e.windowShare(r, j), t, j, n)
+		e.admitted(r, j, a)
 		e.perSecondSys[e.sec] += a
 		e.seriesRegion[r][e.bin] += float64(a)
 	} else if e.sys != nil {
@@ -907,6 +928,7 @@ func (e *engine) decide(r int, t int64, j int32, fresh int64) {
 			!(e.limitsAt(lim, share) && sr.st.ShareGrew(&lim.lim))
 		sr.lastAt = int32(t + 1)
 		a = e.take(e.sys, &sr.st, lim, share, t, j, n)
+		e.admitted(r, j, a)
 		e.perSecondSys[e.sec] += a
 		e.seriesRegion[r][e.bin] += float64(a)
 		p = e.pressured(sr, r, lim, share, full, n, a)
@@ -962,6 +984,14 @@ func (e *engine) decide(r int, t int64, j int32, fresh int64) {
 	if !e.listed[r][j] && e.pendingRetries(r, j) {
 		e.listed[r][j] = true
 		e.retryList[r] = append(e.retryList[r], j)
+	}
+}
+
+// admitted reports a batch of a requests of subject j that the system
+// admitted in region r now to Config.Admitted, if set.
+func (e *engine) admitted(r int, j int32, a int64) {
+	if e.cfg.Admitted != nil && a > 0 {
+		e.cfg.Admitted(RegionAdmission{At: e.now, Region: r, Subject: int(j), Count: a})
 	}
 }
 

@@ -20,6 +20,12 @@ func (s *Scenario) limits(overcommit float64) bucket.Limits {
 	return bucket.Limits{Algorithm: s.Algorithm, Capacity: s.Capacity, Window: w, IdleTTL: 2*w + time.Minute, Overcommit: overcommit}
 }
 
+// Limits are the global limits of the scenario's policy with overcommit
+// ε, as the simulator's buckets enforce them (each region at its share):
+// what a checker of the bound (internal/boundcheck) checks its runs
+// against.
+func (s *Scenario) Limits(overcommit float64) bucket.Limits { return s.limits(overcommit) }
+
 // mostAdmitted is the most one global limiter of the scenario's policy
 // admits for one subject in an interval of s seconds: C + r·s for a token
 // bucket; for a window algorithm C for every aligned window the interval
