@@ -31,7 +31,7 @@ func TestTenantMoveKeepsTheBound(t *testing.T) {
 		if res.Epochs < 3 {
 			t.Errorf("at %v: %d epochs: shares hardly moved", iv, res.Epochs)
 		}
-		cfg.noFillRule = true
+		cfg.NoShareRules = true
 		without, err := Run(cfg)
 		if err != nil {
 			t.Fatal(err)

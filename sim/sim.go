@@ -82,13 +82,13 @@ type Config struct {
 	// probeAlways reads the tokens left after every fully admitted batch
 	// from the bucket, without the shortcuts (a test holds them to it).
 	probeAlways bool
-	// noWindowRule charges window counts at the current share, as nodes
-	// did before the rule (a test shows what the rule prevents).
-	noWindowRule bool
-	// noFillRule starts every token bucket a region creates full at the
-	// current share, as nodes did before the rule (a test shows what the
-	// rule prevents).
-	noFillRule bool
+	// NoShareRules decides as nodes did before their rules on shares
+	// that grew: a token bucket a region creates starts full at the
+	// current share, not at the lowest share the region held over the
+	// last refill time, and a window's count is charged at the current
+	// share, not at the lowest since the window began. It shows what the
+	// rules prevent; nodes always apply them.
+	NoShareRules bool
 	// Baselines also runs the three baseline models on the same stream.
 	// Default true (set NoBaselines to skip them).
 	NoBaselines bool
@@ -234,12 +234,15 @@ type Result struct {
 	RebalanceIntervalS float64 `json:"rebalance_interval_s"`
 	ReportIntervalS    float64 `json:"report_interval_s"`
 	Protocol           string  `json:"protocol"`
-	Algorithm          string  `json:"algorithm"`
-	Overcommit         float64 `json:"overcommit"`
-	Seed               uint64  `json:"seed"`
-	Regions            int     `json:"regions"`
-	Subjects           int     `json:"subjects"`
-	DurationS          float64 `json:"duration_s"`
+	// NoShareRules is Config.NoShareRules: the run decided without the
+	// nodes' rules on shares that grew.
+	NoShareRules bool    `json:"no_share_rules,omitempty"`
+	Algorithm    string  `json:"algorithm"`
+	Overcommit   float64 `json:"overcommit"`
+	Seed         uint64  `json:"seed"`
+	Regions      int     `json:"regions"`
+	Subjects     int     `json:"subjects"`
+	DurationS    float64 `json:"duration_s"`
 	Figures
 	IdealAdmitted int64 `json:"ideal_admitted"`
 	Offered       int64 `json:"offered"`
@@ -653,9 +656,9 @@ func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 		}
 		if e.windowed {
 			e.sys.windowed(n, sc.Subjects, width)
-			e.windowRule = !cfg.noWindowRule
+			e.windowRule = !cfg.NoShareRules
 		} else {
-			e.fillRule = !cfg.noFillRule
+			e.fillRule = !cfg.NoShareRules
 			e.refill = time.Duration(float64(sc.Capacity) / sc.RefillPerSecond * float64(time.Second))
 			e.grewAt = make([]time.Duration, n)
 			for r := range e.grewAt {
