@@ -25,7 +25,8 @@ var SimWindows = []time.Duration{time.Second, 10 * time.Second, time.Minute}
 // (sim.Scenario.Limits), by region sim.RegionName for subject
 // sim.SubjectID, at the simulated instant (the run starts at the Unix
 // epoch), with no slack: the simulator records the instant it decides at.
-// Token buckets are checked over windows (nil: SimWindows). cfg.Admitted
+// Token buckets are checked over windows (nil: SimWindows) and, as Check
+// does, over the whole span of each subject's decisions. cfg.Admitted
 // is replaced. A run that admits more than MaxSimulated batches is an
 // error wrapping ErrInput (shorten it, or give it fewer subjects).
 func Simulated(cfg sim.Config, windows []time.Duration) (*sim.Result, Report, error) {
