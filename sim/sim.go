@@ -478,12 +478,13 @@ type engine struct {
 	// time) or since the count's window began (window algorithms: a
 	// count is charged at the lowest share held since).
 	windowed   bool
-	shareHist  [][]appliedAt   // per region, oldest first
-	windowRule bool            // apply the window rule (a test turns it off)
-	fillRule   bool            // apply the fill rule (a test turns it off)
-	refill     time.Duration   // the full refill time C/r the fill rule looks back over
-	grewAt     []time.Duration // per region: when a share of it last grew (−refill: never)
-	fillLim    []fillLimits    // per region: the limits of the last bucket it created below full
+	shareHist  [][]appliedAt             // per region, oldest first
+	windowRule bool                      // apply the window rule (a test turns it off)
+	fillRule   bool                      // apply the fill rule (a test turns it off)
+	refill     time.Duration             // the full refill time C/r the fill rule looks back over
+	defGrewAt  []time.Duration           // per region: when its default share last grew (−refill: never)
+	ownGrewAt  []map[int32]time.Duration // per region: when a subject's own share grew, within the last refill time
+	fillLim    []fillLimits              // per region: the limits of the last bucket it created below full
 
 	sys      *model   // nil when only the baselines run
 	base     *baseRun // baselines shared from a pass over the same stream, or nil
@@ -660,9 +661,11 @@ func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 		} else {
 			e.fillRule = !cfg.NoShareRules
 			e.refill = time.Duration(float64(sc.Capacity) / sc.RefillPerSecond * float64(time.Second))
-			e.grewAt = make([]time.Duration, n)
-			for r := range e.grewAt {
-				e.grewAt[r] = -e.refill
+			e.defGrewAt = make([]time.Duration, n)
+			e.ownGrewAt = make([]map[int32]time.Duration, n)
+			for r := range e.defGrewAt {
+				e.defGrewAt[r] = -e.refill
+				e.ownGrewAt[r] = map[int32]time.Duration{}
 			}
 			e.fillLim = make([]fillLimits, n)
 		}
@@ -743,7 +746,9 @@ func (e *engine) setApplied(r int, a *allocation) {
 	// voids a floor: the region's default (every floor of the region), or
 	// one subject's.
 	sub, oldDef, newDef := e.sub[r], e.defShare[r], a.def[r]
-	grew := newDef > oldDef
+	if newDef > oldDef && e.defGrewAt != nil {
+		e.defGrewAt[r] = e.now
+	}
 	if newDef < oldDef {
 		e.shareGen[r]++
 		fm := &e.fallMin[r]
@@ -757,7 +762,9 @@ func (e *engine) setApplied(r int, a *allocation) {
 			if newDef < sub[j].ovr {
 				sub[j].floorGen = 0
 			}
-			grew = grew || newDef > sub[j].ovr
+			if newDef > sub[j].ovr {
+				e.ownGrew(r, j)
+			}
 			sub[j].ovr = math.NaN()
 		}
 	}
@@ -769,7 +776,9 @@ func (e *engine) setApplied(r int, a *allocation) {
 		if o[r] < prev {
 			sub[j].floorGen = 0
 		}
-		grew = grew || o[r] > prev
+		if o[r] > prev {
+			e.ownGrew(r, j)
+		}
 		sub[j].ovr = o[r]
 	}
 	e.applied[r] = a
@@ -777,9 +786,36 @@ func (e *engine) setApplied(r int, a *allocation) {
 	if e.shareHist != nil {
 		e.recordApplied(r, a)
 	}
-	if grew && e.grewAt != nil {
-		e.grewAt[r] = e.now
+	if e.ownGrewAt != nil {
+		for j, at := range e.ownGrewAt[r] {
+			if e.now-at >= e.refill {
+				delete(e.ownGrewAt[r], j)
+			}
+		}
 	}
+}
+
+// ownGrew records that subject j's own share (its override, or the
+// default it fell back to) in region r grew now.
+func (e *engine) ownGrew(r int, j int32) {
+	if e.ownGrewAt != nil {
+		e.ownGrewAt[r][j] = e.now
+	}
+}
+
+// grewLately says a share of region r that subject j may hold grew
+// within the last refill time: its default, or j's own. Only then can a
+// bucket the region creates for j start below its current share.
+func (e *engine) grewLately(r int, j int32) bool {
+	if e.now-e.defGrewAt[r] < e.refill {
+		return true
+	}
+	m := e.ownGrewAt[r]
+	if len(m) == 0 {
+		return false
+	}
+	at, ok := m[j]
+	return ok && e.now-at < e.refill
 }
 
 func (e *engine) push(ev *event) {
@@ -919,7 +955,7 @@ func (e *engine) decide(r int, t int64, j int32, fresh int64) {
 		// A bucket the region creates after a share of it grew starts at
 		// the lowest share it held over the last refill time.
 		below := false
-		if e.fillRule && e.now-e.grewAt[r] < e.refill && e.limitsAt(lim, share) && !sr.st.Stored(e.nowUs, &lim.lim) {
+		if e.fillRule && e.limitsAt(lim, share) && !sr.st.Stored(e.nowUs, &lim.lim) && e.grewLately(r, j) {
 			if low := e.lowestShare(r, j, e.now-e.refill); low < share {
 				lim, below = e.fillLimits(r, share, low), true
 			}
