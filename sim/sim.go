@@ -944,7 +944,9 @@ func (e *engine) decide(r int, t int64, j int32, fresh int64) {
 	a, p := n, int64(0)
 	if e.sys != nil && e.windowed {
 		a, p = e.takeWindow(e.sys, &e.sys.wstates[r][j], e.windowShare(r, j), t, j, n)
-		e.admitted(r, j, a)
+		if e.cfg.Admitted != nil {
+			e.admitted(r, j, a)
+		}
 		e.perSecondSys[e.sec] += a
 		e.seriesRegion[r][e.bin] += float64(a)
 	} else if e.sys != nil {
@@ -967,7 +969,9 @@ func (e *engine) decide(r int, t int64, j int32, fresh int64) {
 			!(e.limitsAt(lim, share) && sr.st.ShareGrew(&lim.lim))
 		sr.lastAt = int32(t + 1)
 		a = e.take(e.sys, &sr.st, lim, share, t, j, n)
-		e.admitted(r, j, a)
+		if e.cfg.Admitted != nil {
+			e.admitted(r, j, a)
+		}
 		e.perSecondSys[e.sec] += a
 		e.seriesRegion[r][e.bin] += float64(a)
 		p = e.pressured(sr, r, lim, share, full, n, a)
@@ -1027,9 +1031,10 @@ func (e *engine) decide(r int, t int64, j int32, fresh int64) {
 }
 
 // admitted reports a batch of a requests of subject j that the system
-// admitted in region r now to Config.Admitted, if set.
+// admitted in region r now to Config.Admitted (set: the caller checks,
+// so that a run without it pays no call).
 func (e *engine) admitted(r int, j int32, a int64) {
-	if e.cfg.Admitted != nil && a > 0 {
+	if a > 0 {
 		e.cfg.Admitted(RegionAdmission{At: e.now, Region: r, Subject: int(j), Count: a})
 	}
 }
