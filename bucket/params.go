@@ -60,13 +60,7 @@ func paramsOf(r *Request) params {
 	if !r.Since.IsZero() {
 		p.since = float64(r.Since.UnixMicro())
 	}
-	p.fill = p.lim
-	if r.Withheld > 0 {
-		// Share − Withheld is the caller's lower share come back through
-		// a subtraction (0.8 − 0.6000000000000001): a millionth of a unit
-		// of slack keeps its float error from costing a whole unit.
-		p.fill = min(p.lim, math.Floor(max(0, r.Share-r.Withheld)*float64(l.Capacity)*unitsPerToken+1e-6))
-	}
+	p.fill = fillUnits(p.lim, r.Share, r.Withheld, float64(l.Capacity))
 	switch l.Algorithm {
 	case "", TokenBucket:
 		p.alg = algTB
@@ -98,4 +92,17 @@ func decision(allowed bool, lim, rem, retry, reset float64, us int64) Decision {
 		RetryAfter: time.Duration(retry) * time.Microsecond,
 		ResetAfter: time.Duration(reset) * time.Microsecond,
 	}
+}
+
+// fillUnits is what a token bucket created at share of capacity starts
+// with, in units, when withheld of the share is withheld from it
+// (Request.Withheld): lim, the full capacity in units, when nothing is.
+func fillUnits(lim, share, withheld, capacity float64) float64 {
+	if withheld <= 0 {
+		return lim
+	}
+	// Share − Withheld is the caller's lower share come back through a
+	// subtraction (0.8 − 0.6000000000000001): a millionth of a unit of
+	// slack keeps its float error from costing a whole unit.
+	return min(lim, math.Floor(max(0, share-withheld)*capacity*unitsPerToken+1e-6))
 }

@@ -31,6 +31,7 @@ const tokenPresent = math.MinInt64
 // not usable (TakeUnitsWith rejects it). Read-only, safe for concurrent use.
 type TokenLimits struct {
 	lim, rate, cost float64 // units; units per µs; one request in units
+	fill            float64 // units an absent bucket starts with (lim: full)
 	ttlUs           int64   // idle TTL in µs
 	ok              bool
 }
@@ -47,7 +48,7 @@ func (l *Prepared) TokenLimits(share float64) (TokenLimits, error) {
 	if p.alg != algTB {
 		return TokenLimits{}, l.notTokenErr()
 	}
-	return TokenLimits{lim: p.lim, rate: p.p, cost: p.cost, ttlUs: p.ttl * 1000, ok: true}, nil
+	return TokenLimits{lim: p.lim, rate: p.p, cost: p.cost, fill: p.fill, ttlUs: p.ttl * 1000, ok: true}, nil
 }
 
 // TakeUnitsAt decides n requests of cost 1 that arrive together at now, one
@@ -93,7 +94,7 @@ func (s *TokenState) TakeUnitsMicros(us int64, l *TokenLimits, n int64) (int64, 
 			lw, exists = last, true
 		}
 	}
-	tokens, ts, t, wr := tbRead(lim, lim, rate, exists && nowF-s.ts < ttl, s.ts, s.tokens, s.lim, nowF)
+	tokens, ts, t, wr := tbRead(lim, l.fill, rate, exists && nowF-s.ts < ttl, s.ts, s.tokens, s.lim, nowF)
 	if tokens < cost {
 		// Denied, and so is every later take of the batch: only a share
 		// change (a clamp, a grown capacity) is written.

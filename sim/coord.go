@@ -410,7 +410,7 @@ func (e *engine) result() *Result {
 	sc, c := e.sc, e.cfg
 	res := &Result{
 		Scenario: sc.Name, RebalanceIntervalS: c.RebalanceInterval.Seconds(), ReportIntervalS: c.ReportInterval.Seconds(),
-		Protocol: string(c.Protocol), Algorithm: string(c.Allocator.Algorithm), Overcommit: c.Allocator.Overcommit,
+		Protocol: string(c.Protocol), NoShareRules: c.NoShareRules, Algorithm: string(c.Allocator.Algorithm), Overcommit: c.Allocator.Overcommit,
 		Seed: c.Seed, Regions: e.n, Subjects: sc.Subjects, DurationS: time.Duration(sc.Duration).Seconds(),
 		Offered: e.offered, MaxShareSum: round(e.maxSum), Epochs: int(e.current.Epoch),
 		ConvergenceS: []float64{},

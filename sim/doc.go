@@ -84,6 +84,18 @@
 // of one aligned window over C; the 1 s, 10 s and 60 s figures compare
 // with C for every window the interval touches.
 //
+// New buckets: a token bucket a region creates (the subject's first
+// request there, or one after its bucket idled past the TTL) starts with
+// the lowest share the region held for the subject over the last full
+// refill time C/r, not full at the current share
+// (bucket.Prepared.TokenLimitsWithheld, as a regional node passes
+// bucket.Request.Withheld from regionsync's LowestShare): a subject that
+// spent its budget in one region and moves to another whose share grew
+// meanwhile finds no fresh tokens there (scenario tenant-move). The
+// region's share history is the allocations it applied; a region that
+// comes back adds the safe share it holds until it applies the latest
+// epoch.
+//
 // Lazy refill: a bucket refills the time since its last write at the rate
 // of the share in force when it is next read; a share that grew refills
 // the time before the growth at the old share (bucket.TokenState), as the
@@ -122,6 +134,14 @@
 // Measure, UnderAdmission and IdealBucket compute the same figures, with
 // the same code, for a stream measured elsewhere (a live run replaying
 // Arrivals).
+//
+// # Admitted decisions
+//
+// Config.Admitted, when set, receives every batch the system admitted
+// (region, subject, instant, count) in time order: the stream
+// internal/boundcheck checks as it checks a live run's decisions, so a
+// run that overshoots here is one that checker shows, window by window.
+// It is off by default and in sweeps.
 //
 // # Concurrency and zero values
 //

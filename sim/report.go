@@ -16,9 +16,9 @@ import (
 // WriteTable prints one line per run.
 func WriteTable(w io.Writer, results []*Result) error {
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "%-12s %9s %-8s %10s %10s %10s %10s %9s %8s %12s %12s\n", "scenario", "rebalance", "protocol", "over_1s", "over_10s", "over_60s", "over_win", "under", "maxΣ", "admitted", "ideal")
+	fmt.Fprintf(&b, "%-12s %9s %-16s %10s %10s %10s %10s %9s %8s %12s %12s\n", "scenario", "rebalance", "protocol", "over_1s", "over_10s", "over_60s", "over_win", "under", "maxΣ", "admitted", "ideal")
 	for _, r := range results {
-		fmt.Fprintf(&b, "%-12s %8gs %-8s %10.4f %10.4f %10.4f %10.4f %9.4f %8.4f %12d %12d\n", r.Scenario, r.RebalanceIntervalS, r.Protocol,
+		fmt.Fprintf(&b, "%-12s %8gs %-16s %10.4f %10.4f %10.4f %10.4f %9.4f %8.4f %12d %12d\n", r.Scenario, r.RebalanceIntervalS, r.protocol(),
 			r.Overshoot1s, r.Overshoot10s, r.Overshoot60s, r.OvershootWindow, r.UnderAdmission, r.MaxShareSum, r.Admitted, r.IdealAdmitted)
 	}
 	_, err := w.Write(b.Bytes())
@@ -58,7 +58,7 @@ func WriteReport(dir string, results []*Result) error {
 	md.WriteString("![overshoot](overshoot.svg)\n![under-admission](under_admission.svg)\n\n")
 	md.WriteString("| scenario | rebalance | protocol | overshoot 1s | 10s | 60s | policy window | under-admission | max Σ shares |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range results {
-		fmt.Fprintf(&md, "| %s | %gs | %s | %.4f | %.4f | %.4f | %.4f | %.4f | %.4f |\n", r.Scenario, r.RebalanceIntervalS, r.Protocol,
+		fmt.Fprintf(&md, "| %s | %gs | %s | %.4f | %.4f | %.4f | %.4f | %.4f | %.4f |\n", r.Scenario, r.RebalanceIntervalS, r.protocol(),
 			r.Overshoot1s, r.Overshoot10s, r.Overshoot60s, r.OvershootWindow, r.UnderAdmission, r.MaxShareSum)
 	}
 	md.WriteString("\n## Baselines (same stream)\n\n| scenario | baseline | overshoot 60s | under-admission |\n|---|---|---|---|\n")
@@ -97,6 +97,15 @@ func WriteReport(dir string, results []*Result) error {
 		}
 	}
 	return nil
+}
+
+// protocol names r's protocol in tables and plots, marked when the run
+// decided without the nodes' share rules (Config.NoShareRules).
+func (r *Result) protocol() string {
+	if r.NoShareRules {
+		return r.Protocol + "-norules"
+	}
+	return r.Protocol
 }
 
 func safeName(s string) string {

@@ -90,9 +90,12 @@ type Scenario struct {
 type Group struct {
 	Name string `json:"name"`
 	// Fraction of the scenario's subjects in this group (0..1), or Count
-	// subjects when Count > 0.
+	// subjects when Count > 0. The group's subjects are First, First+1, …
+	// (default from subject 0; groups may share subjects), at most up to
+	// the last subject.
 	Fraction float64 `json:"fraction,omitempty"`
 	Count    int     `json:"count,omitempty"`
+	First    int     `json:"first,omitempty"`
 	// Rate is each subject's mean offered rate over all regions, in units
 	// of r. Zipf > 0 skews it across the group's subjects (mean kept).
 	Rate float64 `json:"rate"`
@@ -110,7 +113,15 @@ const (
 	ProfileDiurnal = "diurnal" // follow the sun: 1+Amplitude·cos(2π(t/Period − i/N))
 	ProfileFlash   = "flash"   // Weights, times Factor in Region from At for For
 	ProfileHop     = "hop"     // everything in one region, moving on every Every
+	ProfileSteps   = "steps"   // Weights, then each step's weights from its At on
 )
+
+// Step is a change of a steps profile's weights at At (since the run's
+// start). Weights all 0 make the group send nothing until the next step.
+type Step struct {
+	At      Duration  `json:"at"`
+	Weights []float64 `json:"weights"`
+}
 
 // Profile spreads a group's rate over regions and time.
 type Profile struct {
@@ -123,6 +134,7 @@ type Profile struct {
 	At        Duration  `json:"at,omitempty"`
 	For       Duration  `json:"for,omitempty"`
 	Every     Duration  `json:"every,omitempty"`
+	Steps     []Step    `json:"steps,omitempty"`
 }
 
 // Event kinds.
@@ -184,6 +196,8 @@ func (s *Scenario) Validate() error {
 			return bad("group %d: rate %v, zipf %v", i, g.Rate, g.Zipf)
 		case g.Retries < 0 || g.Retries > 100:
 			return bad("group %d: retries %d, want 0 to 100", i, g.Retries)
+		case g.First < 0 || g.First >= s.Subjects:
+			return bad("group %d: first subject %d of %d", i, g.First, s.Subjects)
 		}
 		p := g.Profile
 		for _, w := range p.Weights {
@@ -207,6 +221,20 @@ func (s *Scenario) Validate() error {
 		case ProfileHop:
 			if p.Every <= 0 {
 				return bad("group %d: hop needs every > 0", i)
+			}
+		case ProfileSteps:
+			if len(p.Steps) == 0 || len(p.Steps) > MaxEvents {
+				return bad("group %d: steps needs 1 to %d steps", i, MaxEvents)
+			}
+			for k, st := range p.Steps {
+				if k > 0 && st.At <= p.Steps[k-1].At || st.At < 0 || len(st.Weights) > MaxScenarioRegions {
+					return bad("group %d: step %d at %v with %d weights (steps in time order, at most %d weights)", i, k, time.Duration(st.At), len(st.Weights), MaxScenarioRegions)
+				}
+				for _, w := range st.Weights {
+					if !finite(w) {
+						return bad("group %d: step %d weight %v", i, k, w)
+					}
+				}
 			}
 		default:
 			return bad("group %d: unknown profile %q", i, p.Kind)

@@ -82,13 +82,37 @@ type Config struct {
 	// probeAlways reads the tokens left after every fully admitted batch
 	// from the bucket, without the shortcuts (a test holds them to it).
 	probeAlways bool
-	// noWindowRule charges window counts at the current share, as nodes
-	// did before the rule (a test shows what the rule prevents).
-	noWindowRule bool
+	// NoShareRules decides as nodes did before their rules on shares
+	// that grew: a token bucket a region creates starts full at the
+	// current share, not at the lowest share the region held over the
+	// last refill time, and a window's count is charged at the current
+	// share, not at the lowest since the window began. It shows what the
+	// rules prevent; nodes always apply them.
+	NoShareRules bool
 	// Baselines also runs the three baseline models on the same stream.
 	// Default true (set NoBaselines to skip them).
 	NoBaselines bool
+	// Admitted, when set, is called with every batch the simulated system
+	// admits (not the baselines'), in time order: the decisions a checker
+	// of the bound (internal/boundcheck) reads, as it reads a live run's.
+	// nil, the default, records nothing. Sweep calls it from the
+	// goroutine that runs the Config.
+	Admitted func(RegionAdmission)
 }
+
+// RegionAdmission is a batch the simulated system admitted: Count unit
+// requests of subject Subject (SubjectID names it) in region Region
+// (RegionName) at At, the time since the run's start (the Unix epoch).
+type RegionAdmission struct {
+	At      time.Duration
+	Region  int
+	Subject int
+	Count   int64
+}
+
+// RegionName is the name the simulator gives region r (0 ≤ r <
+// MaxScenarioRegions) in the allocations it publishes.
+func RegionName(r int) string { return regionName(r) }
 
 func (c Config) withDefaults() (Config, error) {
 	if c.Scenario == nil {
@@ -210,12 +234,15 @@ type Result struct {
 	RebalanceIntervalS float64 `json:"rebalance_interval_s"`
 	ReportIntervalS    float64 `json:"report_interval_s"`
 	Protocol           string  `json:"protocol"`
-	Algorithm          string  `json:"algorithm"`
-	Overcommit         float64 `json:"overcommit"`
-	Seed               uint64  `json:"seed"`
-	Regions            int     `json:"regions"`
-	Subjects           int     `json:"subjects"`
-	DurationS          float64 `json:"duration_s"`
+	// NoShareRules is Config.NoShareRules: the run decided without the
+	// nodes' rules on shares that grew.
+	NoShareRules bool    `json:"no_share_rules,omitempty"`
+	Algorithm    string  `json:"algorithm"`
+	Overcommit   float64 `json:"overcommit"`
+	Seed         uint64  `json:"seed"`
+	Regions      int     `json:"regions"`
+	Subjects     int     `json:"subjects"`
+	DurationS    float64 `json:"duration_s"`
 	Figures
 	IdealAdmitted int64 `json:"ideal_admitted"`
 	Offered       int64 `json:"offered"`
@@ -445,12 +472,20 @@ type engine struct {
 	upAt     []time.Duration // per region: when it last came back (0: up from the start)
 	maxSum   float64
 
-	// Window algorithms: the node's rule (a window's count is charged at
-	// the lowest share the region held during the longest time the count
-	// can span) needs each region's applied allocations in that time.
+	// The nodes' rules on shares that grew need each region's applied
+	// allocations over the last full refill time (token bucket: a bucket
+	// the region creates starts at the lowest share it held in that
+	// time) or during the longest time a window count can span (window
+	// algorithms: a count is charged at the lowest share held then,
+	// bucket.Limits.CountedFor).
 	windowed   bool
-	shareHist  [][]appliedAt // per region, oldest first
-	windowRule bool          // apply the rule (a test turns it off)
+	shareHist  [][]appliedAt             // per region, oldest first
+	windowRule bool                      // apply the window rule (a test turns it off)
+	fillRule   bool                      // apply the fill rule (a test turns it off)
+	refill     time.Duration             // the full refill time C/r the fill rule looks back over
+	defGrewAt  []time.Duration           // per region: when its default share last grew (−refill: never)
+	ownGrewAt  []map[int32]time.Duration // per region: when a subject's own share grew, within the last refill time
+	fillLim    []fillLimits              // per region: the limits of the last bucket it created below full
 
 	sys      *model   // nil when only the baselines run
 	base     *baseRun // baselines shared from a pass over the same stream, or nil
@@ -590,7 +625,7 @@ func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 	}
 	e.retryOf = make([]int, sc.Subjects)
 	for _, g := range compileGroups(sc, sc.Subjects) {
-		for j := 0; j < g.n; j++ {
+		for j := g.First; j < g.First+g.n; j++ {
 			e.retryOf[j] = max(e.retryOf[j], g.Retries)
 			e.maxRetry = max(e.maxRetry, g.Retries)
 		}
@@ -617,13 +652,23 @@ func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 	width := int64(time.Duration(sc.Window) / e.tick)
 	if sys {
 		e.sys = newModel(0, sc.Subjects, e.windowsW, e.windowsL, room)
+		e.shareHist = make([][]appliedAt, n)
+		for r := range e.shareHist {
+			e.shareHist[r] = []appliedAt{{at: 0, a: e.applied[r]}}
+		}
 		if e.windowed {
 			e.sys.windowed(n, sc.Subjects, width)
-			e.windowRule = !cfg.noWindowRule
-			e.shareHist = make([][]appliedAt, n)
-			for r := range e.shareHist {
-				e.shareHist[r] = []appliedAt{{at: 0, a: e.applied[r]}}
+			e.windowRule = !cfg.NoShareRules
+		} else {
+			e.fillRule = !cfg.NoShareRules
+			e.refill = time.Duration(float64(sc.Capacity) / sc.RefillPerSecond * float64(time.Second))
+			e.defGrewAt = make([]time.Duration, n)
+			e.ownGrewAt = make([]map[int32]time.Duration, n)
+			for r := range e.defGrewAt {
+				e.defGrewAt[r] = -e.refill
+				e.ownGrewAt[r] = map[int32]time.Duration{}
 			}
+			e.fillLim = make([]fillLimits, n)
 		}
 	}
 	seconds := int(time.Duration(sc.Duration)/time.Second) + 1
@@ -702,6 +747,9 @@ func (e *engine) setApplied(r int, a *allocation) {
 	// voids a floor: the region's default (every floor of the region), or
 	// one subject's.
 	sub, oldDef, newDef := e.sub[r], e.defShare[r], a.def[r]
+	if newDef > oldDef && e.defGrewAt != nil {
+		e.defGrewAt[r] = e.now
+	}
 	if newDef < oldDef {
 		e.shareGen[r]++
 		fm := &e.fallMin[r]
@@ -715,6 +763,9 @@ func (e *engine) setApplied(r int, a *allocation) {
 			if newDef < sub[j].ovr {
 				sub[j].floorGen = 0
 			}
+			if newDef > sub[j].ovr {
+				e.ownGrew(r, j)
+			}
 			sub[j].ovr = math.NaN()
 		}
 	}
@@ -726,13 +777,46 @@ func (e *engine) setApplied(r int, a *allocation) {
 		if o[r] < prev {
 			sub[j].floorGen = 0
 		}
+		if o[r] > prev {
+			e.ownGrew(r, j)
+		}
 		sub[j].ovr = o[r]
 	}
 	e.applied[r] = a
 	e.defShare[r] = newDef
-	if e.windowed && e.sys != nil {
+	if e.shareHist != nil {
 		e.recordApplied(r, a)
 	}
+	if e.ownGrewAt != nil {
+		for j, at := range e.ownGrewAt[r] {
+			if e.now-at >= e.refill {
+				delete(e.ownGrewAt[r], j)
+			}
+		}
+	}
+}
+
+// ownGrew records that subject j's own share (its override, or the
+// default it fell back to) in region r grew now.
+func (e *engine) ownGrew(r int, j int32) {
+	if e.ownGrewAt != nil {
+		e.ownGrewAt[r][j] = e.now
+	}
+}
+
+// grewLately says a share of region r that subject j may hold grew
+// within the last refill time: its default, or j's own. Only then can a
+// bucket the region creates for j start below its current share.
+func (e *engine) grewLately(r int, j int32) bool {
+	if e.now-e.defGrewAt[r] < e.refill {
+		return true
+	}
+	m := e.ownGrewAt[r]
+	if len(m) == 0 {
+		return false
+	}
+	at, ok := m[j]
+	return ok && e.now-at < e.refill
 }
 
 func (e *engine) push(ev *event) {
@@ -861,6 +945,9 @@ func (e *engine) decide(r int, t int64, j int32, fresh int64) {
 	a, p := n, int64(0)
 	if e.sys != nil && e.windowed {
 		a, p = e.takeWindow(e.sys, &e.sys.wstates[r][j], e.windowShare(r, j), t, j, n)
+		if e.cfg.Admitted != nil {
+			e.admitted(r, j, a)
+		}
 		e.perSecondSys[e.sec] += a
 		e.seriesRegion[r][e.bin] += float64(a)
 	} else if e.sys != nil {
@@ -868,12 +955,24 @@ func (e *engine) decide(r int, t int64, j int32, fresh int64) {
 		if share != share { // NaN: the region's default
 			share, lim = e.defShare[r], &e.defLim[r]
 		}
+		// A bucket the region creates after a share of it grew starts at
+		// the lowest share it held over the last refill time.
+		below := false
+		if e.fillRule && e.limitsAt(lim, share) && !sr.st.Stored(e.nowUs, &lim.lim) && e.grewLately(r, j) {
+			if low := e.lowestShare(r, j, e.now-e.refill); low < share {
+				lim, below = e.fillLimits(r, share, low), true
+			}
+		}
 		// Left alone long enough to be full, unless the share grew since
-		// its last write (then full only to the old capacity).
-		full := (sr.lastAt == 0 || t-int64(sr.lastAt-1) >= e.full) &&
+		// its last write (then full only to the old capacity) or the
+		// bucket starts now below full.
+		full := !below && (sr.lastAt == 0 || t-int64(sr.lastAt-1) >= e.full) &&
 			!(e.limitsAt(lim, share) && sr.st.ShareGrew(&lim.lim))
 		sr.lastAt = int32(t + 1)
 		a = e.take(e.sys, &sr.st, lim, share, t, j, n)
+		if e.cfg.Admitted != nil {
+			e.admitted(r, j, a)
+		}
 		e.perSecondSys[e.sec] += a
 		e.seriesRegion[r][e.bin] += float64(a)
 		p = e.pressured(sr, r, lim, share, full, n, a)
@@ -932,6 +1031,15 @@ func (e *engine) decide(r int, t int64, j int32, fresh int64) {
 	}
 }
 
+// admitted reports a batch of a requests of subject j that the system
+// admitted in region r now to Config.Admitted (set: the caller checks,
+// so that a run without it pays no call).
+func (e *engine) admitted(r int, j int32, a int64) {
+	if a > 0 {
+		e.cfg.Admitted(RegionAdmission{At: e.now, Region: r, Subject: int(j), Count: a})
+	}
+}
+
 // take decides n unit requests of subject j arriving together in m's
 // bucket st at share (one after the other: bucket.TokenState.TakeUnitsAt),
 // with the limits memoised in lim. A share above 1+ε (float rounding in
@@ -973,7 +1081,36 @@ func (e *engine) setLimits(lim *shareLimits, share float64) bool {
 	if share == lim.share {
 		return true
 	}
-	l, err := e.prep.TokenLimits(share)
+	return e.convert(lim, share, 0)
+}
+
+// fillLimits are the limits a region uses for a bucket it creates at
+// share, withholding what is above low (bucket.Prepared.TokenLimitsWithheld).
+type fillLimits struct {
+	shareLimits
+	low float64
+}
+
+// fillLimits returns region r's limits for a token bucket it creates at
+// share (above 0) while the lowest share it held for the subject over the
+// last refill time was low < share: the bucket starts with low·C, as a
+// regional node starts it (bucket.Request.Withheld).
+func (e *engine) fillLimits(r int, share, low float64) *shareLimits {
+	f := &e.fillLim[r]
+	share = min(share, e.maxShare)
+	if f.share != share || f.low != low {
+		f.low = low
+		f.share = 0
+		e.convert(&f.shareLimits, share, share-max(0, min(low, share)))
+	}
+	return &f.shareLimits
+}
+
+// convert sets lim to the limits at share (in (0, 1+ε]) that withhold
+// withheld of it from a bucket they create, and reports whether the
+// bucket accepted them (else the error is in e.err).
+func (e *engine) convert(lim *shareLimits, share, withheld float64) bool {
+	l, err := e.prep.TokenLimitsWithheld(share, withheld)
 	if err != nil {
 		e.err = cmp.Or(e.err, fmt.Errorf("sim: bucket decision at %v: %w", e.now, err))
 		return false

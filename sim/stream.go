@@ -157,11 +157,11 @@ func (s *stream) next(t int64) {
 			g := &s.groups[gi]
 			g.weights(now, s.up, s.w)
 			for k := poisson(s.rng, g.total*s.w[r]*tickS); k > 0; k-- {
-				var j int
+				j := g.First
 				if g.alias != nil {
-					j = g.alias.sample(s.rng)
+					j += g.alias.sample(s.rng)
 				} else {
-					j = s.rng.IntN(g.n)
+					j += s.rng.IntN(g.n)
 				}
 				if s.cnt[j] == 0 {
 					out = append(out, batch{subject: int32(j)})

@@ -131,7 +131,7 @@ func sweepPlot(results []*Result, title, ylabel string, y func(*Result) float64,
 	seenIv := map[float64]bool{}
 	baseMax := 0.0
 	for _, r := range results {
-		k := r.Scenario + " " + r.Protocol
+		k := r.Scenario + " " + r.protocol()
 		l, ok := byName[k]
 		if !ok {
 			if _, seen := colorOf[r.Scenario]; !seen {
@@ -193,6 +193,6 @@ func seriesPlot(r *Result) []byte {
 	}
 	lines = append(lines, line{name: "all regions", xs: xs, ys: s.Total})
 	lines = append(lines, line{name: "ideal global", xs: xs, ys: s.Ideal, color: "#000", dash: "6 4"})
-	title := fmt.Sprintf("%s: admitted per region (%s, rebalance %gs)", r.Scenario, r.Protocol, r.RebalanceIntervalS)
+	title := fmt.Sprintf("%s: admitted per region (%s, rebalance %gs)", r.Scenario, r.protocol(), r.RebalanceIntervalS)
 	return plot(title, "time (min)", "admitted requests / s", lines, false)
 }

@@ -34,7 +34,7 @@ func TestWindowPoliciesKeepTheBound(t *testing.T) {
 			if res.Epochs < 10 {
 				t.Errorf("%s at %v: %d epochs: shares hardly moved", alg, iv, res.Epochs)
 			}
-			cfg.noWindowRule = true
+			cfg.NoShareRules = true
 			without, err := Run(cfg)
 			if err != nil {
 				t.Fatal(err)

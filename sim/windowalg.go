@@ -20,6 +20,12 @@ func (s *Scenario) limits(overcommit float64) bucket.Limits {
 	return bucket.Limits{Algorithm: s.Algorithm, Capacity: s.Capacity, Window: w, IdleTTL: 2*w + time.Minute, Overcommit: overcommit}
 }
 
+// Limits are the global limits of the scenario's policy with overcommit
+// ε, as the simulator's buckets enforce them (each region at its share):
+// what a checker of the bound (internal/boundcheck) checks its runs
+// against.
+func (s *Scenario) Limits(overcommit float64) bucket.Limits { return s.limits(overcommit) }
+
 // mostAdmitted is the most one global limiter of the scenario's policy
 // admits for one subject in an interval of s seconds: C + r·s for a token
 // bucket; for a window algorithm C for every aligned window the interval
@@ -43,11 +49,11 @@ type appliedAt struct {
 }
 
 // recordApplied adds a, applied by region r now, to r's history, which
-// keeps what the longest count of the window algorithm may reach back to
-// (two windows).
+// keeps what the nodes' rules may reach back to: the longest count of the
+// window algorithm (two windows), or the token bucket's refill time.
 func (e *engine) recordApplied(r int, a *allocation) {
 	h := append(e.shareHist[r], appliedAt{at: e.now, a: a})
-	keep := e.now - 2*time.Duration(e.sc.Window) - time.Second
+	keep := e.now - max(2*time.Duration(e.sc.Window), e.refill) - time.Second
 	first := 0
 	for first+1 < len(h) && h[first+1].at <= keep {
 		first++
@@ -69,8 +75,16 @@ func (e *engine) windowShare(r int, j int32) float64 {
 		return cur
 	}
 	within, _ := e.prep.Limits().CountedFor(0)
-	from := e.now - within
-	low := cur
+	return e.lowestShare(r, j, e.now-within)
+}
+
+// lowestShare is the lowest share region r held for subject j from the
+// instant from (since the run's start) until now: that of every
+// allocation it applied in that time and of the one in force at from
+// (regionsync.Syncer.LowestShare).
+func (e *engine) lowestShare(r int, j int32, from time.Duration) float64 {
+	h := e.shareHist[r]
+	low := math.Inf(1)
 	for i := len(h) - 1; i >= 0; i-- {
 		low = math.Min(low, h[i].a.share(r, j))
 		if h[i].at <= from {

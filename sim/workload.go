@@ -9,7 +9,7 @@ import (
 // group is a compiled Group.
 type group struct {
 	Group
-	n     int     // subjects 0..n-1
+	n     int     // subjects First..First+n-1
 	total float64 // offered rate of the whole group, requests per second
 	alias *alias  // subject sampler when Zipf > 0
 }
@@ -21,7 +21,7 @@ func compileGroups(s *Scenario, subjects int) []group {
 		if n == 0 {
 			n = int(math.Round(g.Fraction * float64(subjects)))
 		}
-		n = max(1, min(n, subjects))
+		n = max(1, min(n, subjects-g.First))
 		gs[i] = group{Group: g, n: n, total: g.Rate * s.RefillPerSecond * float64(n)}
 		if g.Zipf > 0 {
 			w := make([]float64, n)
@@ -39,10 +39,18 @@ func compileGroups(s *Scenario, subjects int) []group {
 func (g *group) weights(t time.Duration, up []bool, out []float64) {
 	n := len(out)
 	p := g.Profile
+	ws := p.Weights
+	if p.Kind == ProfileSteps {
+		for _, st := range p.Steps {
+			if t >= time.Duration(st.At) {
+				ws = st.Weights
+			}
+		}
+	}
 	for i := range out {
 		out[i] = 1
-		if i < len(p.Weights) {
-			out[i] = p.Weights[i]
+		if i < len(ws) {
+			out[i] = ws[i]
 		}
 	}
 	switch p.Kind {

@@ -39,6 +39,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	delay := fs.Duration("propagation-delay", 300*time.Millisecond, "mean coordinator↔region delay")
 	lost := fs.Float64("lost-reports", 0.01, "probability a demand report is lost")
 	late := fs.Float64("late-reports", 0.01, "probability a demand report is one interval late")
+	rules := fs.String("share-rules", "on", "the nodes' rules on shares that grew (new token buckets at the lowest share of the last refill time, window counts at the lowest share since the window began): on, off (as nodes decided before them), or both")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the sweep to this file")
 	leases := addLeaseFlags(fs, seed)
 	if err := fs.Parse(args); err != nil {
@@ -64,6 +65,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	for _, p := range strings.Split(*protocols, ",") {
 		protos = append(protos, sim.Protocol(strings.TrimSpace(p)))
 	}
+	var noRules []bool
+	switch *rules {
+	case "on":
+		noRules = []bool{false}
+	case "off":
+		noRules = []bool{true}
+	case "both":
+		noRules = []bool{false, true}
+	default:
+		return fmt.Errorf("-share-rules: %q is not on, off or both", *rules)
+	}
 	params := &allocator.Params{Algorithm: allocator.Algorithm(*algorithm), Overcommit: *overcommit, MaxStep: *maxStep, DeadBand: 0.01}
 	if err := params.Validate(); err != nil {
 		return err
@@ -76,9 +88,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		for _, iv := range ivs {
 			for _, p := range protos {
-				cfgs = append(cfgs, sim.Config{Scenario: sc, Regions: *regions, Subjects: *subjects, Duration: *duration, Seed: *seed,
-					Allocator: params, Protocol: p, RebalanceInterval: iv, ReportInterval: *report, PropagationDelay: *delay,
-					LostReports: *lost, LateReports: *late})
+				for _, nr := range noRules {
+					cfgs = append(cfgs, sim.Config{Scenario: sc, Regions: *regions, Subjects: *subjects, Duration: *duration, Seed: *seed,
+						Allocator: params, Protocol: p, RebalanceInterval: iv, ReportInterval: *report, PropagationDelay: *delay,
+						LostReports: *lost, LateReports: *late, NoShareRules: nr})
+				}
 			}
 		}
 	}

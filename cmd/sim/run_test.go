@@ -61,6 +61,7 @@ func TestRunErrors(t *testing.T) {
 		{"-algorithm", "lottery"},
 		{"-protocol", "gossip", "-duration", "10s", "-scenario", "steady"},
 		{"stray"},
+		{"-share-rules", "maybe"},
 	} {
 		if err := run(context.Background(), append(args, "-out", t.TempDir()), &bytes.Buffer{}, &bytes.Buffer{}); err == nil {
 			t.Errorf("run(%q) succeeded", args)
@@ -81,5 +82,32 @@ func TestRunCPUProfile(t *testing.T) {
 	args[len(args)-1] = filepath.Join(dir, "no", "such", "dir", "cpu.prof")
 	if err := run(context.Background(), args, &bytes.Buffer{}, &bytes.Buffer{}); err == nil {
 		t.Error("an unwritable -cpuprofile was accepted")
+	}
+}
+
+// TestRunShareRules: -share-rules both runs tenant-move with and without
+// the nodes' rules on shares that grew; without them the moving tenant
+// overshoots, with them it does not.
+func TestRunShareRules(t *testing.T) {
+	var out bytes.Buffer
+	args := []string{"-scenario", "tenant-move", "-intervals", "5s", "-protocol", "two-step", "-subjects", "300", "-share-rules", "both", "-out", t.TempDir()}
+	if err := run(context.Background(), args, &out, &bytes.Buffer{}); err != nil {
+		t.Fatal(err)
+	}
+	var with, without []string
+	for _, line := range strings.Split(out.String(), "\n") {
+		f := strings.Fields(line)
+		switch {
+		case len(f) > 5 && f[2] == "two-step":
+			with = f
+		case len(f) > 5 && f[2] == "two-step-norules":
+			without = f
+		}
+	}
+	if with == nil || without == nil {
+		t.Fatalf("rows with and without the rules missing:\n%s", out.String())
+	}
+	if with[5] != "0.0000" || without[5] == "0.0000" {
+		t.Errorf("overshoot(60 s) %s with the rules, %s without; want 0 and above 0", with[5], without[5])
 	}
 }
