@@ -20,17 +20,19 @@ import (
 //
 // A live run that could not play the stream faithfully (a machine so
 // loaded that requests went out late, failed or were decided by a failure
-// mode) measures the machine: it is run once more, and fails the test if
-// it is still not faithful (or there is no time left for another).
+// mode) measures the machine: it is run again, up to three attempts, and
+// fails the test if none is faithful (or there is no time left for
+// another). The suite runs packages side by side on two cores, so one
+// attempt may fall on another package's busiest seconds.
 func TestSimAgreesWithLive(t *testing.T) {
 	sc, err := AgreementScenario()
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 85*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 130*time.Second)
 	defer cancel()
 	var a *Agreement
-	for attempt := 1; attempt <= 2; attempt++ {
+	for attempt := 1; attempt <= 3; attempt++ {
 		if dl, _ := ctx.Deadline(); attempt > 1 && time.Until(dl) < time.Duration(sc.Duration)+15*time.Second {
 			break // no time for another faithful attempt
 		}
