@@ -12,6 +12,7 @@ import (
 	"github.com/quotacoord/quota/bucket"
 	"github.com/quotacoord/quota/internal/boundcheck"
 	"github.com/quotacoord/quota/internal/clock"
+	"github.com/quotacoord/quota/internal/grants"
 	"github.com/quotacoord/quota/internal/policy"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
 )
@@ -42,7 +43,12 @@ func (r *leaseRegion) setShare(f float64) {
 // for its Redis) that counts the calls a node makes to it.
 type leaseStore struct {
 	*bucket.Memory
-	takes, leases atomic.Int64
+	takes, leases, refunds atomic.Int64
+}
+
+func (s *leaseStore) Refund(ctx context.Context, req bucket.Request) (bucket.Decision, error) {
+	s.refunds.Add(1)
+	return s.Memory.Refund(ctx, req)
 }
 
 func (s *leaseStore) TakeAll(ctx context.Context, reqs []bucket.Request) ([]bucket.Decision, error) {
@@ -69,14 +75,22 @@ policies:
   - name: plain
     capacity: 60
     rate: 30/s
+  - name: narrow
+    capacity: 10
+    rate: 5/s
+    lease: {fraction: 1, ttl: 2s}
 `
 
 // newLeaseNode builds a node of region r on store, on clk, with the
 // policies of leasePolicies.
 func newLeaseNode(t testing.TB, clk clock.Clock, store bucket.Store, r *leaseRegion) *Node {
 	t.Helper()
+	g, err := grants.Parse("g", []byte("default: [{actions: [check, refund], policies: ['*']}]"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	n, err := New(Config{Region: "r", Store: store, Local: memoryStore(t, clk), Shares: r, Clock: clk,
-		Registerer: prometheus.NewRegistry(), NodeLeaseHot: 5})
+		Registerer: prometheus.NewRegistry(), NodeLeaseHot: 5, Grants: g})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,5 +158,139 @@ func TestNodeLeaseHotSubject(t *testing.T) {
 	leaseCheck(t, n, "cold", 1, "hot")
 	if store.takes.Load() != before+1 {
 		t.Fatal("a cold subject's check did not reach the store")
+	}
+}
+
+// heatUp checks subject at 100/s for a second on n so that its leasable
+// policies get leases.
+func heatUp(t *testing.T, clk *clock.Manual, n *Node, subject string, policies ...string) {
+	t.Helper()
+	for i := 0; i < 100; i++ {
+		leaseCheck(t, n, subject, 1, policies...)
+		clk.Advance(10 * time.Millisecond)
+	}
+}
+
+// leaseOf returns n's lease of policy for subject, nil when none.
+func leaseOf(t *testing.T, n *Node, policyName, subject string) *nodeLease {
+	t.Helper()
+	p, _ := n.Policies().Get(policyName)
+	key, err := bucket.NewKey(p.Name, p.KeyVersion(), subject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.leases.mu.RLock()
+	defer n.leases.mu.RUnlock()
+	return n.leases.leased[key]
+}
+
+// remaining peeks e's tokens at now.
+func (e *nodeLease) remaining(now time.Time) float64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	d, _ := e.st.TakeAt(now, &e.prep, 1, 0)
+	return d.Remaining
+}
+
+// TestNodeLeaseMultiPolicy: a check naming a leased and an unleasable
+// policy always goes to the store; one naming two leased policies is
+// decided from both leases all or nothing: a denial by one charges the
+// other nothing.
+func TestNodeLeaseMultiPolicy(t *testing.T) {
+	clk := clock.NewManual(time.Unix(1_800_000_000, 0))
+	store := &leaseStore{Memory: memoryStore(t, clk)}
+	n := newLeaseNode(t, clk, store, &leaseRegion{share: 1, nodes: 1})
+
+	heatUp(t, clk, n, "mixed", "hot", "plain")
+	before := store.takes.Load()
+	leaseCheck(t, n, "mixed", 1, "hot", "plain")
+	if store.takes.Load() != before+1 {
+		t.Fatal("a check with an unleased policy was not sent to the store")
+	}
+
+	heatUp(t, clk, n, "both", "hot", "narrow")
+	hot, narrow := leaseOf(t, n, "hot", "both"), leaseOf(t, n, "narrow", "both")
+	if hot == nil || narrow == nil {
+		t.Fatalf("leases after a hot second: hot %v narrow %v", hot != nil, narrow != nil)
+	}
+	before = store.takes.Load()
+	// Spend narrow's lease, then check once more at the same instant.
+	for narrow.remaining(clk.Now()) >= 1 {
+		if r := leaseCheck(t, n, "both", 1, "hot", "narrow"); !r.Allowed {
+			t.Fatal("denied while both leases hold tokens")
+		}
+	}
+	h0 := hot.remaining(clk.Now())
+	r := leaseCheck(t, n, "both", 1, "hot", "narrow")
+	if r.Allowed || r.DecidedBy != "narrow" {
+		t.Fatalf("allowed %v decided by %q, want a denial by narrow", r.Allowed, r.DecidedBy)
+	}
+	if h1 := hot.remaining(clk.Now()); h1 != h0 {
+		t.Fatalf("hot's lease went from %v to %v on a check narrow denied", h0, h1)
+	}
+	if store.takes.Load() != before {
+		t.Fatalf("%d store takes for checks decided from leases", store.takes.Load()-before)
+	}
+}
+
+// TestNodeLeaseRefund: a charge decided from a lease is refunded into
+// the lease, not into the region's bucket.
+func TestNodeLeaseRefund(t *testing.T) {
+	clk := clock.NewManual(time.Unix(1_800_000_000, 0))
+	store := &leaseStore{Memory: memoryStore(t, clk)}
+	n := newLeaseNode(t, clk, store, &leaseRegion{share: 1, nodes: 1})
+	heatUp(t, clk, n, "r", "hot")
+	e := leaseOf(t, n, "hot", "r")
+	if e == nil {
+		t.Fatal("no lease after a hot second")
+	}
+	leaseCheck(t, n, "r", 3, "hot")
+	was := e.remaining(clk.Now())
+	resp, err := (&admission{n: n}).Refund(context.Background(), &quotav1.RefundRequest{Charges: []*quotav1.Charge{{Policy: "hot", Subject: "r", Cost: 2}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !resp.Refunds[0].Refunded {
+		t.Fatal("refund into a live lease not reported refunded")
+	}
+	if got := e.remaining(clk.Now()); got != min(was+2, float64(e.burst)) {
+		t.Fatalf("lease holds %v after refunding 2 to %v (burst %d)", got, was, e.burst)
+	}
+	if store.refunds.Load() != 0 {
+		t.Fatal("a leased charge was refunded to the region's bucket")
+	}
+}
+
+// TestNodeLeaseShrink: the region's sync may acknowledge a shrink only
+// after the node's leases above the new share end (HeldAbove), and a check
+// at the shrunk share drops the lease and goes to the store.
+func TestNodeLeaseShrink(t *testing.T) {
+	clk := clock.NewManual(time.Unix(1_800_000_000, 0))
+	store := &leaseStore{Memory: memoryStore(t, clk)}
+	region := &leaseRegion{share: 1, nodes: 2}
+	n := newLeaseNode(t, clk, store, region)
+	heatUp(t, clk, n, "s", "hot")
+	e := leaseOf(t, n, "hot", "s")
+	if e == nil {
+		t.Fatal("no lease after a hot second")
+	}
+	if e.rate > 15+1e-9 {
+		t.Fatalf("lease rate %v above the node's half of the region's 30/s", e.rate)
+	}
+	half := func(string) float64 { return 0.5 }
+	if got := n.HeldAbove("hot", half); !got.After(clk.Now()) {
+		t.Fatalf("HeldAbove = %v, want the lease's end after %v", got, clk.Now())
+	}
+	if got := n.HeldAbove("hot", func(string) float64 { return 1 }); !got.IsZero() {
+		t.Fatalf("HeldAbove at the lease's own share = %v, want zero", got)
+	}
+	region.setShare(0.5)
+	before := store.takes.Load()
+	leaseCheck(t, n, "s", 1, "hot")
+	if store.takes.Load() != before+1 {
+		t.Fatal("a check at a shrunk share was decided from the old lease")
+	}
+	if got := n.HeldAbove("hot", half); !got.IsZero() {
+		t.Fatalf("HeldAbove after the lease was dropped = %v, want zero", got)
 	}
 }
