@@ -294,3 +294,78 @@ func TestNodeLeaseShrink(t *testing.T) {
 		t.Fatalf("HeldAbove after the lease was dropped = %v, want zero", got)
 	}
 }
+
+// TestNodeLeaseBound: 3 regions at share ⅓ × 2 nodes with node leases on,
+// one subject offered 3.3× its budget (100 checks/s for r = 30/s) with
+// the demand moving between regions and nodes every 3 s: what all nodes
+// admit stays within C + r·W in every window, and the under-admission
+// against one ideal global bucket fed the same requests is reported.
+func TestNodeLeaseBound(t *testing.T) {
+	clk := clock.NewManual(time.Unix(1_800_000_000, 0))
+	type node struct {
+		n      *Node
+		region string
+	}
+	var nodes []node
+	var stores []*leaseStore
+	for r := 0; r < 3; r++ {
+		store := &leaseStore{Memory: memoryStore(t, clk)}
+		stores = append(stores, store)
+		region := &leaseRegion{share: 1.0 / 3, nodes: 2}
+		for k := 0; k < 2; k++ {
+			nodes = append(nodes, node{n: newLeaseNode(t, clk, store, region), region: string(rune('a' + r))})
+		}
+	}
+	hot, _ := nodes[0].n.Policies().Get("hot")
+	prep, err := bucket.Prepare(hot.Limits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ideal bucket.State
+	var regional [3]bucket.State // an ideal bucket per region at its share
+	var adms []boundcheck.Admission
+	idealAdmitted, regionalAdmitted := 0, 0
+	const step = 10 * time.Millisecond
+	const steps = 6000 // 60 s
+	for i := 0; i < steps; i++ {
+		phase := i / 300 // 3 s
+		// Two thirds of the checks to one node, a third to the next.
+		target := phase % len(nodes)
+		if i%3 == 2 {
+			target = (phase + 1 + phase/len(nodes)) % len(nodes)
+		}
+		nd := nodes[target]
+		if d, err := ideal.TakeAt(clk.Now(), &prep, 1, 1); err != nil {
+			t.Fatal(err)
+		} else if d.Allowed {
+			idealAdmitted++
+		}
+		if d, _ := regional[target/2].TakeAt(clk.Now(), &prep, 1.0/3, 1); d.Allowed {
+			regionalAdmitted++
+		}
+		if r := leaseCheck(t, nd.n, "t1", 1, "hot"); r.Allowed {
+			adms = append(adms, boundcheck.Admission{Policy: "hot", Subject: "t1", Region: nd.region,
+				Node: string(rune('0' + target)), At: clk.Now(), Cost: 1})
+		}
+		clk.Advance(step)
+	}
+	rep, err := boundcheck.Check(boundcheck.Config{Limits: map[string]bucket.Limits{"hot": hot.Limits},
+		Windows: []time.Duration{100 * time.Millisecond, time.Second, 2 * time.Second, 10 * time.Second, 30 * time.Second}}, adms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range rep.Violations {
+		t.Errorf("over the bound: %v", v)
+	}
+	var takes, leases int64
+	for _, s := range stores {
+		takes += s.takes.Load()
+		leases += s.leases.Load()
+	}
+	under := 1 - float64(len(adms))/float64(idealAdmitted)
+	t.Logf("admitted %d; ideal global bucket %d: under-admission %.1f%%; ideal buckets per region at share 1/3 %d: %.1f%%; peak %.3f over %d windows; store takes %d, lease calls %d for %d checks",
+		len(adms), idealAdmitted, 100*under, regionalAdmitted, 100*(1-float64(len(adms))/float64(regionalAdmitted)), rep.Peak, rep.Windows, takes, leases, steps)
+	if takes+leases > steps/2 {
+		t.Errorf("%d store calls for %d checks: the leases decided too few", takes+leases, steps)
+	}
+}
