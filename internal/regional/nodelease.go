@@ -81,17 +81,19 @@ type nodeLease struct {
 	subject string
 	ttl     time.Duration
 
-	mu       sync.Mutex
-	dead     bool // released or ended: no decision may use it
-	st       bucket.State
-	prep     bucket.Prepared
-	rate     float64
-	burst    int64
-	most     float64   // the largest rate the node's part allows
-	end      time.Time // the node's clock: no decision at or after it
-	renewing bool
-	retryAt  time.Time // no renewal before (the last one failed)
-	lastUse  time.Time
+	mu    sync.Mutex
+	dead  bool // released or ended: no decision may use it
+	st    bucket.State
+	prep  bucket.Prepared
+	rate  float64
+	burst int64
+	// most and mostBurst are the largest rate and burst the node's part
+	// of the share allows.
+	most, mostBurst float64
+	end             time.Time // the node's clock: no decision at or after it
+	renewing        bool
+	retryAt         time.Time // no renewal before (the last one failed)
+	lastUse         time.Time
 	// asked is the cost checks asked of the lease (admitted or not)
 	// since the lease was taken or last renewed, at since: the subject's
 	// rate here, which a renewal sizes the lease from.
@@ -215,7 +217,7 @@ func (l *nodeLeases) decide(ctx context.Context, now time.Time, items []item, en
 		}
 		decs[j].Allowed = allowed || decs[j].Remaining >= float64(cost)
 		decs[j].Limit = items[i].limit()
-		if !e.renewing && !now.Before(e.end.Add(-e.ttl/2)) && !now.Before(e.retryAt) {
+		if !e.renewing && !now.Before(e.retryAt) && (!now.Before(e.end.Add(-e.ttl/2)) || e.outgrown(now)) {
 			e.renewing = true
 			due = append(due, e)
 		}
@@ -314,11 +316,8 @@ func (l *nodeLeases) acquire(ctx context.Context, it *item, now time.Time, h *he
 	// the part of the second gone), within the node's part of the refill.
 	gone := max(now.Sub(now.Truncate(time.Second)), 50*time.Millisecond)
 	rate := l.size(part*p.Limits.RefillPerSecond, counted/gone.Seconds())
-	// The burst is what half a second at the rate needs (the region's
-	// bucket must hold it to fund the lease, and what it holds beyond it
-	// stays with the other nodes), no more than the bucket held at the
-	// last refusal.
-	burst := int64(math.Floor(min(part*float64(p.Limits.Capacity), math.Ceil(rate/2), tokens)))
+	// No larger a burst than the bucket held at the last refusal.
+	burst := int64(math.Floor(min(float64(burstFor(rate, part*float64(p.Limits.Capacity))), tokens)))
 	if burst < 1 && it.req.Share*float64(p.Limits.Capacity) >= 1 {
 		burst = 1
 	}
@@ -342,7 +341,7 @@ func (l *nodeLeases) acquire(ctx context.Context, it *item, now time.Time, h *he
 		return false
 	}
 	e := &nodeLease{req: req, policy: p.Name, subject: it.subject, ttl: p.Lease.TTL, end: now.Add(p.Lease.TTL),
-		lastUse: now, since: now, most: part * p.Limits.RefillPerSecond}
+		lastUse: now, since: now, most: part * p.Limits.RefillPerSecond, mostBurst: part * float64(p.Limits.Capacity)}
 	if !e.fill(ls) {
 		l.releaseLease(ctx, e, 0, now)
 		return false
@@ -360,11 +359,29 @@ func (l *nodeLeases) acquire(ctx context.Context, it *item, now time.Time, h *he
 	return true
 }
 
+// outgrown reports whether the subject asks e for more than 80% of its
+// rate (a lease is sized at twice what its subject asks), measured over at least leaseRetry, while the node's part allows
+// more: the lease is then resized at once rather than at half its TTL (a
+// subject decided in memory is often checked faster than it was through
+// the store). e.mu is held.
+func (e *nodeLease) outgrown(now time.Time) bool {
+	el := now.Sub(e.since)
+	return e.rate < e.most && el >= leaseRetry && float64(e.asked) > 0.8*e.rate*el.Seconds()
+}
+
 // size returns the rate to lease for a subject asking observed tokens
 // per second here: twice that (room to grow until the next renewal), at
 // least the hot rate, at most most.
 func (l *nodeLeases) size(most, observed float64) float64 {
 	return min(most, max(2*observed, float64(l.hot)))
+}
+
+// burstFor is the burst of a lease at rate: what half a second at the
+// rate needs (the region's bucket must hold it to fund the lease, and
+// what the bucket holds beyond it stays with the other nodes), at most
+// most, at least 1.
+func burstFor(rate, most float64) int64 {
+	return max(1, int64(min(most, math.Ceil(rate/2))))
 }
 
 // fill resets e's bucket to a full lease ls; false: ls cannot be held in
@@ -392,7 +409,7 @@ func (l *nodeLeases) renew(ctx context.Context, e *nodeLease, now time.Time) {
 		// A rate more than 20% off what the subject asks is resized (a
 		// fresh lease, which takes its burst again).
 		if want := l.size(e.most, float64(e.asked)/el.Seconds()); math.Abs(want-e.rate) > 0.2*e.rate {
-			q.Rate = want
+			q.Rate, q.Burst = want, burstFor(want, e.mostBurst)
 		}
 	}
 	e.asked, e.since = 0, now
