@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/quotacoord/quota/bucket"
@@ -367,5 +369,45 @@ func TestNodeLeaseBound(t *testing.T) {
 		len(adms), idealAdmitted, 100*under, regionalAdmitted, 100*(1-float64(len(adms))/float64(regionalAdmitted)), rep.Peak, rep.Windows, takes, leases, steps)
 	if takes+leases > steps/2 {
 		t.Errorf("%d store calls for %d checks: the leases decided too few", takes+leases, steps)
+	}
+}
+
+// TestNodeLeaseEnvoy: an Envoy rule with burst and lease is leased for a
+// hot descriptor value, whose requests are then decided without the store.
+func TestNodeLeaseEnvoy(t *testing.T) {
+	clk := clock.NewManual(time.Unix(1_800_000_000, 0))
+	store := &leaseStore{Memory: memoryStore(t, clk)}
+	n, err := New(Config{Region: "r", Store: store, Local: memoryStore(t, clk), Shares: &leaseRegion{share: 1, nodes: 1},
+		Clock: clk, Registerer: prometheus.NewRegistry(), NodeLeaseHot: 5, EnvoyPlainKeys: []string{"tenant"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := policy.Parse("e.yaml", []byte("domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 30, burst: 60, lease: {fraction: 1, ttl: 2s}}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.SetPolicies(set)
+	r := &rls{n: n}
+	req := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlcommon.RateLimitDescriptor{desc("tenant", "e1")}}
+	var takes int64
+	ok := 0
+	for i := 0; i < 300; i++ { // 3 s at 100/s
+		if i == 100 {
+			takes = store.takes.Load()
+		}
+		resp, err := r.ShouldRateLimit(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i >= 100 && resp.OverallCode == rlsv3.RateLimitResponse_OK {
+			ok++
+		}
+		clk.Advance(10 * time.Millisecond)
+	}
+	if got := store.takes.Load() - takes; got != 0 {
+		t.Fatalf("%d store takes after the first second, want none", got)
+	}
+	if ok == 0 || ok > 60+2*30 {
+		t.Fatalf("admitted %d in 2 s from the lease, want some and at most C + 2r = 120", ok)
 	}
 }
