@@ -283,6 +283,12 @@ func TestNodeLeaseShrink(t *testing.T) {
 	if got := n.HeldAbove("hot", half); !got.After(clk.Now()) {
 		t.Fatalf("HeldAbove = %v, want the lease's end after %v", got, clk.Now())
 	}
+	// The region sync's gate (process.go) reports the node's leases.
+	gate := &rlqsGate{}
+	gate.node.Store(n)
+	if got := gate.HeldAbove("hot", half); !got.Equal(n.HeldAbove("hot", half)) {
+		t.Fatalf("the sync's gate reports %v, the node %v", got, n.HeldAbove("hot", half))
+	}
 	if got := n.HeldAbove("hot", func(string) float64 { return 1 }); !got.IsZero() {
 		t.Fatalf("HeldAbove at the lease's own share = %v, want zero", got)
 	}
