@@ -16,6 +16,7 @@ import (
 	"github.com/quotacoord/quota/internal/clock"
 	"github.com/quotacoord/quota/internal/grants"
 	"github.com/quotacoord/quota/internal/policy"
+	"github.com/quotacoord/quota/internal/redistest"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
 )
 
@@ -41,31 +42,37 @@ func (r *leaseRegion) setShare(f float64) {
 	r.mu.Unlock()
 }
 
-// leaseStore is a region's store (an in-process bucket.Memory standing
-// for its Redis) that counts the calls a node makes to it.
+// leasingStore is a store that leases: bucket.Memory or bucket.Redis.
+type leasingStore interface {
+	bucket.Store
+	bucket.Leaser
+}
+
+// leaseStore is a region's store (Redis, or an in-process bucket.Memory
+// standing for it) that counts the calls a node makes to it.
 type leaseStore struct {
-	*bucket.Memory
+	leasingStore
 	takes, leases, refunds atomic.Int64
 }
 
 func (s *leaseStore) Refund(ctx context.Context, req bucket.Request) (bucket.Decision, error) {
 	s.refunds.Add(1)
-	return s.Memory.Refund(ctx, req)
+	return s.leasingStore.Refund(ctx, req)
 }
 
 func (s *leaseStore) TakeAll(ctx context.Context, reqs []bucket.Request) ([]bucket.Decision, error) {
 	s.takes.Add(1)
-	return s.Memory.TakeAll(ctx, reqs)
+	return s.leasingStore.TakeAll(ctx, reqs)
 }
 
 func (s *leaseStore) Lease(ctx context.Context, q bucket.LeaseRequest) (bucket.Lease, error) {
 	s.leases.Add(1)
-	return s.Memory.Lease(ctx, q)
+	return s.leasingStore.Lease(ctx, q)
 }
 
 func (s *leaseStore) Release(ctx context.Context, q bucket.LeaseRelease) (bucket.Lease, error) {
 	s.leases.Add(1)
-	return s.Memory.Release(ctx, q)
+	return s.leasingStore.Release(ctx, q)
 }
 
 const leasePolicies = `
@@ -119,7 +126,7 @@ func leaseCheck(t testing.TB, n *Node, subject string, cost int64, policies ...s
 // close to the budget; a cold subject keeps going to the store.
 func TestNodeLeaseHotSubject(t *testing.T) {
 	clk := clock.NewManual(time.Unix(1_800_000_000, 0))
-	store := &leaseStore{Memory: memoryStore(t, clk)}
+	store := &leaseStore{leasingStore: memoryStore(t, clk)}
 	n := newLeaseNode(t, clk, store, &leaseRegion{share: 1, nodes: 1})
 	var adms []boundcheck.Admission
 	const step = 10 * time.Millisecond
@@ -200,7 +207,7 @@ func (e *nodeLease) remaining(now time.Time) float64 {
 // other nothing.
 func TestNodeLeaseMultiPolicy(t *testing.T) {
 	clk := clock.NewManual(time.Unix(1_800_000_000, 0))
-	store := &leaseStore{Memory: memoryStore(t, clk)}
+	store := &leaseStore{leasingStore: memoryStore(t, clk)}
 	n := newLeaseNode(t, clk, store, &leaseRegion{share: 1, nodes: 1})
 
 	heatUp(t, clk, n, "mixed", "hot", "plain")
@@ -239,7 +246,7 @@ func TestNodeLeaseMultiPolicy(t *testing.T) {
 // the lease, not into the region's bucket.
 func TestNodeLeaseRefund(t *testing.T) {
 	clk := clock.NewManual(time.Unix(1_800_000_000, 0))
-	store := &leaseStore{Memory: memoryStore(t, clk)}
+	store := &leaseStore{leasingStore: memoryStore(t, clk)}
 	n := newLeaseNode(t, clk, store, &leaseRegion{share: 1, nodes: 1})
 	heatUp(t, clk, n, "r", "hot")
 	e := leaseOf(t, n, "hot", "r")
@@ -268,7 +275,7 @@ func TestNodeLeaseRefund(t *testing.T) {
 // at the shrunk share drops the lease and goes to the store.
 func TestNodeLeaseShrink(t *testing.T) {
 	clk := clock.NewManual(time.Unix(1_800_000_000, 0))
-	store := &leaseStore{Memory: memoryStore(t, clk)}
+	store := &leaseStore{leasingStore: memoryStore(t, clk)}
 	region := &leaseRegion{share: 1, nodes: 2}
 	n := newLeaseNode(t, clk, store, region)
 	heatUp(t, clk, n, "s", "hot")
@@ -317,7 +324,7 @@ func TestNodeLeaseBound(t *testing.T) {
 	var nodes []node
 	var stores []*leaseStore
 	for r := 0; r < 3; r++ {
-		store := &leaseStore{Memory: memoryStore(t, clk)}
+		store := &leaseStore{leasingStore: memoryStore(t, clk)}
 		stores = append(stores, store)
 		region := &leaseRegion{share: 1.0 / 3, nodes: 2}
 		for k := 0; k < 2; k++ {
@@ -382,7 +389,7 @@ func TestNodeLeaseBound(t *testing.T) {
 // hot descriptor value, whose requests are then decided without the store.
 func TestNodeLeaseEnvoy(t *testing.T) {
 	clk := clock.NewManual(time.Unix(1_800_000_000, 0))
-	store := &leaseStore{Memory: memoryStore(t, clk)}
+	store := &leaseStore{leasingStore: memoryStore(t, clk)}
 	n, err := New(Config{Region: "r", Store: store, Local: memoryStore(t, clk), Shares: &leaseRegion{share: 1, nodes: 1},
 		Clock: clk, Registerer: prometheus.NewRegistry(), NodeLeaseHot: 5, EnvoyPlainKeys: []string{"tenant"}})
 	if err != nil {
@@ -416,4 +423,55 @@ func TestNodeLeaseEnvoy(t *testing.T) {
 	if ok == 0 || ok > 60+2*30 {
 		t.Fatalf("admitted %d in 2 s from the lease, want some and at most C + 2r = 120", ok)
 	}
+}
+
+// TestNodeLeaseRedis: on real Redis and the wall clock, a hot subject is
+// leased, renewed (TTL 200 ms), decided without Redis takes in between,
+// and what the node admits stays within C + r·W.
+func TestNodeLeaseRedis(t *testing.T) {
+	rs, ok := redisStore(t, redistest.Client(t)).(leasingStore)
+	if !ok {
+		t.Fatal("bucket.Redis does not lease")
+	}
+	store := &leaseStore{leasingStore: rs}
+	n, err := New(Config{Region: "r", Store: store, Local: memoryStore(t, clock.Real{}), Shares: &leaseRegion{share: 1, nodes: 1},
+		Registerer: prometheus.NewRegistry(), NodeLeaseHot: 5, StoreTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := policy.Parse("p.yaml", []byte("policies:\n  - name: hot\n    capacity: 60\n    rate: 30/s\n    lease: {fraction: 1, ttl: 200ms}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.SetPolicies(set)
+	subject := redistest.Unique(t)
+	var adms []boundcheck.Admission
+	var takesAt1s int64
+	start := time.Now()
+	for time.Since(start) < 2*time.Second {
+		if takesAt1s == 0 && time.Since(start) >= time.Second {
+			takesAt1s = store.takes.Load()
+		}
+		sent := time.Now()
+		if r := leaseCheck(t, n, subject, 1, "hot"); r.Allowed {
+			adms = append(adms, boundcheck.Admission{Policy: "hot", Subject: subject, Region: "r", Sent: sent, At: time.Now(), Cost: 1})
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got := store.takes.Load() - takesAt1s; got > 5 {
+		t.Errorf("%d Redis takes in the second second, want the lease to decide", got)
+	}
+	if got := store.leases.Load(); got < 3 {
+		t.Errorf("%d lease calls in 2 s at TTL 200ms, want renewals", got)
+	}
+	hot, _ := n.Policies().Get("hot")
+	rep, err := boundcheck.Check(boundcheck.Config{Limits: map[string]bucket.Limits{"hot": hot.Limits}, Slack: 5 * time.Millisecond}, adms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range rep.Violations {
+		t.Errorf("over the bound: %v", v)
+	}
+	t.Logf("admitted %d in 2 s (ideal %.0f), Redis takes %d, lease calls %d, peak %.3f",
+		len(adms), 60+30*time.Since(start).Seconds(), store.takes.Load(), store.leases.Load(), rep.Peak)
 }
