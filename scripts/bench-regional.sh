@@ -11,9 +11,15 @@
 #   c=50, 1 descriptor:   >= 85% of the no-work ceiling
 #   c=50, 10 descriptors: >= 100% of bare EVALSHA (descriptor decisions/s)
 #   c=1:                  p50 <= 1.3x and p99 <= 1.9x the no-work server's
+# and, with node leases on a hot subject (issue 16; one subject of a rule
+# with lease: {fraction: 1, ttl: 2s} and a budget no run spends):
+#   c=50:                 >= 95% of the no-work ceiling
+#   c=1:                  p50 <= 1.1x the no-work server's
+#   Redis commands per decision (INFO commandstats over the run) < 0.01
 # The machine may be shared, so a ceiling and the runs compared with it are
 # measured in rounds, back to back (no-work, node uniform, node Zipf, node
-# 10 descriptors, bare EVALSHA, node c=1, no-work c=1): each ratio is taken
+# 10 descriptors, bare EVALSHA, node c=1, no-work c=1, leased c=50, leased
+# c=1): each ratio is taken
 # within a round and the table shows each round's figures and the median
 # ratio. Beside each run it prints the CPU time per request of the node,
 # redis-server and the no-work server (from /proc/PID/stat), which shows
@@ -92,18 +98,27 @@ redis-cli -p "$RP" ping >/dev/null
 
 # An Envoy rate limit service configuration: one descriptor key per
 # descriptor position, 100 requests per second per subject.
+mkdir "$work/policies"
 {
 	echo "domain: bench"
 	echo "descriptors:"
 	for k in tenant tenant0 tenant1 tenant2 tenant3 tenant4 tenant5 tenant6 tenant7 tenant8 tenant9; do
 		printf '  - key: %s\n    rate_limit:\n      unit: second\n      requests_per_unit: 100\n' "$k"
 	done
-} >"$work/bench.yaml"
+} >"$work/policies/bench.yaml"
+# One rule with node leases for the hot-subject runs: a budget of 10^8 per
+# second that no run spends, so every check is decided from the lease.
+cat >"$work/policies/lease.yaml" <<'YAML'
+domain: benchlease
+descriptors:
+  - key: tenant
+    rate_limit: {unit: second, requests_per_unit: 100000000, burst: 100000000, lease: {fraction: 1, ttl: 2s}}
+YAML
 
 GP=$(free_port)
 HP=$(free_port)
 taskset -c 0 "$work/regional" -region bench -grpc-addr "127.0.0.1:$GP" -http-addr "127.0.0.1:$HP" \
-	-redis "127.0.0.1:$RP" -policies "$work/bench.yaml" -store-timeout 250ms -log-level warn \
+	-redis "127.0.0.1:$RP" -policies "$work/policies" -store-timeout 250ms -log-level warn \
 	>"$work/regional.log" 2>&1 &
 pids+=($!)
 node_pid=$!
@@ -137,6 +152,8 @@ secs "$WARM" >/dev/null
 
 # ticks PID: user + system CPU clock ticks of a process so far.
 ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+# rcmds: commands redis-server has processed so far.
+rcmds() { redis-cli -p "$RP" INFO stats | tr -d '\r' | sed -n 's/^total_commands_processed://p'; }
 HZ=$(getconf CLK_TCK)
 
 # load NAME ADDR ARGS...: one measured run on CPU 1; its JSON goes to
@@ -146,13 +163,15 @@ load() {
 	local name=$1 addr=$2
 	shift 2
 	echo "run $name ..."
-	local a0 b0 c0 a1 b1 c1
+	local a0 b0 c0 a1 b1 c1 r0 r1
 	taskset -c 1 "$work/loadgen" -addr "$addr" -warmup "$WARM" -duration "$DUR" -json "$@" >"$work/$name.json" &
 	local lp=$!
 	sleep "$(secs "$WARM")"
-	a0=$(ticks "$node_pid") b0=$(ticks "$redis_pid") c0=$(ticks "$noop_pid")
+	a0=$(ticks "$node_pid") b0=$(ticks "$redis_pid") c0=$(ticks "$noop_pid") r0=$(rcmds)
 	wait "$lp"
-	a1=$(ticks "$node_pid") b1=$(ticks "$redis_pid") c1=$(ticks "$noop_pid")
+	a1=$(ticks "$node_pid") b1=$(ticks "$redis_pid") c1=$(ticks "$noop_pid") r1=$(rcmds)
+	# Redis commands per decision (the two INFO calls included).
+	awk -v n="$(field "$name" requests)" -v r=$((r1 - r0)) 'BEGIN { if (n > 0) printf "%.5f", r / n; else print "0" }' >"$work/$name.rcmd"
 	awk -v hz="$HZ" -v n="$(field "$name" requests)" -v a=$((a1 - a0)) -v b=$((b1 - b0)) -v c=$((c1 - c0)) \
 		'BEGIN { if (n > 0) printf "node %.1fus redis %.1fus no-work %.1fus", a * 1e6 / hz / n, b * 1e6 / hz / n, c * 1e6 / hz / n }' >"$work/$name.cpu"
 	if [ -n "${BENCH_JSON:-}" ]; then
@@ -169,8 +188,9 @@ field() { sed -n "s/.*\"$2\":\([-0-9.e+]*\).*/\1/p" "$work/$1.json"; }
 # of a group hash, a new bucket filled to its capacity.
 SHA=$(go run ./bucket/internal/tbscript | redis-cli -p "$RP" -x SCRIPT LOAD)
 one=$(redis-cli -p "$RP" EVALSHA "$SHA" 1 'rl:v1:{g.0}:bench' t '' tb 100000 0.1 1000 60000 bench 100000 0 0)
-if [ "$(printf '%s\n' "$one" | grep -cE '^-?[0-9]+$')" -ne 5 ]; then
-	echo "bench-regional: the bare EVALSHA does not reply 5 integers: $one" >&2
+# The reply is six integers per bucket (bucket/lua/take.lua).
+if [ "$(printf '%s\n' "$one" | grep -cE '^-?[0-9]+$')" -ne 6 ]; then
+	echo "bench-regional: the bare EVALSHA does not reply 6 integers: $one" >&2
 	exit 1
 fi
 evalsha() {
@@ -189,6 +209,8 @@ for r in $(seq 1 "$ROUNDS"); do
 	evalsha "$r"
 	load "node-c1.$r" "127.0.0.1:$GP" -c 1 -subjects 10000
 	load "noop-c1.$r" "127.0.0.1:$NP" -c 1 -subjects 10000
+	load "lease-c50.$r" "127.0.0.1:$GP" -c 50 -subjects 1 -domain benchlease
+	load "lease-c1.$r" "127.0.0.1:$GP" -c 1 -subjects 1 -domain benchlease
 done
 
 miss=0
@@ -214,7 +236,7 @@ echo
 echo "regional node benchmark: node + redis-server on CPU 0, load on CPU 1, ${DUR} per run after ${WARM} warmup, $ROUNDS rounds"
 echo "load average before the table: $(cut -d' ' -f1-3 /proc/loadavg)"
 row "run" "decisions/s" "p50" "p99" "within its round"
-: >"$work/r50" >"$work/rz" >"$work/r10" >"$work/p50" >"$work/p99" >"$work/x50" >"$work/x99"
+: >"$work/r50" >"$work/rz" >"$work/r10" >"$work/p50" >"$work/p99" >"$work/x50" >"$work/x99" >"$work/l50" >"$work/lx50" >"$work/lrc"
 for r in $(seq 1 "$ROUNDS"); do
 	NOOP=$(field "noop-c50.$r" decisions_per_s)
 	EVAL=$(cat "$work/evalsha.$r")
@@ -230,6 +252,12 @@ for r in $(seq 1 "$ROUNDS"); do
 	x99=$(times "$(field "node-c1.$r" p99_ns)" "$(field "noop-c1.$r" p99_ns)")
 	echo "$x50" >>"$work/x50"
 	echo "$x99" >>"$work/x99"
+	l50=$(ratio "$(field "lease-c50.$r" decisions_per_s)" "$NOOP")
+	lx50=$(times "$(field "lease-c1.$r" p50_ns)" "$(field "noop-c1.$r" p50_ns)")
+	lrc=$(printf '%s\n%s\n' "$(cat "$work/lease-c50.$r.rcmd")" "$(cat "$work/lease-c1.$r.rcmd")" | sort -g | tail -1)
+	echo "$l50" >>"$work/l50"
+	echo "$lx50" >>"$work/lx50"
+	echo "$lrc" >>"$work/lrc"
 	echo "round $r"
 	run "noop-c50.$r" "no-work RLS, c=50, 1 descriptor" "ceiling"
 	run "node-c50.$r" "node, c=50, uniform 10k subjects" "${r50}% of no-work"
@@ -238,6 +266,8 @@ for r in $(seq 1 "$ROUNDS"); do
 	row "redis-benchmark EVALSHA -c50 -P16" "$(printf '%.0f' "$EVAL")" "-" "-" "ceiling"
 	run "node-c1.$r" "node, c=1" "p50 ${x50}x, p99 ${x99}x no-work"
 	run "noop-c1.$r" "no-work RLS, c=1" "latency floor of the loopback gRPC hop"
+	run "lease-c50.$r" "node lease, c=50, 1 hot subject" "${l50}% of no-work, redis cmds/decision $(cat "$work/lease-c50.$r.rcmd"), over_limit $(field "lease-c50.$r" over_limit)"
+	run "lease-c1.$r" "node lease, c=1, 1 hot subject" "p50 ${lx50}x no-work, redis cmds/decision $(cat "$work/lease-c1.$r.rcmd")"
 done
 m50=$(median <"$work/r50")
 m10=$(median <"$work/r10")
@@ -250,6 +280,12 @@ echo "  c=50 uniform:    $(verdict "$(ge "$m50" 85)" "${m50}% of no-work (target
 echo "  c=50 zipf 1.1:   $(median <"$work/rz")% of no-work"
 echo "  10 descriptors:  $(verdict "$(ge "$m10" 100)" "${m10}% of bare EVALSHA (target >= 100%; issue 12's floor 75%: $(floor "$m10" 75))")"
 echo "  c=1:             $(verdict "$(le "$mx50" 1.3)" "p50 $(us "$mp50"), ${mx50}x no-work <= 1.3x"); $(verdict "$(le "$mx99" 1.9)" "p99 $(us "$mp99"), ${mx99}x no-work <= 1.9x")"
+ml50=$(median <"$work/l50")
+mlx50=$(median <"$work/lx50")
+mlrc=$(median <"$work/lrc")
+echo "  leased c=50:     $(verdict "$(ge "$ml50" 95)" "${ml50}% of no-work (target >= 95%)")"
+echo "  leased c=1:      $(verdict "$(le "$mlx50" 1.1)" "p50 ${mlx50}x no-work <= 1.1x")"
+echo "  leased redis:    $(verdict "$(awk -v a="$mlrc" 'BEGIN { print (a < 0.01) ? 1 : 0 }')" "${mlrc} commands per decision (the larger of c=50 and c=1; target < 0.01)")"
 errs=0
 for f in "$work"/*.json; do
 	errs=$((errs + $(sed -n 's/.*"errors":\([0-9]*\).*/\1/p' "$f")))

@@ -43,6 +43,9 @@ type envoyRateLimit struct {
 	// a fixed window: the shape Envoy's rate_limit_quota filter enforces,
 	// so the RLQS server can lease it (internal/rlqs).
 	Burst uint32 `yaml:"burst"`
+	// Lease (this project's extension, with Burst) lets regional nodes
+	// decide the rule's hot subjects in memory from node leases.
+	Lease *nodeLeaseSetting `yaml:"lease"`
 }
 
 // LeaseHeadroom is what a token-bucket rule's idle TTL has beyond a full
@@ -236,6 +239,14 @@ func (l *envoyLoader) policy(path, keys []string, dc *envoyDescriptor) (*Policy,
 			p.Limits.IdleTTL += LeaseHeadroom
 		}
 	}
+	if rl.Lease != nil && rl.Burst == 0 {
+		return nil, l.errorf(path, "rate_limit.lease: needs rate_limit.burst (only token buckets are leased)")
+	}
+	lease, err := rl.Lease.parse()
+	if err != nil {
+		return nil, l.errorf(path, "rate_limit.%v", err)
+	}
+	p.Lease = lease
 	if err := p.Validate(); err != nil {
 		return nil, l.errorf(path, "%v", err)
 	}

@@ -34,6 +34,7 @@ type ownPolicy struct {
 	Overcommit      float64            `yaml:"overcommit"`
 	MinShare        map[string]float64 `yaml:"min_share"`
 	Shards          string             `yaml:"shards"`
+	Lease           *nodeLeaseSetting  `yaml:"lease"`
 }
 
 // hashedByDefault are the subject kinds whose values are untrusted
@@ -155,6 +156,9 @@ func (op *ownPolicy) normalize() (*Policy, error) {
 		return nil, err
 	}
 	p.Limits = l
+	if p.Lease, err = op.Lease.parse(); err != nil {
+		return nil, err
+	}
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}

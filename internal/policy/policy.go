@@ -61,6 +61,10 @@ type Policy struct {
 	Unlimited bool
 	// Shadow decides and counts but always admits (Envoy's shadow_mode).
 	Shadow bool
+	// Lease, when set, lets a regional node decide this policy's hot
+	// subjects in memory from node leases carved out of the region's
+	// bucket (token buckets only); nil: every check goes to the store.
+	Lease *NodeLease
 
 	// Description is free text for operators.
 	Description string
@@ -177,9 +181,74 @@ func (p *Policy) Validate() error {
 		return fmt.Errorf("min_share: regional minimums add up to %v, more than 1", sum)
 	}
 	if p.Unlimited {
+		if p.Lease != nil {
+			return fmt.Errorf("lease: must not be set for an unlimited policy")
+		}
 		return nil
 	}
-	return validateLimits(p.Limits)
+	if err := validateLimits(p.Limits); err != nil {
+		return err
+	}
+	return p.Lease.validate(p.Limits)
+}
+
+// NodeLease is the node-lease setting of a policy: a regional node that
+// sees a subject hot leases at most Fraction of its part of the region's
+// bucket (the region's share divided among the region's nodes), for TTL
+// at a time, and decides that subject's checks in memory while the lease
+// lives (docs/rlqs.md, "Node leases").
+type NodeLease struct {
+	// Fraction is the part of the node's part of the region's rate and
+	// capacity a lease may take, in (0, 1].
+	Fraction float64
+	// TTL is how long one lease lasts, at most the idle TTL less a full
+	// refill (bucket.MaxLeaseFor); the node renews it halfway.
+	TTL time.Duration
+}
+
+// MinNodeLeaseTTL is the shortest node lease: a lease renewed every few
+// milliseconds would cost more store calls than it saves.
+const MinNodeLeaseTTL = 100 * time.Millisecond
+
+// validate checks l against the policy's limits; a nil l is valid.
+func (l *NodeLease) validate(lim bucket.Limits) error {
+	if l == nil {
+		return nil
+	}
+	if a := lim.Algorithm; a != "" && a != bucket.TokenBucket {
+		return fmt.Errorf("lease: only token buckets can be leased, not %s", a)
+	}
+	if lim.Shards > 1 {
+		return fmt.Errorf("lease: a policy split into %d shards cannot be leased", lim.Shards)
+	}
+	if !(l.Fraction > 0 && l.Fraction <= 1) {
+		return fmt.Errorf("lease.fraction: %v must be in (0, 1]", l.Fraction)
+	}
+	if most := bucket.MaxLeaseFor(lim); l.TTL < MinNodeLeaseTTL || l.TTL > most {
+		return fmt.Errorf("lease.ttl: %v outside %v..%v (the idle TTL less a full refill; raise idle_ttl for longer leases)", l.TTL, MinNodeLeaseTTL, most)
+	}
+	return nil
+}
+
+// nodeLeaseSetting is the lease setting as both file formats write it.
+type nodeLeaseSetting struct {
+	Fraction float64 `yaml:"fraction"`
+	TTL      string  `yaml:"ttl"`
+}
+
+// parse returns the setting in normalized form (nil for none).
+func (s *nodeLeaseSetting) parse() (*NodeLease, error) {
+	if s == nil {
+		return nil, nil
+	}
+	if s.TTL == "" {
+		return nil, fmt.Errorf("lease.ttl: missing")
+	}
+	ttl, err := parseDuration(s.TTL)
+	if err != nil {
+		return nil, fmt.Errorf("lease.ttl: %w", err)
+	}
+	return &NodeLease{Fraction: s.Fraction, TTL: ttl}, nil
 }
 
 func validateLimits(l bucket.Limits) error {

@@ -14,6 +14,10 @@ import (
 
 const benchEnvoy = "domain: bench\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 1000000}\n"
 
+// benchLeased is a rule with node leases on, whose budget no benchmark
+// spends.
+const benchLeased = "domain: benchlease\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 100000000, burst: 100000000, lease: {fraction: 1, ttl: 2s}}\n"
+
 // BenchmarkShouldRateLimit drives the Envoy API over loopback gRPC, in
 // parallel, against the in-process store and against real Redis, with
 // the standalone share source (no pins).

@@ -152,6 +152,15 @@ type Config struct {
 	// saltGenerated is set by withDefaults when it made SubjectSalt up.
 	saltGenerated bool
 
+	// NodeLeaseHot is how many checks in one second make a subject of a
+	// leasable policy (policy.NodeLease) hot on this node, so that the
+	// node leases it; default DefaultNodeLeaseHot.
+	NodeLeaseHot int
+	// NodeLeaseMax and NodeLeaseMaxPerPolicy bound the subjects this node
+	// holds node leases for; defaults DefaultNodeLeaseMax and
+	// DefaultNodeLeaseMaxPerPolicy.
+	NodeLeaseMax, NodeLeaseMaxPerPolicy int
+
 	// MaxLiveSubjects bounds, per policy, the subjects this node lets hold
 	// a bucket of their own at once (see OverflowSubject); default 100000.
 	MaxLiveSubjects int
@@ -239,6 +248,15 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("%w: DecisionLogEvery %d is negative", ErrConfig, c.DecisionLogEvery)
 	}
 	if err := orDefault(&c.DegradedLogInterval, time.Second, "DegradedLogInterval"); err != nil {
+		return c, err
+	}
+	if err := orDefault(&c.NodeLeaseHot, DefaultNodeLeaseHot, "NodeLeaseHot"); err != nil {
+		return c, err
+	}
+	if err := orDefault(&c.NodeLeaseMax, DefaultNodeLeaseMax, "NodeLeaseMax"); err != nil {
+		return c, err
+	}
+	if err := orDefault(&c.NodeLeaseMaxPerPolicy, DefaultNodeLeaseMaxPerPolicy, "NodeLeaseMaxPerPolicy"); err != nil {
 		return c, err
 	}
 	if err := orDefault(&c.MaxLiveSubjects, 100000, "MaxLiveSubjects"); err != nil {

@@ -23,12 +23,16 @@ type metrics struct {
 	reloads       *prometheus.CounterVec // result
 	grantsReloads *prometheus.CounterVec // result
 	memoryFull    *prometheus.CounterVec // store: primary or local
-	overflow      *prometheus.CounterVec // policy
-	rejected      *prometheus.CounterVec // api
-	forbidden     *prometheus.CounterVec // api, action
-	bucketOps     *prometheus.CounterVec // api
-	callerLimited *prometheus.CounterVec // api
-	policies      prometheus.Gauge
+	// nodeLeases is the number of live node leases; nodeLeaseCalls the
+	// lease store calls by op (grant, renew, release).
+	nodeLeases     prometheus.Gauge
+	nodeLeaseCalls *prometheus.CounterVec
+	overflow       *prometheus.CounterVec // policy
+	rejected       *prometheus.CounterVec // api
+	forbidden      *prometheus.CounterVec // api, action
+	bucketOps      *prometheus.CounterVec // api
+	callerLimited  *prometheus.CounterVec // api
+	policies       prometheus.Gauge
 }
 
 // Results of a decision, the "result" label.
@@ -96,6 +100,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "quota", Subsystem: "regional", Name: "memory_full_total",
 			Help: "Checks denied because a store refused to grow: the in-process store (primary or local) at its bucket cap, or Redis at maxmemory (an OOM reply, and new subjects for one breaker cooldown after it).",
 		}, []string{"store"}),
+		nodeLeases: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "quota", Subsystem: "regional", Name: "node_leases",
+			Help: "Hot subjects this node decides in memory from a node lease.",
+		}),
+		nodeLeaseCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "quota", Subsystem: "regional", Name: "node_lease_calls_total",
+			Help: "Node lease calls to the store by op (grant, renew, release).",
+		}, []string{"op"}),
 		overflow: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "quota", Subsystem: "regional", Name: "subject_overflow_total",
 			Help: "Checks of a new subject charged to the policy's shared overflow bucket because the policy held its bound of live subjects on this node.",
@@ -122,7 +134,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.decisions, m.storeLatency, m.storeErrors, m.degraded,
-		m.retryAfter, m.shares, m.negHits, m.replays, m.breakerOpens, m.breakerOpen, m.reloads, m.grantsReloads, m.memoryFull, m.overflow, m.rejected, m.forbidden,
+		m.retryAfter, m.shares, m.negHits, m.replays, m.breakerOpens, m.breakerOpen, m.reloads, m.grantsReloads, m.memoryFull, m.nodeLeases, m.nodeLeaseCalls, m.overflow, m.rejected, m.forbidden,
 		m.bucketOps, m.callerLimited, m.policies} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("regional: register metrics: %w", err)

@@ -72,6 +72,9 @@ type Node struct {
 	lastDegLog atomic.Int64
 	degSkipped atomic.Int64
 	draining   atomic.Bool // see Drain
+	// leases decides hot subjects of leasable policies in memory (nil
+	// when the store cannot lease), see nodelease.go.
+	leases *nodeLeases
 	// versions tells a check when its policy's key version changed (see
 	// keyVersions), for bucket.Request.Since.
 	versions keyVersions
@@ -123,6 +126,7 @@ func New(cfg Config) (*Node, error) {
 	if sh, ok := cfg.Shares.(ShareHistory); ok {
 		n.history = sh
 	}
+	n.leases = newNodeLeases(n, cfg.Store)
 	return n, nil
 }
 
@@ -238,6 +242,16 @@ func (n *Node) decide(ctx context.Context, now time.Time, items []item) (outcome
 			shadow = append(shadow, i)
 		default:
 			enforce = append(enforce, i)
+		}
+	}
+	if len(enforce) > 0 && out.allowed && n.leases != nil {
+		// Every enforced bucket leased here: decided in memory.
+		if decs, allowed, ok := n.leases.decide(ctx, now, items, enforce); ok {
+			for j, i := range enforce {
+				out.decs[i], out.known[i] = decs[j], true
+			}
+			out.allowed = allowed
+			enforce = nil
 		}
 	}
 	if len(enforce) > 0 && out.allowed {

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	rtmetrics "runtime/metrics"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -31,7 +32,10 @@ import (
 // production defaults (grants, in-flight bound, live-subject bound, salted
 // subject hashing, one flusher per P). "handler" calls the Envoy handler
 // itself; "grpc" goes through a loopback gRPC client and server as Envoy
-// does; "handler-c50" calls the handler from 50 goroutines per P at once.
+// does; "handler-c50" calls the handler from 50 goroutines per P at once;
+// "leased" and "leased-c50" call the handler (at c=1 and c=50) for one hot
+// subject of a rule with node leases on (benchLeased), decided from the
+// node's lease: redis-rt/op is then the renewals' share of a check.
 // Beside ns/op and allocations it reports, per check:
 //
 //   - cpu-ns/op: the process's user and system CPU time (getrusage), which
@@ -72,10 +76,11 @@ func BenchmarkOneCaller(b *testing.B) {
 	}
 	b.Cleanup(func() { store.Close() })
 	h := startNode(b, Config{StoreTimeout: 250 * time.Millisecond, Store: store,
-		Local: memoryStore(b, clock.Real{})}, map[string]string{"e.yaml": benchEnvoy})
+		Local: memoryStore(b, clock.Real{})}, map[string]string{"e.yaml": benchEnvoy, "l.yaml": benchLeased})
 	// The harness counts the store's calls under a lock: call the store
-	// itself, as a node does.
+	// itself, as a node does (and lease from it).
 	h.node.cfg.Store = h.store.Store
+	h.node.leases = newNodeLeases(h.node, store)
 	r := &rls{n: h.node}
 	prefix := redistest.Unique(b)
 	reqs := make([]*rlsv3.RateLimitRequest, 10000)
@@ -111,6 +116,47 @@ func BenchmarkOneCaller(b *testing.B) {
 			}
 			b.StopTimer()
 			sampleProcess(b, writes).report(b, before, i)
+		})
+	}
+	hot := &rlsv3.RateLimitRequest{Domain: "benchlease",
+		Descriptors: []*rlcommon.RateLimitDescriptor{desc("tenant", prefix+"-hot")}}
+	for _, c := range []int{1, 50} {
+		name := "leased"
+		if c > 1 {
+			name += "-c" + strconv.Itoa(c)
+		}
+		b.Run(name, func(b *testing.B) {
+			ctx := context.Background()
+			// Warm: the subject turns hot, is leased, and the lease grows
+			// to the rate the callers check at.
+			var warm sync.WaitGroup
+			for range c * runtime.GOMAXPROCS(0) {
+				warm.Add(1)
+				go func() {
+					defer warm.Done()
+					for end := time.Now().Add(time.Second); time.Now().Before(end); {
+						_, _ = r.ShouldRateLimit(ctx, hot)
+					}
+				}()
+			}
+			warm.Wait()
+			b.ReportAllocs()
+			b.SetParallelism(c)
+			var n atomic.Int64
+			before := sampleProcess(b, writes)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					resp, err := r.ShouldRateLimit(ctx, hot)
+					if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+						b.Error(resp, err)
+						return
+					}
+					n.Add(1)
+				}
+			})
+			b.StopTimer()
+			sampleProcess(b, writes).report(b, before, int(n.Load()))
 		})
 	}
 	// handler-c50: 50 callers per P at once on the handler, as the c=50

@@ -404,6 +404,8 @@ func Run(ctx context.Context, c DaemonConfig) error {
 	if err != nil {
 		return err
 	}
+	c.RLQS.gate.node.Store(n)
+	cleanup.Push(n.releaseLeases)
 	if c.Policies != "" {
 		if err := n.LoadPolicies(c.Policies); err != nil {
 			return err

@@ -52,16 +52,36 @@ func RLQSFlags(fs *flag.FlagSet, c *RLQSConfig) {
 
 // rlqsGate is the LeaseGate handed to the region sync: the RLQS server's
 // HeldAbove once it runs, nothing before. A nil gate holds nothing.
-type rlqsGate struct{ srv atomic.Pointer[rlqs.Server] }
+// It also holds the node's own leases (Node.HeldAbove) once the node is
+// built.
+type rlqsGate struct {
+	srv  atomic.Pointer[rlqs.Server]
+	node atomic.Pointer[Node]
+}
 
 func (g *rlqsGate) HeldAbove(policy string, share func(string) float64) time.Time {
+	var last time.Time
 	if g == nil {
-		return time.Time{}
+		return last
 	}
 	if s := g.srv.Load(); s != nil {
-		return s.HeldAbove(policy, share)
+		last = s.HeldAbove(policy, share)
 	}
-	return time.Time{}
+	if n := g.node.Load(); n != nil {
+		if t := n.HeldAbove(policy, share); t.After(last) {
+			last = t
+		}
+	}
+	return last
+}
+
+// HeldAbove returns when the last node lease of policy taken at a share
+// above share(subject) ends (zero: none), for regionsync.LeaseGate.
+func (n *Node) HeldAbove(policy string, share func(subject string) float64) time.Time {
+	if n.leases == nil {
+		return time.Time{}
+	}
+	return n.leases.heldAbove(policy, share)
 }
 
 // startRLQS builds the RLQS server when c enables it, registers it on gs

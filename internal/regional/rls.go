@@ -497,6 +497,14 @@ func (n *Node) refund(ctx context.Context, now time.Time, items []item) []*bucke
 		if it.req.Cost == 0 || it.req.Share <= 0 {
 			continue
 		}
+		if n.leases != nil {
+			if d, leased := n.leases.refund(it.req.Key, it.req.Cost, now); leased {
+				if d.Limit > 0 {
+					out[i] = &d
+				}
+				continue
+			}
+		}
 		if ok, probe := n.brk.allow(now); ok {
 			rctx, cancel := context.WithTimeout(ctx, n.cfg.StoreTimeout)
 			d, err := n.cfg.Store.Refund(rctx, it.req)
