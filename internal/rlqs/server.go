@@ -585,8 +585,11 @@ func (s *Server) round(ctx context.Context, now time.Time, g *group, plans []pla
 			}
 		}
 		tb = want.tb
+		// The previous assignment stays counted to its own end: an Envoy
+		// whose stream is cut before this one arrives keeps enforcing it
+		// until its TTL.
 		lease, err := s.cfg.Store.Lease(ctx, bucket.LeaseRequest{Request: req, Holder: p.c.holder, Rate: tb.rate(), Burst: int64(tb.MaxTokens),
-			For: s.cfg.TTL + s.cfg.Margin, Cut: s.cfg.Margin})
+			For: s.cfg.TTL + s.cfg.Margin, Cut: s.cfg.TTL + s.cfg.Margin})
 		if err != nil {
 			s.cfg.Logger.Warn("lease failed", "policy", g.pol.Name, "error", err)
 			s.deny(ctx, now, p, actions, results)
@@ -634,7 +637,7 @@ func (s *Server) grant(now time.Time, p *plan, g *group, share float64, a sentAs
 	}
 	end := now.Add(s.cfg.TTL + s.cfg.Margin)
 	if fresh {
-		h.prevShare, h.prevEnd = h.share, minTime(h.expiry, now.Add(s.cfg.Margin))
+		h.prevShare, h.prevEnd = h.share, h.expiry
 		h.share = share
 	}
 	h.expiry = end
@@ -659,8 +662,10 @@ type leaseRef struct {
 	holder string
 }
 
-// release ends c's lease within the margin (the time the assignment that
-// replaces it takes to arrive).
+// release ends c's lease once the last assignment sent for it can no
+// longer be in force: the Envoy may never receive what replaces it (a cut
+// stream, a dropped response), so the lease lasts to that assignment's
+// TTL plus the margin from its send.
 func (s *Server) release(ctx context.Context, c *consumer) {
 	if c.g != nil {
 		s.releaseLease(ctx, leaseRef{c.g, c.holder})
@@ -672,14 +677,14 @@ func (s *Server) releaseLease(ctx context.Context, r leaseRef) {
 	req, err := s.cfg.Request(r.g.pol, r.g.subject, now)
 	if err == nil {
 		req.Key, req.Limits, req.Share = r.g.key, r.g.pol.Limits, max(req.Share, 1e-9)
-		_, err = s.cfg.Store.Release(ctx, bucket.LeaseRelease{Request: req, Holder: r.holder, Within: s.cfg.Margin})
+		_, err = s.cfg.Store.Release(ctx, bucket.LeaseRelease{Request: req, Holder: r.holder, Within: s.cfg.TTL + s.cfg.Margin})
 	}
 	if err != nil {
 		s.cfg.Logger.Warn("lease release failed; it ends at its expiry", "error", err)
 	}
 	s.mu.Lock()
 	if h := s.holds[r.g.pol.Name][r.holder]; h != nil {
-		h.expiry = minTime(h.expiry, now.Add(s.cfg.Margin))
+		h.expiry = minTime(h.expiry, now.Add(s.cfg.TTL+s.cfg.Margin))
 	}
 	s.mu.Unlock()
 }
