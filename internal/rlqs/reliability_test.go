@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -305,7 +306,7 @@ func recordRLQS(t *testing.T, name string, rep boundcheck.Report, note string) {
 // proxies; one at a time is paused (it decides nothing, reports nothing
 // and reads nothing: what the node sends waits in the proxy) for 5 s, past
 // its assignment's 3 s TTL, and once for 35 s, past the node's IdleAfter
-// (the node abandons its bucket and releases the lease). On resuming it
+// (the node keeps the bucket and renews its lease: the stream stalls). On resuming it
 // applies everything that waited, in order, and spends whatever that
 // leaves it, at full demand. No window over C + r·W.
 func TestLeaseHolderPausedPastTTL(t *testing.T) {
@@ -368,8 +369,111 @@ func TestLeaseHolderPausedPastTTL(t *testing.T) {
 		abandons += e.c.Stats().Abandons
 	}
 	t.Logf("%d pauses, %d abandons applied", pauses, abandons)
-	if pauses < 8 || abandons == 0 {
-		t.Fatalf("%d pauses, %d abandons: the run did not pause past IdleAfter", pauses, abandons)
+	if pauses < 8 {
+		t.Fatalf("%d pauses: the run did not pause past IdleAfter", pauses)
+	}
+	if abandons != 0 {
+		// A paused Envoy reports nothing, so its stream stalls: the node
+		// keeps its buckets and leases rather than abandon them while
+		// older assignments may still wait in the stream.
+		t.Fatalf("%d abandons: the node abandoned a paused Envoy's bucket", abandons)
 	}
 	recordRLQS(t, "rlqs: lease holder paused past its TTL", rep, "Envoys paused 5 s (TTL 3 s) and 35 s (past IdleAfter) with the node's responses held, applied on resuming")
+}
+
+// TestPausePastFlowControl: an Envoy with 128 buckets stops reading (a
+// stopped process) for 40 s. The node's responses fill the stream's
+// flow-control window (64 KiB, no dynamic window) and its queue, so the
+// node drops the later ones, among them the abandon of the paused
+// Envoy's idle buckets. Another Envoy on the watched tenant wants the
+// whole rate meanwhile. On resuming, the paused Envoy applies the
+// assignments that waited in the window (each with its TTL counted from
+// then) and spends them at full demand: the refill of the assignments in
+// force must never sum past the region's, and no window go over C + r·W.
+func TestPausePastFlowControl(t *testing.T) {
+	h := newHarness(t)
+	ccfg := ClientConfig{Domain: "edge", NoAssignment: DenyAll, Expired: DenyAll}
+	reg := h.region("r", 1, 0, ccfg, nil)
+	conn, err := grpc.NewClient(reg.conn.Target(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(1<<16), grpc.WithInitialConnWindowSize(1<<16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ccfg.Clock = h.clk
+	paused, other := NewClient(ccfg), NewClient(ccfg)
+	if err := paused.Connect(context.Background(), conn); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Connect(context.Background(), reg.conn); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		paused.Close()
+		other.Close()
+		_ = conn.Close()
+	})
+	run := &rlqsRun{h: h, id: map[string]string{"tenant": "acme"}}
+	fillers := make([]map[string]string, 127)
+	for i := range fillers {
+		fillers[i] = map[string]string{"tenant": fmt.Sprintf("filler-%s-%02d", strings.Repeat("x", 80), i)}
+	}
+	const pauseAt, resumeAt = 100, 500 // steps of 100 ms
+	var reports uint64
+	maxRate, maxAt := 0.0, 0
+	for s := 0; s < 650; s++ {
+		up := s < pauseAt || s >= resumeAt
+		switch s {
+		case pauseAt:
+			paused.Pause()
+		case resumeAt:
+			before := paused.Responses()
+			paused.Resume()
+			waitFor(t, "held responses", func() bool { return paused.Responses() > before })
+			time.Sleep(50 * time.Millisecond)
+		}
+		cs, demand := []*Client{paused, other}, []float64{20, 20}
+		if !up {
+			cs[0] = nil
+		}
+		if s >= pauseAt {
+			demand = []float64{60, 60}
+		}
+		if up && s%10 == 0 {
+			for _, f := range fillers {
+				paused.Allow(f)
+			}
+		}
+		run.offer(cs, demand)
+		if r := refillInForce(h.clk.Now(), []*Client{paused, other}, run.id); r > maxRate {
+			maxRate, maxAt = r, s
+		}
+		if s%10 != 9 {
+			continue
+		}
+		for _, c := range cs {
+			if c == nil {
+				continue
+			}
+			c.mu.Lock()
+			reports += uint64(len(c.buckets))
+			c.mu.Unlock()
+			if err := c.Report(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		waitFor(t, "reports", func() bool { return reg.srv.Reports() >= reports })
+		before := other.Responses()
+		reg.srv.Step(context.Background())
+		waitFor(t, "responses", func() bool { return other.Responses() > before })
+	}
+	dropped := value(reg.srv.m.dropped)
+	t.Logf("largest refill in force at the Envoys: %.1f tokens/s at step %d; %v responses dropped; paused Envoy: %+v", maxRate, maxAt, dropped, paused.Stats())
+	if dropped == 0 {
+		t.Fatal("no response dropped: the pause did not fill the flow-control window")
+	}
+	if maxRate > rlqsLimits.RefillPerSecond {
+		t.Errorf("the Envoys' assignments in force refill %.1f tokens/s at step %d, over the region's %v", maxRate, maxAt, rlqsLimits.RefillPerSecond)
+	}
+	rep := run.check(t)
+	recordRLQS(t, "rlqs: paused past the flow-control window", rep, "an Envoy with 128 buckets paused 40 s: responses and the abandon dropped, the window's assignments applied on resuming")
 }

@@ -56,6 +56,22 @@ type stream struct {
 	out     chan *rlqsv3.RateLimitQuotaResponse
 	closed  bool
 	seq     uint64 // buckets subscribed so far
+
+	// lastReport is when the Envoy last reported; dropped that a response
+	// was not queued since the last one that was (see stalled).
+	lastReport time.Time
+	dropped    bool
+}
+
+// stalled reports whether ss's Envoy may not be reading what the node
+// sends (a paused process): it has not reported for two intervals and the
+// margin, or its queue is full or dropped a response. Assignments sent
+// before may then still wait in the stream's flow-control window and be
+// applied, each with its full TTL, whenever the Envoy reads again, so the
+// node neither changes nor abandons its buckets while ss stalls: it
+// renews their leases as they are. The caller holds mu.
+func (s *Server) stalled(ss *stream, now time.Time) bool {
+	return ss.dropped || len(ss.out) == cap(ss.out) || now.Sub(ss.lastReport) > 2*s.cfg.Interval+s.cfg.Margin
 }
 
 // kind is what a bucket id resolved to.
@@ -211,7 +227,7 @@ func (s *Server) open() (*stream, error) {
 		return nil, status.Error(codes.Unavailable, "rlqs: draining")
 	}
 	s.nextID++
-	ss := &stream{id: s.nextID, buckets: map[string]*consumer{}, out: make(chan *rlqsv3.RateLimitQuotaResponse, 4)}
+	ss := &stream{id: s.nextID, buckets: map[string]*consumer{}, out: make(chan *rlqsv3.RateLimitQuotaResponse, 4), lastReport: s.cfg.Clock.Now()}
 	s.streams[ss.id] = ss
 	s.m.streams.Set(float64(len(s.streams)))
 	return ss, nil
@@ -260,6 +276,7 @@ func (s *Server) handle(ss *stream, r *rlqsv3.RateLimitQuotaUsageReports) error 
 	case d != "" && d != ss.domain:
 		return status.Errorf(codes.InvalidArgument, "rlqs: domain %q on a stream of domain %q: open another stream", d, ss.domain)
 	}
+	ss.lastReport = now
 	woke := false
 	for i, u := range r.GetBucketQuotaUsages() {
 		id := u.GetBucketId().GetBucket()
@@ -413,6 +430,7 @@ type plan struct {
 	sentAt  time.Time
 	fresh   float64 // share at the last fresh lease
 	abandon bool
+	stalled bool // keep the assignment in force (see Server.stalled)
 }
 
 // Step runs one round: abandons idle buckets, splits each leased bucket's
@@ -432,9 +450,10 @@ func (s *Server) Step(ctx context.Context) {
 		return
 	}
 	moved := s.refreshPolicies(now)
+	idle := func(c *consumer) bool { return now.Sub(c.lastUse) >= s.cfg.IdleAfter && !s.stalled(c.s, now) }
 	for _, ss := range s.streams {
 		for _, c := range ss.buckets {
-			if now.Sub(c.lastUse) >= s.cfg.IdleAfter {
+			if idle(c) {
 				others = append(others, plan{c: c, abandon: true, leased: c.leased})
 				continue
 			}
@@ -446,11 +465,11 @@ func (s *Server) Step(ctx context.Context) {
 	for _, g := range s.groups {
 		w := work{g: g}
 		for c := range g.consumers {
-			if now.Sub(c.lastUse) >= s.cfg.IdleAfter {
+			if idle(c) {
 				continue
 			}
 			w.plans = append(w.plans, plan{c: c, demand: c.demand, prev: c.sent, hasPrev: c.hasSent, leased: c.leased,
-				rate: c.rate, burst: c.burst, sentAt: c.sentAt, fresh: c.freshFrac})
+				rate: c.rate, burst: c.burst, sentAt: c.sentAt, fresh: c.freshFrac, stalled: s.stalled(c.s, now)})
 		}
 		works = append(works, w)
 	}
@@ -567,13 +586,15 @@ func (s *Server) round(ctx context.Context, now time.Time, g *group, plans []pla
 		// A dead band: every change costs a fresh burst (the filter starts
 		// a new, full bucket), so a rate within DeadBand of the one in
 		// force keeps it.
-		if p.leased && p.hasPrev && !p.prev.deny && !p.prev.allow && math.Abs(rates[i]-p.prev.tb.rate()) <= DeadBand*p.prev.tb.rate() && p.prev.tb.MaxTokens <= tb.MaxTokens+p.prev.tb.MaxTokens/5 {
+		// A stalled stream keeps the assignment in force.
+		if p.leased && p.hasPrev && !p.prev.deny && !p.prev.allow && (p.stalled || math.Abs(rates[i]-p.prev.tb.rate()) <= DeadBand*p.prev.tb.rate() && p.prev.tb.MaxTokens <= tb.MaxTokens+p.prev.tb.MaxTokens/5) {
 			want = p.prev
 		}
 		// A renewal keeps the Envoy's token state: only when the same
-		// assignment is still live there when this one arrives, and was
+		// assignment is still live there when this one arrives (or the
+		// stream stalls: what it holds arrives with a fresh TTL), and was
 		// leased at no more than the share now in force.
-		if p.leased && p.hasPrev && p.prev == want && now.Add(s.cfg.Margin).Before(p.sentAt.Add(s.cfg.TTL)) && p.fresh <= share {
+		if p.leased && p.hasPrev && p.prev == want && (p.stalled || now.Add(s.cfg.Margin).Before(p.sentAt.Add(s.cfg.TTL))) && p.fresh <= share {
 			lease, err := s.cfg.Store.Lease(ctx, bucket.LeaseRequest{Request: req, Holder: p.c.holder, Rate: p.rate, Burst: p.burst,
 				For: s.cfg.TTL + s.cfg.Margin, Cut: s.cfg.Margin, Renew: true})
 			if err == nil && lease.Granted && lease.Renewed {
@@ -747,7 +768,9 @@ func (s *Server) sendLocked(out map[*stream][]*rlqsv3.RateLimitQuotaResponse_Buc
 		})
 		select {
 		case ss.out <- &rlqsv3.RateLimitQuotaResponse{BucketAction: acts}:
+			ss.dropped = false
 		default:
+			ss.dropped = true
 			s.m.dropped.Inc()
 		}
 	}
