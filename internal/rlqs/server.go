@@ -402,7 +402,7 @@ func (s *Server) resolve(c *consumer, now time.Time) {
 // Run re-splits every Interval (and at once when a bucket subscribes)
 // until ctx ends, then drains: every assignment is sent again with TTL 0
 // (the filter falls back to its expired-assignment behaviour) and the
-// leases are released within the margin.
+// leases end a TTL plus the margin later.
 func (s *Server) Run(ctx context.Context) error {
 	t := time.NewTicker(s.cfg.Interval)
 	defer t.Stop()
@@ -665,8 +665,8 @@ func (s *Server) grant(now time.Time, p *plan, g *group, share float64, a sentAs
 	s.mu.Unlock()
 }
 
-// deny answers DENY_ALL (no lease) and ends the consumer's lease within
-// the margin.
+// deny answers DENY_ALL (no lease) and ends the consumer's lease a TTL
+// plus the margin later (see release).
 func (s *Server) deny(ctx context.Context, now time.Time, p *plan, actions map[*consumer]*rlqsv3.RateLimitQuotaResponse_BucketAction, results map[*consumer]plan) {
 	if p.leased {
 		s.release(ctx, p.c)
@@ -778,7 +778,7 @@ func (s *Server) sendLocked(out map[*stream][]*rlqsv3.RateLimitQuotaResponse_Buc
 
 // Drain sends every bucket its assignment again with TTL 0, so that each
 // Envoy falls back to its expired-assignment behaviour at once (before
-// this node stops), and ends the leases within the margin. No round runs
+// this node stops), and ends the leases a TTL plus the margin later. No round runs
 // after it.
 func (s *Server) Drain(ctx context.Context) {
 	s.mu.Lock()
