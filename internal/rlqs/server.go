@@ -120,6 +120,9 @@ type group struct {
 	pol       *policy.Policy
 	subject   bucket.Subject
 	consumers map[*consumer]struct{}
+	// born is when the group's first consumer subscribed: for one
+	// assignment's length (TTL + margin) the group settles (see round).
+	born time.Time
 }
 
 // hold is what HeldAbove needs of one holder's lease: the share it was
@@ -387,7 +390,7 @@ func (s *Server) resolve(c *consumer, now time.Time) {
 		}
 		g := s.groups[req.Key]
 		if g == nil {
-			g = &group{key: req.Key, pol: p, subject: ms[0].BucketSubject, consumers: map[*consumer]struct{}{}}
+			g = &group{key: req.Key, pol: p, subject: ms[0].BucketSubject, consumers: map[*consumer]struct{}{}, born: now}
 			s.groups[req.Key] = g
 		}
 		if len(g.consumers) >= MaxConsumers {
@@ -556,6 +559,16 @@ func (s *Server) round(ctx context.Context, now time.Time, g *group, plans []pla
 		demands[i] = plans[i].demand
 	}
 	rates := split(avail, demands)
+	// While the group settles, each consumer gets at most 1/(n+1) of the
+	// rate, n the consumers so far: Envoys of one fleet subscribe within a
+	// reporting interval of each other, and a first assignment of the
+	// whole rate would hold it (and its burst) to its end, leaving those
+	// that follow DENY_ALL.
+	if now.Sub(g.born) < s.cfg.TTL+s.cfg.Margin {
+		for i := range rates {
+			rates[i] = min(rates[i], avail/float64(len(plans)+1))
+		}
+	}
 	// Shrinks first: the rate they give up becomes free once their old
 	// leases' cut passes.
 	order := make([]int, len(plans))
