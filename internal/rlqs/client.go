@@ -76,6 +76,7 @@ type Client struct {
 	stats     ClientStats
 	responses atomic.Uint64
 	done      chan struct{}
+	resume    chan struct{} // non-nil while paused: closed by Resume
 }
 
 type clientBucket struct {
@@ -112,6 +113,12 @@ func (c *Client) Connect(ctx context.Context, conn grpc.ClientConnInterface) err
 	go func() {
 		defer close(done)
 		for {
+			c.mu.Lock()
+			resume := c.resume
+			c.mu.Unlock()
+			if resume != nil {
+				<-resume
+			}
 			r, err := st.Recv()
 			if err != nil {
 				c.mu.Lock()
@@ -128,9 +135,32 @@ func (c *Client) Connect(ctx context.Context, conn grpc.ClientConnInterface) err
 	return nil
 }
 
+// Pause stops reading the server's responses, as a stopped Envoy process
+// does: what the server sends waits in the stream's flow-control window
+// and, once that is full, in the server. The caller stops calling Allow
+// and Report for the pause.
+func (c *Client) Pause() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.resume == nil {
+		c.resume = make(chan struct{})
+	}
+}
+
+// Resume reads again: every response that waited is applied in order.
+func (c *Client) Resume() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.resume != nil {
+		close(c.resume)
+		c.resume = nil
+	}
+}
+
 // Close ends the stream (assignments stay in force until their TTL) and
 // waits for the response goroutine.
 func (c *Client) Close() {
+	c.Resume()
 	c.mu.Lock()
 	st, done := c.st, c.done
 	c.st = nil

@@ -37,7 +37,8 @@
 //   - DENY_ALL when the region's bucket cannot fund a lease (no share, a
 //     rate below one token per MaxFillInterval, no tokens for the burst);
 //   - abandon_action for a bucket whose reports showed no request for
-//     IdleAfter; its lease is released within the margin.
+//     IdleAfter, unless its stream stalls (Server.stalled); its lease
+//     ends a TTL plus the margin later.
 //
 // Drain (when Run ends) sends every assignment again with TTL 0, so the
 // Envoys fall back to their expired-assignment behaviour before the node
@@ -50,7 +51,8 @@
 // shrink of a region's share only after every lease taken above the new
 // share has ended: HeldAbove tells regionsync when that is. A lease taken
 // at a share that has since shrunk is not renewed; the next round takes a
-// fresh one at the new share and the old one ends a margin later.
+// fresh one at the new share and the old one is counted to its own end
+// (its Envoy may never receive the change).
 //
 // # Bounds
 //

@@ -2,7 +2,9 @@ package rlqs
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 	"github.com/quotacoord/quota/bucket"
 	"github.com/quotacoord/quota/internal/boundcheck"
 	"github.com/quotacoord/quota/internal/faultproxy"
+	"github.com/quotacoord/quota/internal/policy"
 	"github.com/quotacoord/quota/internal/reliability"
 )
 
@@ -64,6 +67,7 @@ type rlqsRun struct {
 	acc    []float64
 	adms   []boundcheck.Admission
 	offers []time.Time
+	limits bucket.Limits // the policy's; rlqsLimits when zero
 }
 
 const runStep = 100 * time.Millisecond
@@ -92,7 +96,11 @@ func (r *rlqsRun) offer(cs []*Client, demand []float64) {
 // check runs the bound checker over the admissions and returns its report.
 func (r *rlqsRun) check(t *testing.T) boundcheck.Report {
 	t.Helper()
-	rep, err := boundcheck.Check(boundcheck.Config{Limits: map[string]bucket.Limits{"p": rlqsLimits},
+	l := r.limits
+	if l == (bucket.Limits{}) {
+		l = rlqsLimits
+	}
+	rep, err := boundcheck.Check(boundcheck.Config{Limits: map[string]bucket.Limits{"p": l},
 		Windows: []time.Duration{runStep, time.Second, 2 * time.Second, 3 * time.Second, 5 * time.Second, 10 * time.Second}}, r.adms)
 	if err != nil {
 		t.Fatal(err)
@@ -100,7 +108,7 @@ func (r *rlqsRun) check(t *testing.T) boundcheck.Report {
 	for _, v := range rep.Violations {
 		t.Errorf("over the bound: %v", v)
 	}
-	ideal := idealAdmitted(r.offers, rlqsLimits)
+	ideal := idealAdmitted(r.offers, l)
 	t.Logf("admitted %d of %d offered, an ideal bucket %d (under-admission %.1f%%); %d windows, peak %.2f of the bound",
 		len(r.adms), len(r.offers), ideal, 100*(1-float64(len(r.adms))/float64(ideal)), rep.Windows, rep.Peak)
 	return rep
@@ -120,29 +128,54 @@ var rlqsLimits = bucket.Limits{Algorithm: bucket.TokenBucket, Capacity: 60, Refi
 // past the region's (the invariant the leases keep, checked at every
 // step).
 func TestStreamCutMidAssignment(t *testing.T) {
+	rep := streamCut(t, rlqsLimits, func(at int) (v, o float64) {
+		// The victim holds most of the rate, then reports a quiet second
+		// while the other's demand jumps: the round at 149 shrinks the
+		// victim's assignment and grows the other's, and that shrink is
+		// lost with the victim's stream. The victim then spends its old
+		// assignment in full until its TTL.
+		switch {
+		case at >= 140 && at < 150:
+			return 0, 60
+		case at >= 150:
+			return 60, 60
+		}
+		return 30, 2
+	})
+	recordRLQS(t, "rlqs: stream cut mid-assignment", rep, "4 shrinking assignments lost with their stream; the cut Envoy spends its old, larger one to its TTL")
+}
+
+// streamCut runs four cycles of 18 s: in each, one Envoy (the victim,
+// alternating) and the other offer the demands pattern(step in cycle)
+// gives, and the victim's stream is cut at the round of step 149 while
+// that round's assignment is on the way to it; it reconnects at step 175.
+// The refill of the assignments in force at the Envoys must never sum
+// past the region's; it returns the bound checker's report.
+func streamCut(t *testing.T, limits bucket.Limits, pattern func(at int) (victim, other float64)) boundcheck.Report {
+	t.Helper()
 	h := newHarness(t)
+	if limits != rlqsLimits {
+		set, err := policy.Parse("edge.yaml", []byte(fmt.Sprintf(`domain: edge
+descriptors:
+  - key: tenant
+    rate_limit: {unit: second, requests_per_unit: %v, burst: %d}
+`, limits.RefillPerSecond, limits.Capacity)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.set.Store(set)
+	}
 	ccfg := ClientConfig{Domain: "edge", NoAssignment: DenyAll, Expired: DenyAll}
 	reg := h.region("r", 1, 0, ccfg, nil)
 	es := []*proxied{h.proxied(reg, ccfg), h.proxied(reg, ccfg)}
-	run := &rlqsRun{h: h, id: map[string]string{"tenant": "acme"}}
+	run := &rlqsRun{h: h, id: map[string]string{"tenant": "acme"}, limits: limits}
 	var reports uint64
 	cuts := 0
 	maxRate, maxAt := 0.0, 0
 	for s := 0; s < 720; s++ {
 		cycle, at := s/180, s%180
 		victim, other := es[cycle%2], es[1-cycle%2]
-		// The victim holds most of the rate, then reports a quiet second
-		// while the other's demand jumps: the round at 149 shrinks the
-		// victim's assignment and grows the other's, and that shrink is
-		// lost with the victim's stream. The victim then spends its old
-		// assignment in full until its TTL.
-		v, o := 30.0, 2.0
-		switch {
-		case at >= 140 && at < 150:
-			v, o = 0, 60
-		case at >= 150:
-			v, o = 60, 60
-		}
+		v, o := pattern(at)
 		demand := make([]float64, 2)
 		demand[cycle%2], demand[1-cycle%2] = v, o
 		if at == 175 && !victim.up {
@@ -165,10 +198,13 @@ func TestStreamCutMidAssignment(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		before := other.c.Responses()
+		before, vbefore := other.c.Responses(), victim.c.Responses()
 		reg.srv.Step(context.Background())
 		if other.up {
 			waitFor(t, "responses", func() bool { return other.c.Responses() > before })
+		}
+		if victim.up && !cut {
+			waitFor(t, "responses", func() bool { return victim.c.Responses() > vbefore })
 		}
 		if cut {
 			held := victim.c.Responses()
@@ -183,15 +219,36 @@ func TestStreamCutMidAssignment(t *testing.T) {
 			cuts++
 		}
 	}
-	rep := run.check(t)
-	t.Logf("largest refill in force at the Envoys: %.1f tokens/s at step %d (the region's refill: %v)", maxRate, maxAt, rlqsLimits.RefillPerSecond)
-	if maxRate > rlqsLimits.RefillPerSecond {
-		t.Errorf("the Envoys' assignments in force refill %.1f tokens/s at step %d, over the region's %v", maxRate, maxAt, rlqsLimits.RefillPerSecond)
-	}
 	if cuts != 4 {
 		t.Fatalf("%d cuts, want 4", cuts)
 	}
-	recordRLQS(t, "rlqs: stream cut mid-assignment", rep, "4 shrinking assignments lost with their stream; the cut Envoy spends its old, larger one to its TTL")
+	t.Logf("largest refill in force at the Envoys: %.1f tokens/s at step %d (the region's refill: %v)", maxRate, maxAt, limits.RefillPerSecond)
+	if maxRate > limits.RefillPerSecond {
+		t.Errorf("the Envoys' assignments in force refill %.1f tokens/s at step %d, over the region's %v", maxRate, maxAt, limits.RefillPerSecond)
+	}
+	return run.check(t)
+}
+
+// TestStreamCutFundedGrowth: as TestStreamCutMidAssignment, but the
+// region's bucket has tokens for every fresh burst (capacity 600 at 30
+// tokens per second): the victim takes most of the rate, goes quiet (its
+// shrink is lost with its stream) and the other's demand jumps after the
+// cut, so its grown assignment is granted as soon as the lease stops
+// counting the victim's old one. The victim's
+// old assignment stays in force to its TTL, so the lease must count it
+// until then: the refill of the assignments in force never sums past the
+// region's, and no window goes over C + r·W.
+func TestStreamCutFundedGrowth(t *testing.T) {
+	rep := streamCut(t, bucket.Limits{Algorithm: bucket.TokenBucket, Capacity: 600, RefillPerSecond: 30}, func(at int) (v, o float64) {
+		switch {
+		case at < 130:
+			return 60, 2
+		case at < 150:
+			return 0, 2
+		}
+		return 60, 60
+	})
+	recordRLQS(t, "rlqs: stream cut, grown assignment funded", rep, "4 shrinks lost with their stream while the bucket funds the other Envoy's growth")
 }
 
 // reportUp has every Envoy that is up report its usage (its report
@@ -249,7 +306,7 @@ func recordRLQS(t *testing.T, name string, rep boundcheck.Report, note string) {
 // proxies; one at a time is paused (it decides nothing, reports nothing
 // and reads nothing: what the node sends waits in the proxy) for 5 s, past
 // its assignment's 3 s TTL, and once for 35 s, past the node's IdleAfter
-// (the node abandons its bucket and releases the lease). On resuming it
+// (the node keeps the bucket and renews its lease: the stream stalls). On resuming it
 // applies everything that waited, in order, and spends whatever that
 // leaves it, at full demand. No window over C + r·W.
 func TestLeaseHolderPausedPastTTL(t *testing.T) {
@@ -312,8 +369,111 @@ func TestLeaseHolderPausedPastTTL(t *testing.T) {
 		abandons += e.c.Stats().Abandons
 	}
 	t.Logf("%d pauses, %d abandons applied", pauses, abandons)
-	if pauses < 8 || abandons == 0 {
-		t.Fatalf("%d pauses, %d abandons: the run did not pause past IdleAfter", pauses, abandons)
+	if pauses < 8 {
+		t.Fatalf("%d pauses: the run did not pause past IdleAfter", pauses)
+	}
+	if abandons != 0 {
+		// A paused Envoy reports nothing, so its stream stalls: the node
+		// keeps its buckets and leases rather than abandon them while
+		// older assignments may still wait in the stream.
+		t.Fatalf("%d abandons: the node abandoned a paused Envoy's bucket", abandons)
 	}
 	recordRLQS(t, "rlqs: lease holder paused past its TTL", rep, "Envoys paused 5 s (TTL 3 s) and 35 s (past IdleAfter) with the node's responses held, applied on resuming")
+}
+
+// TestPausePastFlowControl: an Envoy with 128 buckets stops reading (a
+// stopped process) for 40 s. The node's responses fill the stream's
+// flow-control window (64 KiB, no dynamic window) and its queue, so the
+// node drops the later ones, among them the abandon of the paused
+// Envoy's idle buckets. Another Envoy on the watched tenant wants the
+// whole rate meanwhile. On resuming, the paused Envoy applies the
+// assignments that waited in the window (each with its TTL counted from
+// then) and spends them at full demand: the refill of the assignments in
+// force must never sum past the region's, and no window go over C + r·W.
+func TestPausePastFlowControl(t *testing.T) {
+	h := newHarness(t)
+	ccfg := ClientConfig{Domain: "edge", NoAssignment: DenyAll, Expired: DenyAll}
+	reg := h.region("r", 1, 0, ccfg, nil)
+	conn, err := grpc.NewClient(reg.conn.Target(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(1<<16), grpc.WithInitialConnWindowSize(1<<16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ccfg.Clock = h.clk
+	paused, other := NewClient(ccfg), NewClient(ccfg)
+	if err := paused.Connect(context.Background(), conn); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Connect(context.Background(), reg.conn); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		paused.Close()
+		other.Close()
+		_ = conn.Close()
+	})
+	run := &rlqsRun{h: h, id: map[string]string{"tenant": "acme"}}
+	fillers := make([]map[string]string, 127)
+	for i := range fillers {
+		fillers[i] = map[string]string{"tenant": fmt.Sprintf("filler-%s-%02d", strings.Repeat("x", 80), i)}
+	}
+	const pauseAt, resumeAt = 100, 500 // steps of 100 ms
+	var reports uint64
+	maxRate, maxAt := 0.0, 0
+	for s := 0; s < 650; s++ {
+		up := s < pauseAt || s >= resumeAt
+		switch s {
+		case pauseAt:
+			paused.Pause()
+		case resumeAt:
+			before := paused.Responses()
+			paused.Resume()
+			waitFor(t, "held responses", func() bool { return paused.Responses() > before })
+			time.Sleep(50 * time.Millisecond)
+		}
+		cs, demand := []*Client{paused, other}, []float64{20, 20}
+		if !up {
+			cs[0] = nil
+		}
+		if s >= pauseAt {
+			demand = []float64{60, 60}
+		}
+		if up && s%10 == 0 {
+			for _, f := range fillers {
+				paused.Allow(f)
+			}
+		}
+		run.offer(cs, demand)
+		if r := refillInForce(h.clk.Now(), []*Client{paused, other}, run.id); r > maxRate {
+			maxRate, maxAt = r, s
+		}
+		if s%10 != 9 {
+			continue
+		}
+		for _, c := range cs {
+			if c == nil {
+				continue
+			}
+			c.mu.Lock()
+			reports += uint64(len(c.buckets))
+			c.mu.Unlock()
+			if err := c.Report(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		waitFor(t, "reports", func() bool { return reg.srv.Reports() >= reports })
+		before := other.Responses()
+		reg.srv.Step(context.Background())
+		waitFor(t, "responses", func() bool { return other.Responses() > before })
+	}
+	dropped := value(reg.srv.m.dropped)
+	t.Logf("largest refill in force at the Envoys: %.1f tokens/s at step %d; %v responses dropped; paused Envoy: %+v", maxRate, maxAt, dropped, paused.Stats())
+	if dropped == 0 {
+		t.Fatal("no response dropped: the pause did not fill the flow-control window")
+	}
+	if maxRate > rlqsLimits.RefillPerSecond {
+		t.Errorf("the Envoys' assignments in force refill %.1f tokens/s at step %d, over the region's %v", maxRate, maxAt, rlqsLimits.RefillPerSecond)
+	}
+	rep := run.check(t)
+	recordRLQS(t, "rlqs: paused past the flow-control window", rep, "an Envoy with 128 buckets paused 40 s: responses and the abandon dropped, the window's assignments applied on resuming")
 }

@@ -56,6 +56,22 @@ type stream struct {
 	out     chan *rlqsv3.RateLimitQuotaResponse
 	closed  bool
 	seq     uint64 // buckets subscribed so far
+
+	// lastReport is when the Envoy last reported; dropped that a response
+	// was not queued since the last one that was (see stalled).
+	lastReport time.Time
+	dropped    bool
+}
+
+// stalled reports whether ss's Envoy may not be reading what the node
+// sends (a paused process): it has not reported for two intervals and the
+// margin, or its queue is full or dropped a response. Assignments sent
+// before may then still wait in the stream's flow-control window and be
+// applied, each with its full TTL, whenever the Envoy reads again, so the
+// node neither changes nor abandons its buckets while ss stalls: it
+// renews their leases as they are. The caller holds mu.
+func (s *Server) stalled(ss *stream, now time.Time) bool {
+	return ss.dropped || len(ss.out) == cap(ss.out) || now.Sub(ss.lastReport) > 2*s.cfg.Interval+s.cfg.Margin
 }
 
 // kind is what a bucket id resolved to.
@@ -104,6 +120,9 @@ type group struct {
 	pol       *policy.Policy
 	subject   bucket.Subject
 	consumers map[*consumer]struct{}
+	// born is when the group's first consumer subscribed: for one
+	// assignment's length (TTL + margin) the group settles (see round).
+	born time.Time
 }
 
 // hold is what HeldAbove needs of one holder's lease: the share it was
@@ -211,7 +230,7 @@ func (s *Server) open() (*stream, error) {
 		return nil, status.Error(codes.Unavailable, "rlqs: draining")
 	}
 	s.nextID++
-	ss := &stream{id: s.nextID, buckets: map[string]*consumer{}, out: make(chan *rlqsv3.RateLimitQuotaResponse, 4)}
+	ss := &stream{id: s.nextID, buckets: map[string]*consumer{}, out: make(chan *rlqsv3.RateLimitQuotaResponse, 4), lastReport: s.cfg.Clock.Now()}
 	s.streams[ss.id] = ss
 	s.m.streams.Set(float64(len(s.streams)))
 	return ss, nil
@@ -260,6 +279,7 @@ func (s *Server) handle(ss *stream, r *rlqsv3.RateLimitQuotaUsageReports) error 
 	case d != "" && d != ss.domain:
 		return status.Errorf(codes.InvalidArgument, "rlqs: domain %q on a stream of domain %q: open another stream", d, ss.domain)
 	}
+	ss.lastReport = now
 	woke := false
 	for i, u := range r.GetBucketQuotaUsages() {
 		id := u.GetBucketId().GetBucket()
@@ -370,7 +390,7 @@ func (s *Server) resolve(c *consumer, now time.Time) {
 		}
 		g := s.groups[req.Key]
 		if g == nil {
-			g = &group{key: req.Key, pol: p, subject: ms[0].BucketSubject, consumers: map[*consumer]struct{}{}}
+			g = &group{key: req.Key, pol: p, subject: ms[0].BucketSubject, consumers: map[*consumer]struct{}{}, born: now}
 			s.groups[req.Key] = g
 		}
 		if len(g.consumers) >= MaxConsumers {
@@ -385,7 +405,7 @@ func (s *Server) resolve(c *consumer, now time.Time) {
 // Run re-splits every Interval (and at once when a bucket subscribes)
 // until ctx ends, then drains: every assignment is sent again with TTL 0
 // (the filter falls back to its expired-assignment behaviour) and the
-// leases are released within the margin.
+// leases end a TTL plus the margin later.
 func (s *Server) Run(ctx context.Context) error {
 	t := time.NewTicker(s.cfg.Interval)
 	defer t.Stop()
@@ -413,6 +433,7 @@ type plan struct {
 	sentAt  time.Time
 	fresh   float64 // share at the last fresh lease
 	abandon bool
+	stalled bool // keep the assignment in force (see Server.stalled)
 }
 
 // Step runs one round: abandons idle buckets, splits each leased bucket's
@@ -432,9 +453,10 @@ func (s *Server) Step(ctx context.Context) {
 		return
 	}
 	moved := s.refreshPolicies(now)
+	idle := func(c *consumer) bool { return now.Sub(c.lastUse) >= s.cfg.IdleAfter && !s.stalled(c.s, now) }
 	for _, ss := range s.streams {
 		for _, c := range ss.buckets {
-			if now.Sub(c.lastUse) >= s.cfg.IdleAfter {
+			if idle(c) {
 				others = append(others, plan{c: c, abandon: true, leased: c.leased})
 				continue
 			}
@@ -446,11 +468,11 @@ func (s *Server) Step(ctx context.Context) {
 	for _, g := range s.groups {
 		w := work{g: g}
 		for c := range g.consumers {
-			if now.Sub(c.lastUse) >= s.cfg.IdleAfter {
+			if idle(c) {
 				continue
 			}
 			w.plans = append(w.plans, plan{c: c, demand: c.demand, prev: c.sent, hasPrev: c.hasSent, leased: c.leased,
-				rate: c.rate, burst: c.burst, sentAt: c.sentAt, fresh: c.freshFrac})
+				rate: c.rate, burst: c.burst, sentAt: c.sentAt, fresh: c.freshFrac, stalled: s.stalled(c.s, now)})
 		}
 		works = append(works, w)
 	}
@@ -537,6 +559,16 @@ func (s *Server) round(ctx context.Context, now time.Time, g *group, plans []pla
 		demands[i] = plans[i].demand
 	}
 	rates := split(avail, demands)
+	// While the group settles, each consumer gets at most 1/(n+1) of the
+	// rate, n the consumers so far: Envoys of one fleet subscribe within a
+	// reporting interval of each other, and a first assignment of the
+	// whole rate would hold it (and its burst) to its end, leaving those
+	// that follow DENY_ALL.
+	if now.Sub(g.born) < s.cfg.TTL+s.cfg.Margin {
+		for i := range rates {
+			rates[i] = min(rates[i], avail/float64(len(plans)+1))
+		}
+	}
 	// Shrinks first: the rate they give up becomes free once their old
 	// leases' cut passes.
 	order := make([]int, len(plans))
@@ -567,13 +599,15 @@ func (s *Server) round(ctx context.Context, now time.Time, g *group, plans []pla
 		// A dead band: every change costs a fresh burst (the filter starts
 		// a new, full bucket), so a rate within DeadBand of the one in
 		// force keeps it.
-		if p.leased && p.hasPrev && !p.prev.deny && !p.prev.allow && math.Abs(rates[i]-p.prev.tb.rate()) <= DeadBand*p.prev.tb.rate() && p.prev.tb.MaxTokens <= tb.MaxTokens+p.prev.tb.MaxTokens/5 {
+		// A stalled stream keeps the assignment in force.
+		if p.leased && p.hasPrev && !p.prev.deny && !p.prev.allow && (p.stalled || math.Abs(rates[i]-p.prev.tb.rate()) <= DeadBand*p.prev.tb.rate() && p.prev.tb.MaxTokens <= tb.MaxTokens+p.prev.tb.MaxTokens/5) {
 			want = p.prev
 		}
 		// A renewal keeps the Envoy's token state: only when the same
-		// assignment is still live there when this one arrives, and was
+		// assignment is still live there when this one arrives (or the
+		// stream stalls: what it holds arrives with a fresh TTL), and was
 		// leased at no more than the share now in force.
-		if p.leased && p.hasPrev && p.prev == want && now.Add(s.cfg.Margin).Before(p.sentAt.Add(s.cfg.TTL)) && p.fresh <= share {
+		if p.leased && p.hasPrev && p.prev == want && (p.stalled || now.Add(s.cfg.Margin).Before(p.sentAt.Add(s.cfg.TTL))) && p.fresh <= share {
 			lease, err := s.cfg.Store.Lease(ctx, bucket.LeaseRequest{Request: req, Holder: p.c.holder, Rate: p.rate, Burst: p.burst,
 				For: s.cfg.TTL + s.cfg.Margin, Cut: s.cfg.Margin, Renew: true})
 			if err == nil && lease.Granted && lease.Renewed {
@@ -585,8 +619,11 @@ func (s *Server) round(ctx context.Context, now time.Time, g *group, plans []pla
 			}
 		}
 		tb = want.tb
+		// The previous assignment stays counted to its own end: an Envoy
+		// whose stream is cut before this one arrives keeps enforcing it
+		// until its TTL.
 		lease, err := s.cfg.Store.Lease(ctx, bucket.LeaseRequest{Request: req, Holder: p.c.holder, Rate: tb.rate(), Burst: int64(tb.MaxTokens),
-			For: s.cfg.TTL + s.cfg.Margin, Cut: s.cfg.Margin})
+			For: s.cfg.TTL + s.cfg.Margin, Cut: s.cfg.TTL + s.cfg.Margin})
 		if err != nil {
 			s.cfg.Logger.Warn("lease failed", "policy", g.pol.Name, "error", err)
 			s.deny(ctx, now, p, actions, results)
@@ -634,15 +671,15 @@ func (s *Server) grant(now time.Time, p *plan, g *group, share float64, a sentAs
 	}
 	end := now.Add(s.cfg.TTL + s.cfg.Margin)
 	if fresh {
-		h.prevShare, h.prevEnd = h.share, minTime(h.expiry, now.Add(s.cfg.Margin))
+		h.prevShare, h.prevEnd = h.share, h.expiry
 		h.share = share
 	}
 	h.expiry = end
 	s.mu.Unlock()
 }
 
-// deny answers DENY_ALL (no lease) and ends the consumer's lease within
-// the margin.
+// deny answers DENY_ALL (no lease) and ends the consumer's lease a TTL
+// plus the margin later (see release).
 func (s *Server) deny(ctx context.Context, now time.Time, p *plan, actions map[*consumer]*rlqsv3.RateLimitQuotaResponse_BucketAction, results map[*consumer]plan) {
 	if p.leased {
 		s.release(ctx, p.c)
@@ -659,8 +696,10 @@ type leaseRef struct {
 	holder string
 }
 
-// release ends c's lease within the margin (the time the assignment that
-// replaces it takes to arrive).
+// release ends c's lease once the last assignment sent for it can no
+// longer be in force: the Envoy may never receive what replaces it (a cut
+// stream, a dropped response), so the lease lasts to that assignment's
+// TTL plus the margin from its send.
 func (s *Server) release(ctx context.Context, c *consumer) {
 	if c.g != nil {
 		s.releaseLease(ctx, leaseRef{c.g, c.holder})
@@ -672,14 +711,14 @@ func (s *Server) releaseLease(ctx context.Context, r leaseRef) {
 	req, err := s.cfg.Request(r.g.pol, r.g.subject, now)
 	if err == nil {
 		req.Key, req.Limits, req.Share = r.g.key, r.g.pol.Limits, max(req.Share, 1e-9)
-		_, err = s.cfg.Store.Release(ctx, bucket.LeaseRelease{Request: req, Holder: r.holder, Within: s.cfg.Margin})
+		_, err = s.cfg.Store.Release(ctx, bucket.LeaseRelease{Request: req, Holder: r.holder, Within: s.cfg.TTL + s.cfg.Margin})
 	}
 	if err != nil {
 		s.cfg.Logger.Warn("lease release failed; it ends at its expiry", "error", err)
 	}
 	s.mu.Lock()
 	if h := s.holds[r.g.pol.Name][r.holder]; h != nil {
-		h.expiry = minTime(h.expiry, now.Add(s.cfg.Margin))
+		h.expiry = minTime(h.expiry, now.Add(s.cfg.TTL+s.cfg.Margin))
 	}
 	s.mu.Unlock()
 }
@@ -742,7 +781,9 @@ func (s *Server) sendLocked(out map[*stream][]*rlqsv3.RateLimitQuotaResponse_Buc
 		})
 		select {
 		case ss.out <- &rlqsv3.RateLimitQuotaResponse{BucketAction: acts}:
+			ss.dropped = false
 		default:
+			ss.dropped = true
 			s.m.dropped.Inc()
 		}
 	}
@@ -750,7 +791,7 @@ func (s *Server) sendLocked(out map[*stream][]*rlqsv3.RateLimitQuotaResponse_Buc
 
 // Drain sends every bucket its assignment again with TTL 0, so that each
 // Envoy falls back to its expired-assignment behaviour at once (before
-// this node stops), and ends the leases within the margin. No round runs
+// this node stops), and ends the leases a TTL plus the margin later. No round runs
 // after it.
 func (s *Server) Drain(ctx context.Context) {
 	s.mu.Lock()
