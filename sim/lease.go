@@ -326,8 +326,16 @@ func leaseRound(cfg *LeaseConfig, store *bucket.Memory, req *bucket.Request, ori
 			if renew {
 				ask = c.leased // a renewal names the lease as granted
 			}
+			// As the node does: a renewal keeps the Envoy's token state and
+			// ends the old lease after the margin; a changed assignment
+			// leaves the one it replaces counted to its own end (TTL and
+			// margin), since a consumer whose stream is cut keeps it.
+			cut := cfg.TTL + cfg.Margin
+			if renew {
+				cut = cfg.Margin
+			}
 			lease, err = store.LeaseAt(at, bucket.LeaseRequest{Request: *req, Holder: c.holder, Rate: ask.rate, Burst: ask.burst,
-				For: cfg.TTL + cfg.Margin, Cut: cfg.Margin, Renew: renew})
+				For: cfg.TTL + cfg.Margin, Cut: cut, Renew: renew})
 			if err != nil {
 				return fmt.Errorf("sim: lease for %s: %w", c.holder, err)
 			}
@@ -340,9 +348,9 @@ func leaseRound(cfg *LeaseConfig, store *bucket.Memory, req *bucket.Request, ori
 		}
 		if !ok || !lease.Granted {
 			if c.hasSent && !c.sent.deny {
-				// As the node does: the lease in force ends once the
-				// DENY_ALL that replaces it has arrived.
-				if _, err := store.ReleaseAt(at, bucket.LeaseRelease{Request: *req, Holder: c.holder, Within: cfg.Margin}); err != nil {
+				// As the node does: the lease in force ends a TTL and the
+				// margin after the DENY_ALL that replaces it was sent.
+				if _, err := store.ReleaseAt(at, bucket.LeaseRelease{Request: *req, Holder: c.holder, Within: cfg.TTL + cfg.Margin}); err != nil {
 					return fmt.Errorf("sim: release for %s: %w", c.holder, err)
 				}
 			}
