@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -315,7 +317,7 @@ func (l *Loop) reportedBack(evs []*clientv3.Event) bool {
 	defer l.mu.Unlock()
 	back := false
 	for _, ev := range evs {
-		if region, _, ok := etcdlayout.NodeOf(l.layout.DemandPrefix(), string(ev.Kv.Key)); ok && l.ld.ReportArrived(region) {
+		if region, _, _, err := etcdlayout.ShardOf(l.layout.DemandPrefix(), string(ev.Kv.Key)); err == nil && l.ld.ReportArrived(region) {
 			back = true
 		}
 	}
@@ -513,6 +515,14 @@ func (l *Loop) publishSettings(ctx context.Context, f fence) error {
 	return nil
 }
 
+// setIn sets m[outer][inner] = v, making the inner map when needed.
+func setIn[V any](m map[string]map[string]V, outer, inner string, v V) {
+	if m[outer] == nil {
+		m[outer] = map[string]V{}
+	}
+	m[outer][inner] = v
+}
+
 // read takes a snapshot of everything a round needs at one revision.
 func (l *Loop) read(ctx context.Context) (*snapshot, error) {
 	ly := l.layout
@@ -535,57 +545,47 @@ func (l *Loop) read(ctx context.Context) (*snapshot, error) {
 	docs := map[string][]byte{}
 	nodes := 0
 	live := snap.view.Regions
-	acks := map[string]map[string]etcdlayout.Ack{}
-	reports := map[string][]map[string]plan.PolicyDemand{}
+	acks := map[string]map[string]*etcdlayout.Ack{}
+	reports := map[string]map[string]*etcdlayout.DemandReport{}
 	for i, r := range resp.Responses {
 		for _, kv := range r.GetResponseRange().Kvs {
 			name := etcdlayout.Name(prefixes[i], string(kv.Key))
 			var derr error
-			if i <= 2 {
+			switch i {
+			case 0:
 				region, node, ok := etcdlayout.NodeOf(prefixes[i], string(kv.Key))
 				if !ok {
 					l.cfg.Logger.Warn("key with an invalid region or node ignored", "key", string(kv.Key))
 					continue
 				}
-				switch i {
-				case 0:
-					// A registration cannot be dropped: the plan would
-					// neither reserve the node's share nor wait for its
-					// acknowledgement.
-					if nodes++; nodes > MaxNodes {
-						return nil, fmt.Errorf("%w: more than %d registered nodes", ErrTooManyRegistrations, MaxNodes)
-					}
-					if _, ok := live[region]; !ok && len(live) >= allocator.MaxRegions {
-						return nil, fmt.Errorf("%w: more than %d registered regions", ErrTooManyRegistrations, allocator.MaxRegions)
-					}
-					if len(live[region]) >= MaxNodesPerRegion {
-						return nil, fmt.Errorf("%w: region %q has more than %d registered nodes", ErrTooManyRegistrations, region, MaxNodesPerRegion)
-					}
-					var v etcdlayout.Registration
-					derr = json.Unmarshal(kv.Value, &v)
-					if live[region] == nil {
-						live[region] = map[string]plan.Node{}
-					}
-					live[region][node] = plan.Node{Fingerprint: v.Fingerprint}
-				case 1:
-					var v etcdlayout.DemandReport
-					if derr = json.Unmarshal(kv.Value, &v); derr == nil && len(reports[region]) < MaxNodes {
-						reports[region] = append(reports[region], v.Policies)
-					}
-				case 2:
-					var v etcdlayout.Ack
-					derr = json.Unmarshal(kv.Value, &v)
-					if acks[region] == nil {
-						acks[region] = map[string]etcdlayout.Ack{}
-					}
-					acks[region][node] = v
+				// A registration cannot be dropped: the plan would
+				// neither reserve the node's share nor wait for its
+				// acknowledgement.
+				if nodes++; nodes > MaxNodes {
+					return nil, fmt.Errorf("%w: more than %d registered nodes", ErrTooManyRegistrations, MaxNodes)
 				}
-				if derr != nil {
-					l.cfg.Logger.Warn("unreadable record ignored", "key", string(kv.Key), "error", derr)
+				if _, ok := live[region]; !ok && len(live) >= allocator.MaxRegions {
+					return nil, fmt.Errorf("%w: more than %d registered regions", ErrTooManyRegistrations, allocator.MaxRegions)
 				}
-				continue
-			}
-			switch i {
+				if len(live[region]) >= MaxNodesPerRegion {
+					return nil, fmt.Errorf("%w: region %q has more than %d registered nodes", ErrTooManyRegistrations, region, MaxNodesPerRegion)
+				}
+				var v etcdlayout.Registration
+				derr = json.Unmarshal(kv.Value, &v)
+				if live[region] == nil {
+					live[region] = map[string]plan.Node{}
+				}
+				live[region][node] = plan.Node{Fingerprint: v.Fingerprint}
+			case 1:
+				region, node, _, v, err := ly.DecodeDemand(string(kv.Key), kv.Value)
+				if derr = err; err == nil && (reports[region] != nil || len(reports) < MaxNodes) && len(reports[region]) < MaxNodesPerRegion {
+					setIn(reports, region, node, etcdlayout.MergeDemand(reports[region][node], v))
+				}
+			case 2:
+				region, node, _, v, err := ly.DecodeAck(string(kv.Key), kv.Value)
+				if derr = err; err == nil && (acks[region] != nil || len(acks) < MaxNodes) && len(acks[region]) < MaxNodesPerRegion {
+					setIn(acks, region, node, etcdlayout.MergeAck(acks[region][node], v))
+				}
 			case 3:
 				var v etcdlayout.Control
 				derr = json.Unmarshal(kv.Value, &v)
@@ -602,19 +602,31 @@ func (l *Loop) read(ctx context.Context) (*snapshot, error) {
 					snap.view.Retired[name] = true
 				}
 			}
-			if derr != nil {
+			switch {
+			case errors.Is(derr, etcdlayout.ErrOldFormat):
+				l.cfg.Logger.Error("record of a node in the old one-record format ignored: the node is not counted (its acknowledgements never arrive, its demand is left out); upgrade it",
+					"key", string(kv.Key), "error", derr)
+			case derr != nil:
 				l.cfg.Logger.Warn("unreadable record ignored", "key", string(kv.Key), "error", derr)
 			}
 		}
 	}
 	for region, rs := range reports {
 		if _, ok := live[region]; ok {
-			snap.view.Demand[region] = plan.SumDemand(rs, MaxOverridesLimit)
+			per := make([]map[string]plan.PolicyDemand, 0, len(rs))
+			for _, n := range slices.Sorted(maps.Keys(rs)) {
+				per = append(per, rs[n].Policies)
+			}
+			snap.view.Demand[region] = plan.SumDemand(per, MaxOverridesLimit)
 		}
 	}
 	for region, ns := range live {
 		for n := range ns {
-			ns[n] = plan.Node{Acked: acks[region][n].Epochs, Fingerprint: ns[n].Fingerprint}
+			var epochs map[string]uint64
+			if a := acks[region][n]; a != nil {
+				epochs = a.Epochs
+			}
+			ns[n] = plan.Node{Acked: epochs, Fingerprint: ns[n].Fingerprint}
 		}
 	}
 	snap.policies, snap.policyErrs = policy.LoadStored(docs)
