@@ -427,6 +427,8 @@ func (l *Loop) doRound(ctx context.Context, f fence, full bool) (Result, error) 
 	plans := planRound(now, snap, l.ld, full)
 	l.mu.Unlock()
 	var res Result
+	var pubs []publication
+	var pubPlans []plan.Decision
 	for _, d := range plans {
 		res.deferred = res.deferred || d.Deferred
 		if len(d.Mismatched) > 0 {
@@ -445,11 +447,12 @@ func (l *Loop) doRound(ctx context.Context, f fence, full bool) (Result, error) 
 			}
 			continue
 		}
-		ok, err := l.publish(ctx, f, d.Publish, snap.allocRevs[d.Policy], snap.rev)
-		if err != nil {
-			return res, err
-		}
-		if !ok {
+		pubs = append(pubs, publication{alloc: d.Publish, prevRev: snap.allocRevs[d.Policy]})
+		pubPlans = append(pubPlans, d)
+	}
+	done, err := l.publishAll(ctx, f, pubs, snap.rev)
+	for i, d := range pubPlans {
+		if !done[i] {
 			continue
 		}
 		snap.allocs[d.Policy] = d.Publish
@@ -457,42 +460,136 @@ func (l *Loop) doRound(ctx context.Context, f fence, full bool) (Result, error) 
 		l.m.epochs.WithLabelValues(d.Policy, string(d.Publish.Phase)).Inc()
 		l.cfg.Logger.Info("published epoch", "policy", d.Policy, "epoch", d.Publish.Epoch, "phase", d.Publish.Phase, "why", d.Publish.Reason)
 	}
+	if err != nil {
+		return res, err
+	}
 	l.m.observe(snap)
 	return res, nil
 }
 
-// publish writes a, fenced by f, by the allocation's mod revision and by
-// the registrations read at revision readRev: no registration may have
-// been created or rewritten since, because a plan that did not see a
-// region neither reserved its share nor counted what it may enforce. It
-// returns false when the allocation or a registration changed under it,
-// and ErrNotLeader when f no longer holds.
+// publication is one allocation to publish over the one in force, which
+// the round read at mod revision prevRev (0: none).
+type publication struct {
+	alloc   *etcdlayout.Allocation
+	prevRev int64
+}
+
+// publish writes a alone, like publishAll. It reports whether a was
+// written.
 func (l *Loop) publish(ctx context.Context, f fence, a *etcdlayout.Allocation, prevRev, readRev int64) (bool, error) {
-	data, err := json.Marshal(a)
-	if err != nil {
-		return false, fmt.Errorf("rebalance: encode allocation of %s: %w", a.Policy, err)
+	done, err := l.publishAll(ctx, f, []publication{{alloc: a, prevRev: prevRev}}, readRev)
+	return done[0], err
+}
+
+// publishAll writes pubs in transactions of at most etcdlayout.MaxTxnOps
+// compares and MaxTxnBytes, each fenced like one publish was: by f, by
+// every allocation's mod revision, and by the registrations read at
+// revision readRev (no registration may have been created or rewritten
+// since, because a plan that did not see a region neither reserved its
+// share nor counted what it may enforce). A batch refused because some
+// allocations changed under it is written again without them; one refused
+// because a registration changed ends the publishing (the next round
+// plans again). It reports which publications were written, and fails
+// with ErrNotLeader when f no longer holds.
+func (l *Loop) publishAll(ctx context.Context, f fence, pubs []publication, readRev int64) ([]bool, error) {
+	done := make([]bool, len(pubs))
+	data := make([][]byte, len(pubs))
+	sizes := make([]int, len(pubs))
+	for i, p := range pubs {
+		b, err := json.Marshal(p.alloc)
+		if err != nil {
+			return done, fmt.Errorf("rebalance: encode allocation of %s: %w", p.alloc.Policy, err)
+		}
+		data[i] = b
+		sizes[i] = len(l.layout.Alloc(p.alloc.Policy)) + len(b)
 	}
-	key := l.layout.Alloc(a.Policy)
-	resp, err := l.cfg.Client.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(f.key), "=", f.rev),
-			clientv3.Compare(clientv3.ModRevision(key), "=", prevRev),
-			clientv3.Compare(clientv3.ModRevision(l.layout.RegionsPrefix()), "<", readRev+1).WithPrefix()).
-		Then(clientv3.OpPut(key, string(data))).
-		Else(clientv3.OpGet(f.key)).
-		Commit()
-	if err != nil {
-		return false, fmt.Errorf("rebalance: publish %s epoch %d: %w", a.Policy, a.Epoch, err)
+	// Two compares of every batch are the fence and the registrations.
+	start := 0
+	for _, end := range etcdlayout.Batches(sizes, etcdlayout.MaxTxnOps-2, etcdlayout.MaxTxnBytes) {
+		batch := make([]int, 0, end-start)
+		for i := start; i < end; i++ {
+			batch = append(batch, i)
+		}
+		start = end
+		for len(batch) > 0 {
+			changed, regs, err := l.publishBatch(ctx, f, pubs, data, batch, readRev)
+			if err != nil {
+				return done, err
+			}
+			if regs {
+				l.cfg.Logger.Warn("registrations changed since the read; the round's remaining allocations will be planned again",
+					"unpublished", len(pubs)-countTrue(done))
+				return done, nil
+			}
+			if len(changed) == 0 {
+				for _, i := range batch {
+					done[i] = true
+				}
+				break
+			}
+			batch = slices.DeleteFunc(batch, func(i int) bool {
+				if changed[i] {
+					l.cfg.Logger.Warn("allocation changed since the read; will retry", "policy", pubs[i].alloc.Policy, "epoch", pubs[i].alloc.Epoch)
+				}
+				return changed[i]
+			})
+		}
 	}
+	return done, nil
+}
+
+// publishBatch writes the publications batch (indices into pubs, data
+// their encodings) in one fenced transaction. When etcd refuses it, it
+// returns the publications whose allocation changed since the read, or
+// regs when none did (a registration changed); ErrNotLeader when f no
+// longer holds.
+func (l *Loop) publishBatch(ctx context.Context, f fence, pubs []publication, data [][]byte, batch []int, readRev int64) (changed map[int]bool, regs bool, err error) {
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(f.key), "=", f.rev),
+		clientv3.Compare(clientv3.ModRevision(l.layout.RegionsPrefix()), "<", readRev+1).WithPrefix()}
+	puts := make([]clientv3.Op, 0, len(batch))
+	gets := []clientv3.Op{clientv3.OpGet(f.key)}
+	for _, i := range batch {
+		key := l.layout.Alloc(pubs[i].alloc.Policy)
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(key), "=", pubs[i].prevRev))
+		puts = append(puts, clientv3.OpPut(key, string(data[i])))
+		gets = append(gets, clientv3.OpGet(key, clientv3.WithKeysOnly()))
+	}
+	resp, err := l.cfg.Client.Txn(ctx).If(cmps...).Then(puts...).Else(gets...).Commit()
+	first := pubs[batch[0]].alloc
+	if err != nil {
+		return nil, false, fmt.Errorf("rebalance: publish %d allocations from %s epoch %d: %w", len(batch), first.Policy, first.Epoch, err)
+	}
+	l.m.publishTxns.Inc()
 	if resp.Succeeded {
-		return true, nil
+		return nil, false, nil
 	}
 	l.m.publishErr.Inc()
 	kvs := resp.Responses[0].GetResponseRange().Kvs
 	if len(kvs) == 0 || kvs[0].CreateRevision != f.rev {
-		return false, fmt.Errorf("%w: publish of %s epoch %d fenced off", ErrNotLeader, a.Policy, a.Epoch)
+		return nil, false, fmt.Errorf("%w: publish of %d allocations from %s epoch %d fenced off", ErrNotLeader, len(batch), first.Policy, first.Epoch)
 	}
-	l.cfg.Logger.Warn("allocation or registrations changed since the read; will retry", "policy", a.Policy, "epoch", a.Epoch)
-	return false, nil
+	changed = map[int]bool{}
+	for j, i := range batch {
+		var rev int64
+		if kvs := resp.Responses[j+1].GetResponseRange().Kvs; len(kvs) > 0 {
+			rev = kvs[0].ModRevision
+		}
+		if rev != pubs[i].prevRev {
+			changed[i] = true
+		}
+	}
+	return changed, len(changed) == 0, nil
+}
+
+// countTrue counts the true values of bs.
+func countTrue(bs []bool) int {
+	n := 0
+	for _, b := range bs {
+		if b {
+			n++
+		}
+	}
+	return n
 }
 
 func (l *Loop) publishSettings(ctx context.Context, f fence) error {
