@@ -101,10 +101,10 @@ func ackChanged(old, new etcdlayout.Ack) bool { return !maps.Equal(old.Epochs, n
 
 // DemandTolerance is how far, relative to the larger of the two, a
 // reported rate may move before a node rewrites the demand shard that
-// holds it. The planner smooths demand and ignores moves inside its dead
-// band, so a report within 5% of the last one written would not change a
-// share; not writing it keeps the bytes a node writes proportional to the
-// policies whose demand moved.
+// holds it. The leader then plans on rates at most 5% off what the node
+// measured, about the noise of a rate counted over one report interval
+// (and halved again by the planner's smoothing); in exchange the bytes a
+// node writes follow the policies whose demand moved, not all it sees.
 const DemandTolerance = 0.05
 
 // demandChanged says a demand shard moved past DemandTolerance: a policy
