@@ -35,7 +35,9 @@
 // # Regions of several nodes
 //
 // Each node of a region registers, reports and acknowledges under its own
-// keys (etcdlayout.Node, NodeDemand, NodeAck). A region is live while any
+// keys (etcdlayout.Node, DemandShard, AckShard; a node's shards are merged
+// when read, and a record in the older one-per-node format is refused with
+// an error in the log). A region is live while any
 // node is registered and its demand is the sum of its nodes' reports. It
 // has acknowledged an epoch when every registered node has and no node of
 // it vanished less than SkewMargin ago; a new leader, which cannot know

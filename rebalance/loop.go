@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -315,7 +317,7 @@ func (l *Loop) reportedBack(evs []*clientv3.Event) bool {
 	defer l.mu.Unlock()
 	back := false
 	for _, ev := range evs {
-		if region, _, ok := etcdlayout.NodeOf(l.layout.DemandPrefix(), string(ev.Kv.Key)); ok && l.ld.ReportArrived(region) {
+		if region, _, _, err := etcdlayout.ShardOf(l.layout.DemandPrefix(), string(ev.Kv.Key)); err == nil && l.ld.ReportArrived(region) {
 			back = true
 		}
 	}
@@ -425,6 +427,8 @@ func (l *Loop) doRound(ctx context.Context, f fence, full bool) (Result, error) 
 	plans := planRound(now, snap, l.ld, full)
 	l.mu.Unlock()
 	var res Result
+	var pubs []publication
+	var pubPlans []plan.Decision
 	for _, d := range plans {
 		res.deferred = res.deferred || d.Deferred
 		if len(d.Mismatched) > 0 {
@@ -443,11 +447,12 @@ func (l *Loop) doRound(ctx context.Context, f fence, full bool) (Result, error) 
 			}
 			continue
 		}
-		ok, err := l.publish(ctx, f, d.Publish, snap.allocRevs[d.Policy], snap.rev)
-		if err != nil {
-			return res, err
-		}
-		if !ok {
+		pubs = append(pubs, publication{alloc: d.Publish, prevRev: snap.allocRevs[d.Policy]})
+		pubPlans = append(pubPlans, d)
+	}
+	done, err := l.publishAll(ctx, f, pubs, snap.rev)
+	for i, d := range pubPlans {
+		if !done[i] {
 			continue
 		}
 		snap.allocs[d.Policy] = d.Publish
@@ -455,42 +460,136 @@ func (l *Loop) doRound(ctx context.Context, f fence, full bool) (Result, error) 
 		l.m.epochs.WithLabelValues(d.Policy, string(d.Publish.Phase)).Inc()
 		l.cfg.Logger.Info("published epoch", "policy", d.Policy, "epoch", d.Publish.Epoch, "phase", d.Publish.Phase, "why", d.Publish.Reason)
 	}
+	if err != nil {
+		return res, err
+	}
 	l.m.observe(snap)
 	return res, nil
 }
 
-// publish writes a, fenced by f, by the allocation's mod revision and by
-// the registrations read at revision readRev: no registration may have
-// been created or rewritten since, because a plan that did not see a
-// region neither reserved its share nor counted what it may enforce. It
-// returns false when the allocation or a registration changed under it,
-// and ErrNotLeader when f no longer holds.
+// publication is one allocation to publish over the one in force, which
+// the round read at mod revision prevRev (0: none).
+type publication struct {
+	alloc   *etcdlayout.Allocation
+	prevRev int64
+}
+
+// publish writes a alone, like publishAll. It reports whether a was
+// written.
 func (l *Loop) publish(ctx context.Context, f fence, a *etcdlayout.Allocation, prevRev, readRev int64) (bool, error) {
-	data, err := json.Marshal(a)
-	if err != nil {
-		return false, fmt.Errorf("rebalance: encode allocation of %s: %w", a.Policy, err)
+	done, err := l.publishAll(ctx, f, []publication{{alloc: a, prevRev: prevRev}}, readRev)
+	return done[0], err
+}
+
+// publishAll writes pubs in transactions of at most etcdlayout.MaxTxnOps
+// compares and MaxTxnBytes, each fenced like one publish was: by f, by
+// every allocation's mod revision, and by the registrations read at
+// revision readRev (no registration may have been created or rewritten
+// since, because a plan that did not see a region neither reserved its
+// share nor counted what it may enforce). A batch refused because some
+// allocations changed under it is written again without them; one refused
+// because a registration changed ends the publishing (the next round
+// plans again). It reports which publications were written, and fails
+// with ErrNotLeader when f no longer holds.
+func (l *Loop) publishAll(ctx context.Context, f fence, pubs []publication, readRev int64) ([]bool, error) {
+	done := make([]bool, len(pubs))
+	data := make([][]byte, len(pubs))
+	sizes := make([]int, len(pubs))
+	for i, p := range pubs {
+		b, err := json.Marshal(p.alloc)
+		if err != nil {
+			return done, fmt.Errorf("rebalance: encode allocation of %s: %w", p.alloc.Policy, err)
+		}
+		data[i] = b
+		sizes[i] = len(l.layout.Alloc(p.alloc.Policy)) + len(b)
 	}
-	key := l.layout.Alloc(a.Policy)
-	resp, err := l.cfg.Client.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(f.key), "=", f.rev),
-			clientv3.Compare(clientv3.ModRevision(key), "=", prevRev),
-			clientv3.Compare(clientv3.ModRevision(l.layout.RegionsPrefix()), "<", readRev+1).WithPrefix()).
-		Then(clientv3.OpPut(key, string(data))).
-		Else(clientv3.OpGet(f.key)).
-		Commit()
-	if err != nil {
-		return false, fmt.Errorf("rebalance: publish %s epoch %d: %w", a.Policy, a.Epoch, err)
+	// Two compares of every batch are the fence and the registrations.
+	start := 0
+	for _, end := range etcdlayout.Batches(sizes, etcdlayout.MaxTxnOps-2, etcdlayout.MaxTxnBytes) {
+		batch := make([]int, 0, end-start)
+		for i := start; i < end; i++ {
+			batch = append(batch, i)
+		}
+		start = end
+		for len(batch) > 0 {
+			changed, regs, err := l.publishBatch(ctx, f, pubs, data, batch, readRev)
+			if err != nil {
+				return done, err
+			}
+			if regs {
+				l.cfg.Logger.Warn("registrations changed since the read; the round's remaining allocations will be planned again",
+					"unpublished", len(pubs)-countTrue(done))
+				return done, nil
+			}
+			if len(changed) == 0 {
+				for _, i := range batch {
+					done[i] = true
+				}
+				break
+			}
+			batch = slices.DeleteFunc(batch, func(i int) bool {
+				if changed[i] {
+					l.cfg.Logger.Warn("allocation changed since the read; will retry", "policy", pubs[i].alloc.Policy, "epoch", pubs[i].alloc.Epoch)
+				}
+				return changed[i]
+			})
+		}
 	}
+	return done, nil
+}
+
+// publishBatch writes the publications batch (indices into pubs, data
+// their encodings) in one fenced transaction. When etcd refuses it, it
+// returns the publications whose allocation changed since the read, or
+// regs when none did (a registration changed); ErrNotLeader when f no
+// longer holds.
+func (l *Loop) publishBatch(ctx context.Context, f fence, pubs []publication, data [][]byte, batch []int, readRev int64) (changed map[int]bool, regs bool, err error) {
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(f.key), "=", f.rev),
+		clientv3.Compare(clientv3.ModRevision(l.layout.RegionsPrefix()), "<", readRev+1).WithPrefix()}
+	puts := make([]clientv3.Op, 0, len(batch))
+	gets := []clientv3.Op{clientv3.OpGet(f.key)}
+	for _, i := range batch {
+		key := l.layout.Alloc(pubs[i].alloc.Policy)
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(key), "=", pubs[i].prevRev))
+		puts = append(puts, clientv3.OpPut(key, string(data[i])))
+		gets = append(gets, clientv3.OpGet(key, clientv3.WithKeysOnly()))
+	}
+	resp, err := l.cfg.Client.Txn(ctx).If(cmps...).Then(puts...).Else(gets...).Commit()
+	first := pubs[batch[0]].alloc
+	if err != nil {
+		return nil, false, fmt.Errorf("rebalance: publish %d allocations from %s epoch %d: %w", len(batch), first.Policy, first.Epoch, err)
+	}
+	l.m.publishTxns.Inc()
 	if resp.Succeeded {
-		return true, nil
+		return nil, false, nil
 	}
 	l.m.publishErr.Inc()
 	kvs := resp.Responses[0].GetResponseRange().Kvs
 	if len(kvs) == 0 || kvs[0].CreateRevision != f.rev {
-		return false, fmt.Errorf("%w: publish of %s epoch %d fenced off", ErrNotLeader, a.Policy, a.Epoch)
+		return nil, false, fmt.Errorf("%w: publish of %d allocations from %s epoch %d fenced off", ErrNotLeader, len(batch), first.Policy, first.Epoch)
 	}
-	l.cfg.Logger.Warn("allocation or registrations changed since the read; will retry", "policy", a.Policy, "epoch", a.Epoch)
-	return false, nil
+	changed = map[int]bool{}
+	for j, i := range batch {
+		var rev int64
+		if kvs := resp.Responses[j+1].GetResponseRange().Kvs; len(kvs) > 0 {
+			rev = kvs[0].ModRevision
+		}
+		if rev != pubs[i].prevRev {
+			changed[i] = true
+		}
+	}
+	return changed, len(changed) == 0, nil
+}
+
+// countTrue counts the true values of bs.
+func countTrue(bs []bool) int {
+	n := 0
+	for _, b := range bs {
+		if b {
+			n++
+		}
+	}
+	return n
 }
 
 func (l *Loop) publishSettings(ctx context.Context, f fence) error {
@@ -511,6 +610,14 @@ func (l *Loop) publishSettings(ctx context.Context, f fence) error {
 		return fmt.Errorf("%w: settings write fenced off", ErrNotLeader)
 	}
 	return nil
+}
+
+// setIn sets m[outer][inner] = v, making the inner map when needed.
+func setIn[V any](m map[string]map[string]V, outer, inner string, v V) {
+	if m[outer] == nil {
+		m[outer] = map[string]V{}
+	}
+	m[outer][inner] = v
 }
 
 // read takes a snapshot of everything a round needs at one revision.
@@ -535,57 +642,47 @@ func (l *Loop) read(ctx context.Context) (*snapshot, error) {
 	docs := map[string][]byte{}
 	nodes := 0
 	live := snap.view.Regions
-	acks := map[string]map[string]etcdlayout.Ack{}
-	reports := map[string][]map[string]plan.PolicyDemand{}
+	acks := map[string]map[string]*etcdlayout.Ack{}
+	reports := map[string]map[string]*etcdlayout.DemandReport{}
 	for i, r := range resp.Responses {
 		for _, kv := range r.GetResponseRange().Kvs {
 			name := etcdlayout.Name(prefixes[i], string(kv.Key))
 			var derr error
-			if i <= 2 {
+			switch i {
+			case 0:
 				region, node, ok := etcdlayout.NodeOf(prefixes[i], string(kv.Key))
 				if !ok {
 					l.cfg.Logger.Warn("key with an invalid region or node ignored", "key", string(kv.Key))
 					continue
 				}
-				switch i {
-				case 0:
-					// A registration cannot be dropped: the plan would
-					// neither reserve the node's share nor wait for its
-					// acknowledgement.
-					if nodes++; nodes > MaxNodes {
-						return nil, fmt.Errorf("%w: more than %d registered nodes", ErrTooManyRegistrations, MaxNodes)
-					}
-					if _, ok := live[region]; !ok && len(live) >= allocator.MaxRegions {
-						return nil, fmt.Errorf("%w: more than %d registered regions", ErrTooManyRegistrations, allocator.MaxRegions)
-					}
-					if len(live[region]) >= MaxNodesPerRegion {
-						return nil, fmt.Errorf("%w: region %q has more than %d registered nodes", ErrTooManyRegistrations, region, MaxNodesPerRegion)
-					}
-					var v etcdlayout.Registration
-					derr = json.Unmarshal(kv.Value, &v)
-					if live[region] == nil {
-						live[region] = map[string]plan.Node{}
-					}
-					live[region][node] = plan.Node{Fingerprint: v.Fingerprint}
-				case 1:
-					var v etcdlayout.DemandReport
-					if derr = json.Unmarshal(kv.Value, &v); derr == nil && len(reports[region]) < MaxNodes {
-						reports[region] = append(reports[region], v.Policies)
-					}
-				case 2:
-					var v etcdlayout.Ack
-					derr = json.Unmarshal(kv.Value, &v)
-					if acks[region] == nil {
-						acks[region] = map[string]etcdlayout.Ack{}
-					}
-					acks[region][node] = v
+				// A registration cannot be dropped: the plan would
+				// neither reserve the node's share nor wait for its
+				// acknowledgement.
+				if nodes++; nodes > MaxNodes {
+					return nil, fmt.Errorf("%w: more than %d registered nodes", ErrTooManyRegistrations, MaxNodes)
 				}
-				if derr != nil {
-					l.cfg.Logger.Warn("unreadable record ignored", "key", string(kv.Key), "error", derr)
+				if _, ok := live[region]; !ok && len(live) >= allocator.MaxRegions {
+					return nil, fmt.Errorf("%w: more than %d registered regions", ErrTooManyRegistrations, allocator.MaxRegions)
 				}
-				continue
-			}
-			switch i {
+				if len(live[region]) >= MaxNodesPerRegion {
+					return nil, fmt.Errorf("%w: region %q has more than %d registered nodes", ErrTooManyRegistrations, region, MaxNodesPerRegion)
+				}
+				var v etcdlayout.Registration
+				derr = json.Unmarshal(kv.Value, &v)
+				if live[region] == nil {
+					live[region] = map[string]plan.Node{}
+				}
+				live[region][node] = plan.Node{Fingerprint: v.Fingerprint}
+			case 1:
+				region, node, _, v, err := ly.DecodeDemand(string(kv.Key), kv.Value)
+				if derr = err; err == nil && (reports[region] != nil || len(reports) < MaxNodes) && len(reports[region]) < MaxNodesPerRegion {
+					setIn(reports, region, node, etcdlayout.MergeDemand(reports[region][node], v))
+				}
+			case 2:
+				region, node, _, v, err := ly.DecodeAck(string(kv.Key), kv.Value)
+				if derr = err; err == nil && (acks[region] != nil || len(acks) < MaxNodes) && len(acks[region]) < MaxNodesPerRegion {
+					setIn(acks, region, node, etcdlayout.MergeAck(acks[region][node], v))
+				}
 			case 3:
 				var v etcdlayout.Control
 				derr = json.Unmarshal(kv.Value, &v)
@@ -602,19 +699,31 @@ func (l *Loop) read(ctx context.Context) (*snapshot, error) {
 					snap.view.Retired[name] = true
 				}
 			}
-			if derr != nil {
+			switch {
+			case errors.Is(derr, etcdlayout.ErrOldFormat):
+				l.cfg.Logger.Error("record of a node in the old one-record format ignored: the node is not counted (its acknowledgements never arrive, its demand is left out); upgrade it",
+					"key", string(kv.Key), "error", derr)
+			case derr != nil:
 				l.cfg.Logger.Warn("unreadable record ignored", "key", string(kv.Key), "error", derr)
 			}
 		}
 	}
 	for region, rs := range reports {
 		if _, ok := live[region]; ok {
-			snap.view.Demand[region] = plan.SumDemand(rs, MaxOverridesLimit)
+			per := make([]map[string]plan.PolicyDemand, 0, len(rs))
+			for _, n := range slices.Sorted(maps.Keys(rs)) {
+				per = append(per, rs[n].Policies)
+			}
+			snap.view.Demand[region] = plan.SumDemand(per, MaxOverridesLimit)
 		}
 	}
 	for region, ns := range live {
 		for n := range ns {
-			ns[n] = plan.Node{Acked: acks[region][n].Epochs, Fingerprint: ns[n].Fingerprint}
+			var epochs map[string]uint64
+			if a := acks[region][n]; a != nil {
+				epochs = a.Epochs
+			}
+			ns[n] = plan.Node{Acked: epochs, Fingerprint: ns[n].Fingerprint}
 		}
 	}
 	snap.policies, snap.policyErrs = policy.LoadStored(docs)

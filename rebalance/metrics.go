@@ -4,16 +4,17 @@ import "github.com/prometheus/client_golang/prometheus"
 
 // metrics has no per-subject label: policies and regions are bounded.
 type metrics struct {
-	leader     prometheus.Gauge
-	rounds     *prometheus.CounterVec
-	duration   prometheus.Histogram
-	epochs     *prometheus.CounterVec
-	share      *prometheus.GaugeVec
-	regions    prometheus.Gauge
-	ackLag     *prometheus.GaugeVec
-	publishErr prometheus.Counter
-	acksMissed *prometheus.CounterVec
-	mismatch   *prometheus.GaugeVec
+	leader      prometheus.Gauge
+	rounds      *prometheus.CounterVec
+	duration    prometheus.Histogram
+	epochs      *prometheus.CounterVec
+	share       *prometheus.GaugeVec
+	regions     prometheus.Gauge
+	ackLag      *prometheus.GaugeVec
+	publishErr  prometheus.Counter
+	publishTxns prometheus.Counter
+	acksMissed  *prometheus.CounterVec
+	mismatch    *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -43,6 +44,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		publishErr: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "quota_coordinator_publish_conflicts_total", Help: "Fenced publishes that etcd refused (lost lead or concurrent change).",
 		}),
+		publishTxns: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "quota_coordinator_publish_txns_total", Help: "Fenced publish transactions sent to etcd; each carries up to 126 allocations.",
+		}),
 		mismatch: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "quota_coordinator_region_config_mismatch", Help: "1 for a live region not counted because a node of it reports other policies or subject naming than most nodes (the fingerprint of its registration), else 0.",
 		}, []string{"region"}),
@@ -53,7 +57,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.leader, m.rounds, m.duration, m.epochs, m.share, m.regions, m.ackLag, m.publishErr, m.acksMissed, m.mismatch} {
+	for _, c := range []prometheus.Collector{m.leader, m.rounds, m.duration, m.epochs, m.share, m.regions, m.ackLag, m.publishErr, m.publishTxns, m.acksMissed, m.mismatch} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

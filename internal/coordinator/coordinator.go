@@ -395,6 +395,36 @@ func etcdClientSettings(cfg Config) ([]string, tlsconfig.Etcd, error) {
 	return []string{"https://" + cfg.EmbeddedEtcdAddrOrDefault()}, t, nil
 }
 
+// The embedded etcd's limits (docs/scale.md, "etcd limits").
+const (
+	// EmbeddedMaxRequestBytes is etcd's default request limit, kept: every
+	// record and transaction of the deployment stays within a quarter of
+	// it (etcdlayout.MaxTxnBytes).
+	EmbeddedMaxRequestBytes = 1536 * 1024
+	// EmbeddedMaxTxnOps is etcd's default, kept (etcdlayout.MaxTxnOps).
+	EmbeddedMaxTxnOps = etcdlayout.MaxTxnOps
+	// EmbeddedQuotaBytes is the backend quota, etcd's suggested maximum:
+	// 10,000 policies seen by 300 nodes keep about 1 GiB of demand shards
+	// live, and the quota must also hold the history not yet compacted.
+	EmbeddedQuotaBytes = 8 << 30
+	// EmbeddedCompactionRetention is how much history the embedded etcd
+	// keeps: it compacts every retention period to the revision of one
+	// period before. Nodes whose allocation watch falls behind a
+	// compaction read the allocations again; the leader reads everything
+	// each round; nothing needs older history.
+	EmbeddedCompactionRetention = 10 * time.Minute
+)
+
+// embeddedLimits sets the request limits, backend quota and periodic
+// compaction of the embedded etcd.
+func embeddedLimits(ec *embed.Config) {
+	ec.MaxRequestBytes = EmbeddedMaxRequestBytes
+	ec.MaxTxnOps = EmbeddedMaxTxnOps
+	ec.QuotaBackendBytes = EmbeddedQuotaBytes
+	ec.AutoCompactionMode = "periodic"
+	ec.AutoCompactionRetention = EmbeddedCompactionRetention.String()
+}
+
 // embeddedLogFile is where the embedded etcd logs (errors only).
 func embeddedLogFile(cfg Config) string { return filepath.Join(cfg.DataDir, "etcd.log") }
 
@@ -443,6 +473,7 @@ func startEmbedded(cfg Config) (stop func(), err error) {
 	ec.ListenPeerUrls = []url.URL{*pu}
 	ec.AdvertisePeerUrls = []url.URL{*pu}
 	ec.InitialCluster = ec.Name + "=" + pu.String()
+	embeddedLimits(ec)
 	logw, err := openEtcdLog(embeddedLogFile(cfg), maxEtcdLogBytes)
 	if err != nil {
 		return nil, err

@@ -134,7 +134,7 @@ func TestEmbeddedEtcdAuth(t *testing.T) {
 	}
 	defer admin.Close()
 	acked := func() bool {
-		r, err := admin.Get(ctx, etcdlayout.Layout{}.NodeAck("eu", "n1"))
+		r, err := admin.Get(ctx, etcdlayout.Layout{}.AckShard("eu", "n1", etcdlayout.PolicyShard("authed")))
 		if err != nil {
 			t.Fatal(err)
 		}

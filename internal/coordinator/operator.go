@@ -362,14 +362,14 @@ func (o *operator) ShowAllocation(ctx context.Context, req *quotav1.ShowAllocati
 					setIn(live, region, node, reg.Fingerprint)
 				}
 			case 2:
-				var a etcdlayout.Ack
-				if nodeKey && json.Unmarshal(kv.Value, &a) == nil && len(acks) < maxShownRegions {
-					setIn(acks, region, node, a)
+				if region, node, _, a, err := ly.DecodeAck(string(kv.Key), kv.Value); err == nil && (acks[region] != nil || len(acks) < maxShownRegions) {
+					cur := acks[region][node]
+					setIn(acks, region, node, *etcdlayout.MergeAck(&cur, a))
 				}
 			case 3:
-				var d etcdlayout.DemandReport
-				if nodeKey && json.Unmarshal(kv.Value, &d) == nil && len(demand) < maxShownRegions {
-					setIn(demand, region, node, d)
+				if region, node, _, d, err := ly.DecodeDemand(string(kv.Key), kv.Value); err == nil && (demand[region] != nil || len(demand) < maxShownRegions) {
+					cur := demand[region][node]
+					setIn(demand, region, node, *etcdlayout.MergeDemand(&cur, d))
 				}
 			case 4:
 				var c etcdlayout.Control

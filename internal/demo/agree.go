@@ -452,10 +452,16 @@ func (h *shareHistory) watchAcks(ctx context.Context, cli *clientv3.Client, poli
 			if ev.Kv == nil || json.Unmarshal(ev.Kv.Value, &ack) != nil {
 				continue
 			}
+			// A node writes only the acknowledgement shards that changed:
+			// another policy's shard says nothing of policy.
+			epoch, ok := ack.Epochs[policy]
+			if !ok {
+				continue
+			}
 			h.mu.Lock()
 			for i, r := range h.regions {
 				if r == ack.Region && len(h.acks[i]) < maxShareChanges {
-					h.acks[i] = append(h.acks[i], ackAt{epoch: ack.Epochs[policy], at: ack.At})
+					h.acks[i] = append(h.acks[i], ackAt{epoch: epoch, at: ack.At})
 				}
 			}
 			h.mu.Unlock()

@@ -55,16 +55,16 @@ func CoordinatorRole(l etcdlayout.Layout) Role {
 // NodeUser is the etcd user (and role) name of one node.
 func NodeUser(region, node string) string { return "quota-node/" + region + "/" + node }
 
-// NodeRole writes the node's own registration, demand report and
-// acknowledgement, and reads allocations, policies and settings.
+// NodeRole writes the node's own registration, demand shards and
+// acknowledgement shards, and reads allocations, policies and settings.
 func NodeRole(l etcdlayout.Layout, region, node string) (Role, error) {
 	if !etcdlayout.ValidName(region) || !etcdlayout.ValidName(node) {
 		return Role{}, fmt.Errorf("%w: region %q, node %q: want [A-Za-z0-9_.-]{1,%d}", ErrInvalid, region, node, etcdlayout.MaxNameLen)
 	}
 	return Role{Name: NodeUser(region, node), Permissions: append([]Permission{
 		{Key: l.Node(region, node), Type: readWrite},
-		{Key: l.NodeDemand(region, node), Type: readWrite},
-		{Key: l.NodeAck(region, node), Type: readWrite},
+		prefixRange(l.NodeDemands(region, node), readWrite),
+		prefixRange(l.NodeAcks(region, node), readWrite),
 	}, follower(l)...)}, nil
 }
 

@@ -45,12 +45,6 @@ func (l Layout) Node(region, node string) string { return l.RegionNodes(region) 
 // DemandPrefix holds the leased demand reports.
 func (l Layout) DemandPrefix() string { return l.p() + "demand/" }
 
-// NodeDemand is the key of one node's demand report,
-// demand/{region}/{node}.
-func (l Layout) NodeDemand(region, node string) string {
-	return l.DemandPrefix() + region + "/" + node
-}
-
 // AllocPrefix holds the published allocations.
 func (l Layout) AllocPrefix() string { return l.p() + "alloc/" }
 
@@ -59,9 +53,6 @@ func (l Layout) Alloc(policy string) string { return l.AllocPrefix() + policy }
 
 // AcksPrefix holds the leased acknowledgements.
 func (l Layout) AcksPrefix() string { return l.p() + "acks/" }
-
-// NodeAck is the key of one node's acknowledgement, acks/{region}/{node}.
-func (l Layout) NodeAck(region, node string) string { return l.AcksPrefix() + region + "/" + node }
 
 // ControlPrefix holds the operator's per-policy controls.
 func (l Layout) ControlPrefix() string { return l.p() + "control/" }
@@ -129,8 +120,8 @@ func ValidNameByte(c byte) bool {
 	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.'
 }
 
-// NodeOf splits a per-node key below prefix (RegionsPrefix, DemandPrefix
-// or AcksPrefix), {prefix}{region}/{node}, into region and node. ok is
+// NodeOf splits a registration key below prefix (RegionsPrefix),
+// {prefix}{region}/{node}, into region and node. ok is
 // false for any other key, or one with an invalid region or node.
 func NodeOf(prefix, key string) (region, node string, ok bool) {
 	rest := Name(prefix, key)

@@ -91,6 +91,13 @@ type nodeState struct {
 	deadSafe map[string]float64
 }
 
+// forgetShard drops the acknowledged epochs of the policies in one
+// acknowledgement shard (etcdlayout.PolicyShard): the shard was rewritten
+// or deleted.
+func (r *nodeState) forgetShard(shard int) {
+	maps.DeleteFunc(r.ack, func(p string, _ uint64) bool { return etcdlayout.PolicyShard(p) == shard })
+}
+
 func (r *nodeState) floor(policy string) uint64 {
 	if e, ok := r.ack[policy]; ok {
 		return e
@@ -162,24 +169,25 @@ func (h *History) Put(key string, value []byte, created bool) error {
 		}
 		h.addAlloc(&a)
 	case strings.HasPrefix(key, l.AcksPrefix()):
-		var a etcdlayout.Ack
-		if err := json.Unmarshal(value, &a); err != nil {
-			return fmt.Errorf("%w: %s: %v", ErrHistory, key, err)
+		region, node, shard, a, err := l.DecodeAck(key, value)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrHistory, err)
 		}
 		h.report.Acks++
-		r := h.node(l.AcksPrefix(), key)
-		if r == nil {
-			return nil
+		r := h.node(region, node)
+		r.forgetShard(shard)
+		if r.ack == nil {
+			r.ack = make(map[string]uint64, len(a.Epochs))
 		}
-		r.ack = make(map[string]uint64, len(a.Epochs))
 		for p, e := range a.Epochs {
 			r.ack[p] = e
 		}
 	case strings.HasPrefix(key, l.RegionsPrefix()):
-		r := h.node(l.RegionsPrefix(), key)
-		if r == nil {
+		region, node, ok := etcdlayout.NodeOf(l.RegionsPrefix(), key)
+		if !ok {
 			return nil
 		}
+		r := h.node(region, node)
 		if created || !r.live {
 			if !r.live && r.deadSafe != nil {
 				h.dead--
@@ -204,14 +212,19 @@ func (h *History) Delete(key string) {
 		delete(h.docs, etcdlayout.Name(l.PoliciesPrefix(), key))
 		h.loadPolicies()
 	case strings.HasPrefix(key, l.AcksPrefix()):
-		// An acknowledgement goes with its node's lease, in the same
+		// An acknowledgement shard goes with its node's lease, in the same
 		// revision as the registration and before it (etcd deletes a
-		// lease's keys in key order). The node still applied every
-		// epoch up to the one it acknowledged, so its floor stays; a
-		// new registration starts a new one.
+		// lease's keys in key order), or when its last policy is gone.
+		// The node still applied every epoch up to the ones it
+		// acknowledged, so its floor stays; a new registration starts a
+		// new one.
 	case strings.HasPrefix(key, l.RegionsPrefix()):
-		r := h.node(l.RegionsPrefix(), key)
-		if r == nil || !r.live {
+		region, node, ok := etcdlayout.NodeOf(l.RegionsPrefix(), key)
+		if !ok {
+			return
+		}
+		r := h.node(region, node)
+		if !r.live {
 			return
 		}
 		name := r.region
@@ -290,13 +303,8 @@ func (h *History) minShare(pol, region string) float64 {
 	return p.MinShareFor(region)
 }
 
-// node returns the state of the node a key below prefix names, nil for a
-// key with an invalid region or node (which no region would write).
-func (h *History) node(prefix, key string) *nodeState {
-	region, node, ok := etcdlayout.NodeOf(prefix, key)
-	if !ok {
-		return nil
-	}
+// node returns the state of a region's node, made when new.
+func (h *History) node(region, node string) *nodeState {
 	k := region + "/" + node
 	r, ok := h.nodes[k]
 	if !ok {

@@ -20,6 +20,11 @@ func alloc(epoch uint64, phase etcdlayout.Phase, def map[string]float64) etcdlay
 	return etcdlayout.Allocation{Policy: "p", Epoch: epoch, Phase: phase, Default: def, Safe: map[string]float64{"a": 0.1, "b": 0.1}}
 }
 
+// pAck is the key of the acknowledgement shard of node that holds policy p.
+func pAck(region, node string) string {
+	return etcdlayout.Layout{}.AckShard(region, node, etcdlayout.PolicyShard("p"))
+}
+
 func ack(region string, epoch uint64) etcdlayout.Ack {
 	return etcdlayout.Ack{Region: region, Epochs: map[string]uint64{"p": epoch}}
 }
@@ -52,14 +57,18 @@ func TestHistory(t *testing.T) {
 		events []ev
 		ok     bool
 	}{
-		{"two-step with acks", []ev{reg("a"), reg("b"), {key: l.Alloc("p"), value: even}, {key: l.NodeAck("a", "n"), value: ack("a", 1)}, {key: l.NodeAck("b", "n"), value: ack("b", 1)},
-			{key: l.Alloc("p"), value: shrink}, {key: l.NodeAck("a", "n"), value: ack("a", 2)}, {key: l.NodeAck("b", "n"), value: ack("b", 2)}, {key: l.Alloc("p"), value: grown}}, true},
-		{"growth before b acked the shrink", []ev{reg("a"), reg("b"), {key: l.Alloc("p"), value: even}, {key: l.NodeAck("a", "n"), value: ack("a", 1)}, {key: l.NodeAck("b", "n"), value: ack("b", 1)},
-			{key: l.Alloc("p"), value: shrink}, {key: l.NodeAck("a", "n"), value: ack("a", 2)}, {key: l.Alloc("p"), value: grown}}, false},
-		{"b's lease expired: it counts at its safe share", []ev{reg("a"), reg("b"), {key: l.Alloc("p"), value: even}, {key: l.NodeAck("a", "n"), value: ack("a", 1)}, {key: l.NodeAck("b", "n"), value: ack("b", 1)},
-			{key: l.Alloc("p"), value: shrink}, {key: l.NodeAck("a", "n"), value: ack("a", 2)}, {key: l.NodeAck("b", "n"), del: true}, {key: l.Node("b", "n"), del: true}, {key: l.Alloc("p"), value: grown}}, true},
+		{"two-step with acks", []ev{reg("a"), reg("b"), {key: l.Alloc("p"), value: even}, {key: pAck("a", "n"), value: ack("a", 1)}, {key: pAck("b", "n"), value: ack("b", 1)},
+			{key: l.Alloc("p"), value: shrink}, {key: pAck("a", "n"), value: ack("a", 2)}, {key: pAck("b", "n"), value: ack("b", 2)}, {key: l.Alloc("p"), value: grown}}, true},
+		{"an acknowledgement shard of another policy, written or deleted, keeps p's", []ev{reg("a"), reg("b"), {key: l.Alloc("p"), value: even}, {key: pAck("a", "n"), value: ack("a", 1)}, {key: pAck("b", "n"), value: ack("b", 1)},
+			{key: l.Alloc("p"), value: shrink}, {key: pAck("a", "n"), value: ack("a", 2)}, {key: pAck("b", "n"), value: ack("b", 2)},
+			{key: l.AckShard("b", "n", etcdlayout.PolicyShard("q")), value: etcdlayout.Ack{Region: "b", Epochs: map[string]uint64{"q": 1}}},
+			{key: l.AckShard("b", "n", etcdlayout.PolicyShard("q")), del: true}, {key: l.Alloc("p"), value: grown}}, true},
+		{"growth before b acked the shrink", []ev{reg("a"), reg("b"), {key: l.Alloc("p"), value: even}, {key: pAck("a", "n"), value: ack("a", 1)}, {key: pAck("b", "n"), value: ack("b", 1)},
+			{key: l.Alloc("p"), value: shrink}, {key: pAck("a", "n"), value: ack("a", 2)}, {key: l.Alloc("p"), value: grown}}, false},
+		{"b's lease expired: it counts at its safe share", []ev{reg("a"), reg("b"), {key: l.Alloc("p"), value: even}, {key: pAck("a", "n"), value: ack("a", 1)}, {key: pAck("b", "n"), value: ack("b", 1)},
+			{key: l.Alloc("p"), value: shrink}, {key: pAck("a", "n"), value: ack("a", 2)}, {key: pAck("b", "n"), del: true}, {key: l.Node("b", "n"), del: true}, {key: l.Alloc("p"), value: grown}}, true},
 		{"region registered late starts at the latest epoch", []ev{reg("a"), {key: l.Alloc("p"), value: alloc(1, etcdlayout.PhaseStable, map[string]float64{"a": 1})},
-			{key: l.NodeAck("a", "n"), value: ack("a", 1)}, {key: l.Alloc("p"), value: alloc(2, etcdlayout.PhaseShrink, map[string]float64{"a": 0.5, "b": 0})}, {key: l.NodeAck("a", "n"), value: ack("a", 2)},
+			{key: pAck("a", "n"), value: ack("a", 1)}, {key: l.Alloc("p"), value: alloc(2, etcdlayout.PhaseShrink, map[string]float64{"a": 0.5, "b": 0})}, {key: pAck("a", "n"), value: ack("a", 2)},
 			{key: l.Alloc("p"), value: alloc(3, etcdlayout.PhaseStable, map[string]float64{"a": 0.5, "b": 0.5})}, reg("b")}, true},
 		// The reliability failure: b registered (and read no allocation,
 		// so it enforces p's minimum 0.2) before the first epoch, which
@@ -71,11 +80,11 @@ func TestHistory(t *testing.T) {
 		{"region registered after the first epoch and left out enforces nothing", []ev{doc, reg("a"), reg("c"),
 			{key: l.Alloc("p"), value: ac(1, map[string]float64{"a": 0.5, "c": 0.5})}, reg("b")}, true},
 		{"a region that acknowledged another policy only is still before p's first epoch", []ev{doc, reg("a"), reg("c"), reg("b"),
-			{key: l.NodeAck("b", "n"), value: etcdlayout.Ack{Region: "b", Epochs: map[string]uint64{"q": 3}}},
+			{key: l.AckShard("b", "n", etcdlayout.PolicyShard("q")), value: etcdlayout.Ack{Region: "b", Epochs: map[string]uint64{"q": 3}}},
 			{key: l.Alloc("p"), value: ac(1, map[string]float64{"a": 0.5, "c": 0.5})}}, false},
 		{"b acknowledged the first epoch: it enforces nothing of p", []ev{doc, reg("a"), reg("c"), reg("b"),
 			{key: l.Alloc("p"), value: ac(1, map[string]float64{"a": 0.4, "c": 0.4})},
-			{key: l.NodeAck("b", "n"), value: ack("b", 1)}, {key: l.Alloc("p"), value: ac(2, map[string]float64{"a": 0.5, "c": 0.5})}}, true},
+			{key: pAck("b", "n"), value: ack("b", 1)}, {key: l.Alloc("p"), value: ac(2, map[string]float64{"a": 0.5, "c": 0.5})}}, true},
 		{"a region that died before applying the first epoch keeps its minimum", []ev{doc, reg("a"), reg("c"), reg("b"),
 			{key: l.Alloc("p"), value: ac(1, map[string]float64{"a": 0.4, "c": 0.4})}, {key: l.Node("b", "n"), del: true},
 			{key: l.Alloc("p"), value: ac(2, map[string]float64{"a": 0.5, "c": 0.5})}}, false},
@@ -101,7 +110,7 @@ func TestHistoryLeaseEndKeepsAckFloor(t *testing.T) {
 		al.Safe = map[string]float64{"a": safeA, "b": 0.2}
 		return ev{key: l.Alloc("p"), value: al}
 	}
-	acked := func(r string, epoch uint64) ev { return ev{key: l.NodeAck(r, "n"), value: ack(r, epoch)} }
+	acked := func(r string, epoch uint64) ev { return ev{key: pAck(r, "n"), value: ack(r, epoch)} }
 	lowered := []ev{{key: l.PolicyDoc("p.yaml"), value: rawDoc(pDoc)}, reg("a"), reg("b"),
 		at(1, etcdlayout.PhaseStable, 0.2, 0.8, 0.2), acked("a", 1), acked("b", 1),
 		at(2, etcdlayout.PhaseShrink, 0, 0.8, 0), acked("a", 2), acked("b", 2),
@@ -113,14 +122,14 @@ func TestHistoryLeaseEndKeepsAckFloor(t *testing.T) {
 		ok     bool
 	}{
 		{"a's lease ended after it acknowledged the lowered minimum", with(
-			ev{key: l.NodeAck("a", "n"), del: true}, ev{key: l.Node("a", "n"), del: true}), true},
+			ev{key: pAck("a", "n"), del: true}, ev{key: l.Node("a", "n"), del: true}), true},
 		{"a came back: it starts at the latest epoch", with(
-			ev{key: l.NodeAck("a", "n"), del: true}, ev{key: l.Node("a", "n"), del: true}, reg("a"), acked("a", 3)), true},
+			ev{key: pAck("a", "n"), del: true}, ev{key: l.Node("a", "n"), del: true}, reg("a"), acked("a", 3)), true},
 		// a's lease ended before a applied the lowered minimum: it falls
 		// back to the policy's minimum, which epoch 3 did not reserve.
 		{"a's lease ended before it acknowledged the lowered minimum", []ev{{key: l.PolicyDoc("p.yaml"), value: rawDoc(pDoc)}, reg("a"), reg("b"),
 			at(1, etcdlayout.PhaseStable, 0.2, 0.8, 0.2), acked("b", 1), at(2, etcdlayout.PhaseShrink, 0, 0.8, 0), acked("b", 2),
-			ev{key: l.NodeAck("a", "n"), del: true}, ev{key: l.Node("a", "n"), del: true}, at(3, etcdlayout.PhaseStable, 0, 1, 0)}, false},
+			ev{key: pAck("a", "n"), del: true}, ev{key: l.Node("a", "n"), del: true}, at(3, etcdlayout.PhaseStable, 0, 1, 0)}, false},
 	}
 	runHistory(t, l, cases)
 }
@@ -134,7 +143,7 @@ func TestHistoryNodes(t *testing.T) {
 		return ev{key: l.Node(r, n), value: etcdlayout.Registration{Region: r, Node: n}, created: true}
 	}
 	nack := func(r, n string, epoch uint64) ev {
-		return ev{key: l.NodeAck(r, n), value: etcdlayout.Ack{Region: r, Node: n, Epochs: map[string]uint64{"p": epoch}}}
+		return ev{key: pAck(r, n), value: etcdlayout.Ack{Region: r, Node: n, Epochs: map[string]uint64{"p": epoch}}}
 	}
 	even := alloc(1, etcdlayout.PhaseStable, map[string]float64{"a": 0.5, "b": 0.5})
 	shrink := alloc(2, etcdlayout.PhaseShrink, map[string]float64{"a": 0.5, "b": 0.2})
@@ -151,7 +160,7 @@ func TestHistoryNodes(t *testing.T) {
 		{"one node of b acked the shrink", with(nack("b", "1", 2), ev{key: l.Alloc("p"), value: grown}), false},
 		{"the other node of b acked the shrink", with(nack("b", "2", 2), ev{key: l.Alloc("p"), value: grown}), false},
 		{"b's second node left (lease gone): it is at its safe share", with(nack("b", "1", 2),
-			ev{key: l.NodeAck("b", "2"), del: true}, ev{key: l.Node("b", "2"), del: true}, ev{key: l.Alloc("p"), value: grown}), true},
+			ev{key: pAck("b", "2"), del: true}, ev{key: l.Node("b", "2"), del: true}, ev{key: l.Alloc("p"), value: grown}), true},
 		{"a node of b registered during the shrink starts at it", with(nack("b", "1", 2), nack("b", "2", 2), reg("b", "3"),
 			ev{key: l.Alloc("p"), value: grown}), true},
 		{"nodes of a region are not summed", []ev{reg("a", "1"), reg("a", "2"), reg("a", "3"), reg("b", "1"),

@@ -167,20 +167,27 @@ func (e *pinEnv) publish(t testing.TB, share float64) uint64 {
 	}
 }
 
-// acked reports whether region eu acknowledged epoch of both policies,
-// whichever acks key (per region or per node) the Syncer writes.
+// acked reports whether a node of region eu acknowledged epoch of both
+// policies (in whichever acknowledgement shards they fall).
 func (e *pinEnv) acked(t testing.TB, epoch uint64) bool {
 	t.Helper()
 	r, err := e.cli.Get(ctxT(t), etcdlayout.Layout{}.AcksPrefix(), clientv3.WithPrefix())
 	if err != nil {
 		t.Fatal(err)
 	}
+	l := etcdlayout.Layout{}
+	nodes := map[string]*etcdlayout.Ack{}
 	for _, kv := range r.Kvs {
-		var a etcdlayout.Ack
-		if err := json.Unmarshal(kv.Value, &a); err != nil {
+		region, node, _, a, err := l.DecodeAck(string(kv.Key), kv.Value)
+		if err != nil {
 			t.Fatalf("ack %s: %v", kv.Key, err)
 		}
-		if a.Region == "eu" && a.Epochs["pinned"] >= epoch && a.Epochs["pins.tenant"] >= epoch {
+		if region == "eu" {
+			nodes[node] = etcdlayout.MergeAck(nodes[node], a)
+		}
+	}
+	for _, a := range nodes {
+		if a.Epochs["pinned"] >= epoch && a.Epochs["pins.tenant"] >= epoch {
 			return true
 		}
 	}

@@ -88,7 +88,7 @@ func TestSyncerRotatedClientCertificate(t *testing.T) {
 	}()
 	acked := func() bool {
 		var a etcdlayout.Ack
-		found, _ := getJSON(t, admin, lay.NodeAck("eu", testNode), &a)
+		found, _ := getAck(t, admin, "eu", testNode, &a)
 		return found && a.Epochs["exports"] == 1
 	}
 	time.Sleep(500 * time.Millisecond)

@@ -63,14 +63,23 @@
 //
 // Everything follows internal/etcdlayout. A Syncer is one node of its
 // region (Config.Node, by default the hostname plus a random suffix) and
-// writes regions/{region}/{node} (Registration), demand/{region}/{node}
-// (DemandReport) and acks/{region}/{node} (Ack) under its own lease, so
-// the nodes of one region never overwrite each other, and one stopping
+// writes regions/{region}/{node} (Registration), demand/{region}/{node}/{shard}
+// (DemandReport) and acks/{region}/{node}/{shard} (Ack) under its own
+// lease, so the nodes of one region never overwrite each other, and one
+// stopping
 // (its lease revoked) leaves the region registered through the others. The
 // coordinator treats the region as live while any node is registered,
 // sums their demand and grows only after every node acknowledged;
 // alloc/, policies/ and settings are watched (get, then watch from the
 // next revision; a compacted or failed watch starts over with a get).
+//
+// Demand reports and acknowledgements are split by policy into
+// etcdlayout.Shards records (ShardWriter): after each publish the ack loop
+// rewrites only the shards whose epochs changed, after each report
+// interval the reporter only the shards whose demand moved past
+// DemandTolerance, in transactions within etcd's limits. An
+// acknowledgement shard is written, like the whole record was, only once
+// checks no longer use older shares, so every epoch in it is enforced.
 //
 // # Share history
 //

@@ -33,7 +33,7 @@ func TestAckWaitsForLeases(t *testing.T) {
 	acked := func(epoch uint64) func() bool {
 		return func() bool {
 			var a etcdlayout.Ack
-			found, _ := getJSON(t, c, lay.NodeAck("eu", testNode), &a)
+			found, _ := getAck(t, c, "eu", testNode, &a)
 			return found && a.Epochs["p"] == epoch
 		}
 	}

@@ -38,7 +38,7 @@ func TestTwoNodesOfOneRegion(t *testing.T) {
 			var reg etcdlayout.Registration
 			var a etcdlayout.Ack
 			okReg, _ := getJSON(t, c, lay.Node("eu", n), &reg)
-			okAck, _ := getJSON(t, c, lay.NodeAck("eu", n), &a)
+			okAck, _ := getAck(t, c, "eu", n, &a)
 			return okReg && reg.Node == n && reg.Region == "eu" && okAck && a.Node == n && a.Epochs["p"] == 1
 		})
 	}

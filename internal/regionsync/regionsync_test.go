@@ -53,6 +53,61 @@ func getJSON(t *testing.T, c *clientv3.Client, key string, v any) (found bool, l
 	return true, r.Kvs[0].Lease
 }
 
+// getAck reads and merges the acknowledgement shards of node; lease is
+// the first shard's.
+func getAck(t *testing.T, c *clientv3.Client, region, node string, a *etcdlayout.Ack) (found bool, lease int64) {
+	t.Helper()
+	var merged *etcdlayout.Ack
+	lease = getShards(t, c, lay.NodeAcks(region, node), func(key string, v []byte) error {
+		_, _, _, sh, err := lay.DecodeAck(key, v)
+		merged = etcdlayout.MergeAck(merged, sh)
+		return err
+	})
+	if merged == nil {
+		return false, 0
+	}
+	*a = *merged
+	return true, lease
+}
+
+// getDemand reads and merges the demand shards of node; lease is the
+// first shard's.
+func getDemand(t *testing.T, c *clientv3.Client, region, node string, d *etcdlayout.DemandReport) (found bool, lease int64) {
+	t.Helper()
+	var merged *etcdlayout.DemandReport
+	lease = getShards(t, c, lay.NodeDemands(region, node), func(key string, v []byte) error {
+		_, _, _, sh, err := lay.DecodeDemand(key, v)
+		merged = etcdlayout.MergeDemand(merged, sh)
+		return err
+	})
+	if merged == nil {
+		return false, 0
+	}
+	*d = *merged
+	return true, lease
+}
+
+// getShards calls decode on every key below prefix and returns the first
+// key's lease.
+func getShards(t *testing.T, c *clientv3.Client, prefix string, decode func(key string, v []byte) error) (lease int64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	r, err := c.Get(ctx, prefix, clientv3.WithPrefix())
+	if err != nil {
+		t.Fatalf("get %s: %v", prefix, err)
+	}
+	for _, kv := range r.Kvs {
+		if err := decode(string(kv.Key), kv.Value); err != nil {
+			t.Fatalf("decode %s: %v", kv.Key, err)
+		}
+		if lease == 0 {
+			lease = kv.Lease
+		}
+	}
+	return lease
+}
+
 // waitFor polls cond every 20 ms until it holds or d passes.
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) time.Duration {
 	t.Helper()
@@ -254,7 +309,7 @@ func TestSharesAppliedAndAcked(t *testing.T) {
 	ackEpoch := func(p string) func() bool {
 		return func() bool {
 			var a etcdlayout.Ack
-			found, lease := getJSON(t, c, lay.NodeAck("eu", testNode), &a)
+			found, lease := getAck(t, c, "eu", testNode, &a)
 			return found && lease != 0 && a.Region == "eu"
 		}
 	}
@@ -262,7 +317,7 @@ func TestSharesAppliedAndAcked(t *testing.T) {
 	acked := func(epoch uint64) func() bool {
 		return func() bool {
 			var a etcdlayout.Ack
-			found, _ := getJSON(t, c, lay.NodeAck("eu", testNode), &a)
+			found, _ := getAck(t, c, "eu", testNode, &a)
 			return found && a.Epochs["exports"] == epoch
 		}
 	}
@@ -367,7 +422,7 @@ func TestDemandReportsLiveUnderTheLease(t *testing.T) {
 	var rep etcdlayout.DemandReport
 	waitFor(t, 3*time.Second, "no report with demand", func() bool {
 		rec.Record("exports", "tenant-1", 5, false, true)
-		found, lease := getJSON(t, c, lay.NodeDemand("eu", testNode), &rep)
+		found, lease := getDemand(t, c, "eu", testNode, &rep)
 		return found && lease == regLease && rep.Policies["exports"].Offered > 0
 	})
 	if p := rep.Policies["exports"]; rep.Region != "eu" || rep.IntervalSeconds <= 0 || len(p.Pressured) != 1 ||
@@ -380,14 +435,14 @@ func TestDemandReportsLiveUnderTheLease(t *testing.T) {
 	if err := s.Flush(context.Background()); err != nil {
 		t.Fatalf("flush: %v", err)
 	}
-	found, _ = getJSON(t, c, lay.NodeDemand("eu", testNode), &rep)
+	found, _ = getDemand(t, c, "eu", testNode, &rep)
 	if _, ok := rep.Policies["flushed"]; !found || !ok {
 		t.Fatalf("flushed report %+v", rep)
 	}
 	// Then Run returns and revokes the lease, which takes the report and
 	// the registration with it; a flush after that has no lease.
 	stop()
-	for _, key := range []string{lay.NodeDemand("eu", testNode), lay.Node("eu", testNode)} {
+	for _, key := range []string{lay.DemandShard("eu", testNode, etcdlayout.PolicyShard("exports")), lay.Node("eu", testNode)} {
 		var v map[string]any
 		if found, _ := getJSON(t, c, key, &v); found {
 			t.Fatalf("%s outlived the revoked lease", key)
@@ -430,7 +485,7 @@ func TestSettingsAndPolicies(t *testing.T) {
 	waitFor(t, 3*time.Second, "settings' report interval not used", func() bool {
 		rec.Record("p", "s", 1, true, false)
 		var rep etcdlayout.DemandReport
-		found, _ := getJSON(t, c, lay.NodeDemand("eu", testNode), &rep)
+		found, _ := getDemand(t, c, "eu", testNode, &rep)
 		return found && rep.Policies["p"].Offered > 0
 	})
 
@@ -525,7 +580,7 @@ func TestLostLeaseFallsBackAndRecovers(t *testing.T) {
 		t.Logf("published shares %v after the restart", back)
 		var a etcdlayout.Ack
 		waitFor(t, 3*time.Second, "no ack under the new lease", func() bool {
-			found, l := getJSON(t, c, lay.NodeAck("eu", testNode), &a)
+			found, l := getAck(t, c, "eu", testNode, &a)
 			return found && l != 0 && a.Epochs["p"] == 1
 		})
 	})
@@ -590,7 +645,7 @@ func TestGracefulStopRevokesTheLease(t *testing.T) {
 	waitFor(t, 5*time.Second, "never ready", s.Ready)
 	waitFor(t, 3*time.Second, "no ack", func() bool {
 		var a etcdlayout.Ack
-		found, _ := getJSON(t, c, lay.NodeAck("eu", testNode), &a)
+		found, _ := getAck(t, c, "eu", testNode, &a)
 		return found && a.Epochs["p"] == 1
 	})
 	var reg etcdlayout.Registration
@@ -601,7 +656,7 @@ func TestGracefulStopRevokesTheLease(t *testing.T) {
 	if got := s.Share("p", "x"); got != 0.2 || !s.Lost() {
 		t.Fatalf("after Run returned: share %v lost %v, want the safe share 0.2", got, s.Lost())
 	}
-	for _, key := range []string{lay.Node("eu", testNode), lay.NodeAck("eu", testNode)} {
+	for _, key := range []string{lay.Node("eu", testNode), lay.AckShard("eu", testNode, etcdlayout.PolicyShard("p"))} {
 		var v map[string]any
 		if found, _ := getJSON(t, c, key, &v); found {
 			t.Fatalf("%s still there after a graceful stop", key)
@@ -627,7 +682,7 @@ func TestAckWaitsForPinnedChecks(t *testing.T) {
 	acked := func(epoch uint64) func() bool {
 		return func() bool {
 			var a etcdlayout.Ack
-			found, _ := getJSON(t, c, lay.NodeAck("eu", testNode), &a)
+			found, _ := getAck(t, c, "eu", testNode, &a)
 			return found && a.Epochs["p"] == epoch
 		}
 	}

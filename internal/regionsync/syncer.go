@@ -101,6 +101,10 @@ type Syncer struct {
 	reportMu   sync.Mutex
 	running    atomic.Bool
 
+	// acks is written by the ack loop only; demand under reportMu.
+	acks   ShardWriter[etcdlayout.Ack]
+	demand ShardWriter[etcdlayout.DemandReport]
+
 	// afterGet, when set by a test, runs after each initial read of a
 	// followed prefix and before its watch starts.
 	afterGet func(key string)

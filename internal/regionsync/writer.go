@@ -2,7 +2,6 @@ package regionsync
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"time"
 
@@ -12,7 +11,8 @@ import (
 )
 
 // ackLoop writes the applied epochs under the lease after every publish,
-// coalescing publishes that arrive while a write is in flight.
+// coalescing publishes that arrive while a write is in flight. Only the
+// acknowledgement shards whose epochs changed are written.
 func (s *Syncer) ackLoop(ctx context.Context) {
 	bo := newBackoff(time.Second)
 	for {
@@ -45,8 +45,13 @@ func (s *Syncer) ackLoop(ctx context.Context) {
 			// the Syncer stops.
 			continue
 		}
-		err := s.putLeased(ctx, id, s.cfg.Layout.NodeAck(s.cfg.Region, s.cfg.Node),
-			etcdlayout.Ack{Region: s.cfg.Region, Node: s.cfg.Node, Epochs: t.epochs, At: s.now()})
+		a := etcdlayout.Ack{Region: s.cfg.Region, Node: s.cfg.Node, Epochs: t.epochs, At: s.now()}
+		err := s.writeShards(ctx, id, func(ctx context.Context) error {
+			_, err := s.acks.Write(ctx, s.cfg.Client, id, func(shard int) string {
+				return s.cfg.Layout.AckShard(s.cfg.Region, s.cfg.Node, shard)
+			}, etcdlayout.SplitAck(a), ackChanged)
+			return err
+		})
 		if err != nil {
 			if ctx.Err() == nil {
 				s.log.Warn("acknowledgement failed; retrying", "error", err)
@@ -89,8 +94,9 @@ func (s *Syncer) Flush(ctx context.Context) error {
 	return s.report(ctx)
 }
 
-// report takes a snapshot and writes it under the lease; without a lease
-// the snapshot is discarded (it would be stale by the time etcd is back).
+// report takes a snapshot and writes the demand shards that moved
+// (demandChanged) under the lease; without a lease the snapshot is
+// discarded (it would be stale by the time etcd is back).
 func (s *Syncer) report(ctx context.Context) error {
 	if s.cfg.Recorder == nil {
 		return nil
@@ -103,23 +109,25 @@ func (s *Syncer) report(ctx context.Context) error {
 	if id == 0 {
 		return fmt.Errorf("demand report of %d policies dropped: %w", len(rep.Policies), ErrNoLease)
 	}
-	return s.putLeased(ctx, id, s.cfg.Layout.NodeDemand(s.cfg.Region, s.cfg.Node), rep)
+	return s.writeShards(ctx, id, func(ctx context.Context) error {
+		_, err := s.demand.Write(ctx, s.cfg.Client, id, func(shard int) string {
+			return s.cfg.Layout.DemandShard(s.cfg.Region, s.cfg.Node, shard)
+		}, etcdlayout.SplitDemand(rep), demandChanged)
+		return err
+	})
 }
 
-// putLeased writes v as JSON at key under lease id. A "lease not found"
-// answer marks the lease lost.
-func (s *Syncer) putLeased(ctx context.Context, id clientv3.LeaseID, key string, v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return fmt.Errorf("encode %s: %w", key, err)
-	}
+// writeShards runs write, the leased write of a sharded record under lease
+// id, within one request timeout. A "lease not found" answer marks the
+// lease lost.
+func (s *Syncer) writeShards(ctx context.Context, id clientv3.LeaseID, write func(context.Context) error) error {
 	cctx, cancel := context.WithTimeout(ctx, s.requestTimeout())
 	defer cancel()
-	if _, err := s.cfg.Client.Put(cctx, key, string(b), clientv3.WithLease(id)); err != nil {
+	if err := write(cctx); err != nil {
 		if leaseGone(err) {
 			s.markLost(id, "leased write found no lease")
 		}
-		return fmt.Errorf("write %s under lease %x: %w", key, id, err)
+		return err
 	}
 	return nil
 }

@@ -394,7 +394,7 @@ func TestEtcdCredentialAttack(t *testing.T) {
 	}{
 		{region, lay.Alloc("capped")}, {region, lay.PolicyDoc("p.yaml")}, {region, lay.Control("capped")},
 		{region, lay.Settings()}, {region, lay.Audit(time.Now(), 1)}, {region, lay.Election() + "/attacker"},
-		{region, lay.Node("us", "n1")}, {region, lay.NodeDemand("us", "n1")}, {region, lay.NodeAck("us", "n1")},
+		{region, lay.Node("us", "n1")}, {region, lay.DemandShard("us", "n1", 0)}, {region, lay.AckShard("us", "n1", 0)},
 		{anon, lay.Alloc("capped")},
 	} {
 		o.sent++
@@ -424,8 +424,7 @@ func TestDemandInflationAttack(t *testing.T) {
 	cli := etcd.Client(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	demandKey := etcdlayout.Layout{}.NodeDemand("eu", "n1")
-	watch := cli.Watch(ctx, demandKey)
+	watch := cli.Watch(ctx, etcdlayout.Layout{}.NodeDemands("eu", "n1"), clientv3.WithPrefix(), clientv3.WithFilterDelete())
 	n := startNode(t, regional.DaemonConfig{Region: "eu", NodeID: "n1", EtcdEndpoints: etcd.Endpoints, Policies: filepath.Dir(pol),
 		SubjectSalt: "inflation-salt", ReportInterval: 300 * time.Millisecond}, nil)
 	rls := rlsv3.NewRateLimitServiceClient(n.conn)
@@ -449,25 +448,22 @@ func TestDemandInflationAttack(t *testing.T) {
 	sendEnvoy(ctx, rls, &o, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlcommon.RateLimitDescriptor{tenant("attacker", 1<<53)}})
 	sendEnvoy(ctx, rls, &o, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: many})
 
-	// Sum the offered demand of every report written, until two reports
-	// in a row add nothing after some demand was seen.
+	// Sum the offered demand of every report written (a node writes the
+	// demand shards that changed), until two report intervals pass
+	// without a write after some demand was seen.
 	var offered float64
-	for empty := 0; empty < 2; {
+	for quiet := false; !quiet; {
 		select {
+		case <-time.After(600 * time.Millisecond):
+			quiet = offered > 0
 		case wr := <-watch:
 			for _, ev := range wr.Events {
 				var rep etcdlayout.DemandReport
 				if err := json.Unmarshal(ev.Kv.Value, &rep); err != nil {
 					t.Fatalf("demand report: %v", err)
 				}
-				added := 0.0
 				for _, pd := range rep.Policies {
-					added += pd.Offered * rep.IntervalSeconds
-				}
-				if offered += added; added == 0 && offered > 0 {
-					empty++
-				} else {
-					empty = 0
+					offered += pd.Offered * rep.IntervalSeconds
 				}
 			}
 		case <-ctx.Done():

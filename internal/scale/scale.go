@@ -191,18 +191,20 @@ func Run(ctx context.Context, p Params, log io.Writer) (Result, error) {
 			go func() { defer wg.Done(); _ = nd.sync.Run(ctx) }()
 		}
 	}
-	// Demand: every report interval each node records, for each policy, a
-	// rate that favours one region, the favoured region turning every
-	// three rebalance intervals so that shares keep moving.
+	// Demand: twenty times a report interval each node records, for each
+	// policy, a rate that favours one region, the favoured region turning
+	// every three rebalance intervals so that shares keep moving. A report
+	// interval's demand is then steady to about a twentieth (where its
+	// ends fall between records).
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		t := time.NewTicker(p.ReportInterval / 2)
+		t := time.NewTicker(p.ReportInterval / 20)
 		defer t.Stop()
 		for {
 			phase := int(time.Since(start) / (3 * p.RebalanceInterval))
 			for _, nd := range nodes {
-				nd.record(phase, p)
+				nd.record(phase, p, time.Now())
 			}
 			select {
 			case <-ctx.Done():
@@ -261,7 +263,7 @@ func putPolicies(ctx context.Context, cli *clientv3.Client, l etcdlayout.Layout,
 		var b bytes.Buffer
 		b.WriteString("policies:\n")
 		for i := d * perDoc; i < min(n, (d+1)*perDoc); i++ {
-			fmt.Fprintf(&b, "  - name: %s\n    subject: tenant\n    capacity: 100\n    rate: 6000/minute\n", policyName(i))
+			fmt.Fprintf(&b, "  - name: %s\n    subject: tenant\n    capacity: %d\n    rate: %d/second\n", policyName(i), policyRate, policyRate)
 		}
 		if _, err := cli.Put(ctx, l.PolicyDoc("scale-"+strconv.Itoa(d)), b.String()); err != nil {
 			return fmt.Errorf("scale: store policies: %w", err)
@@ -278,6 +280,10 @@ type node struct {
 	index  int
 	rec    *demand.Recorder
 	sync   *regionsync.Syncer
+	// last is when record last ran; carry and subjectCarry the fractions
+	// of cost it owes.
+	last                time.Time
+	carry, subjectCarry float64
 }
 
 func newNode(cli *clientv3.Client, l etcdlayout.Layout, region, n int, p Params) (*node, error) {
@@ -296,20 +302,44 @@ func newNode(cli *clientv3.Client, l etcdlayout.Layout, region, n int, p Params)
 	return &node{region: name, index: region, rec: rec, sync: s}, nil
 }
 
-// record adds half a report interval of demand: 100/s for every policy in
-// the favoured region (phase modulo regions), 10/s elsewhere, and the
-// pressured subjects' part of it.
-func (nd *node) record(phase int, p Params) {
-	rate := int64(10)
-	if nd.index == phase%p.Regions {
-		rate = 100
+// Demand rates, in cost per second, against a policy rate of 10,000/s
+// (policyRate): the favoured region offers favouredRate, the others
+// otherRate, each pressured subject is denied subjectRate. Rates are large
+// enough that a report interval's integer costs carry them within 1%.
+const (
+	policyRate   = 10000
+	favouredRate = 10000
+	otherRate    = 1000
+	subjectRate  = 200
+)
+
+// record adds the demand since the node's last record at now: favouredRate
+// for every policy in the favoured region (phase modulo regions),
+// otherRate elsewhere, and the pressured subjects' denials. Costs follow
+// the time passed, so a report holds the same rates however the ticks fall.
+func (nd *node) record(phase int, p Params, now time.Time) {
+	if nd.last.IsZero() {
+		nd.last = now
+		return
 	}
-	cost := max(1, rate*int64(p.ReportInterval/2)/int64(time.Second))
+	dt := now.Sub(nd.last).Seconds()
+	nd.last = now
+	rate := float64(otherRate)
+	if nd.index == phase%p.Regions {
+		rate = favouredRate
+	}
+	nd.carry += rate * dt
+	nd.subjectCarry += subjectRate * dt
+	cost, denied := int64(nd.carry), int64(nd.subjectCarry)
+	nd.carry -= float64(cost)
+	nd.subjectCarry -= float64(denied)
 	for i := 0; i < p.Policies; i++ {
 		pol := policyName(i)
-		nd.rec.Record(pol, "", cost, true, false)
-		for s := 0; s < p.Pressured; s++ {
-			nd.rec.Record(pol, "t"+strconv.Itoa(s), 1, false, true)
+		if cost > 0 {
+			nd.rec.Record(pol, "", cost, true, false)
+		}
+		for s := 0; s < p.Pressured && denied > 0; s++ {
+			nd.rec.Record(pol, "t"+strconv.Itoa(s), denied, false, true)
 		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/quotacoord/quota/internal/etcdlayout"
+	"github.com/quotacoord/quota/internal/regionsync"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -30,6 +31,11 @@ type Region struct {
 	stopKA context.CancelFunc
 	acked  map[string]uint64
 	wg     sync.WaitGroup
+
+	// wmu guards the shard writers; every write rewrites all shards.
+	wmu    sync.Mutex
+	acks   regionsync.ShardWriter[etcdlayout.Ack]
+	demand regionsync.ShardWriter[etcdlayout.DemandReport]
 }
 
 // DefaultNode is the node id NewRegion gives its single node.
@@ -115,7 +121,7 @@ func (r *Region) Report(ctx context.Context, interval time.Duration, policies ma
 	id := r.lease
 	r.mu.Unlock()
 	rep := etcdlayout.DemandReport{Region: r.Name, Node: r.Node, At: time.Now(), IntervalSeconds: interval.Seconds(), Policies: policies}
-	return r.put(ctx, r.layout.NodeDemand(r.Name, r.Node), rep, id)
+	return writeAll(ctx, r, "demand report", &r.demand, id, func(s int) string { return r.layout.DemandShard(r.Name, r.Node, s) }, etcdlayout.SplitDemand(rep))
 }
 
 // Ack records that the region applied epoch of policy and writes the
@@ -135,7 +141,18 @@ func (r *Region) writeAck(ctx context.Context) error {
 	}
 	id := r.lease
 	r.mu.Unlock()
-	return r.put(ctx, r.layout.NodeAck(r.Name, r.Node), a, id)
+	return writeAll(ctx, r, "acknowledgement", &r.acks, id, func(s int) string { return r.layout.AckShard(r.Name, r.Node, s) }, etcdlayout.SplitAck(a))
+}
+
+// writeAll writes every shard of one of r's records at key(shard) under
+// lease id, and deletes the shards it wrote before that are absent now.
+func writeAll[V any](ctx context.Context, r *Region, what string, w *regionsync.ShardWriter[V], id clientv3.LeaseID, key func(int) string, shards map[int]V) error {
+	r.wmu.Lock()
+	defer r.wmu.Unlock()
+	if _, err := w.Write(ctx, r.cli, id, key, shards, func(_, _ V) bool { return true }); err != nil {
+		return fmt.Errorf("coordtest: %s of %s/%s: %w", what, r.Name, r.Node, err)
+	}
+	return nil
 }
 
 // AckLatest reads every allocation and acknowledges its epoch. It returns

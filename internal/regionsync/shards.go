@@ -1,0 +1,135 @@
+package regionsync
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/quotacoord/quota/internal/etcdlayout"
+)
+
+// ShardWriter keeps one node's sharded record, its demand report or its
+// acknowledgement (etcdlayout.Shards), in step with etcd under the node's
+// lease: a Write puts only the shards whose value changed since the last
+// write etcd accepted under the same lease, and deletes the shards that
+// emptied. The zero value writes every shard on its first Write. It is
+// not safe for concurrent use.
+type ShardWriter[V any] struct {
+	lease   clientv3.LeaseID
+	written map[int]V
+}
+
+// Written is what one Write sent to etcd.
+type Written struct {
+	Puts, Deletes, Bytes, Txns int
+}
+
+// Write makes etcd hold shards under lease at key(shard): a shard is put
+// when it was not written under lease before or changed(old, new) says
+// it moved, and a shard written before that is absent from shards is
+// deleted. Operations go out in transactions within etcdlayout.MaxTxnOps
+// and MaxTxnBytes; a shard is remembered as written only once its
+// transaction succeeded, so a failed Write is repeated by the next one.
+func (w *ShardWriter[V]) Write(ctx context.Context, kv clientv3.KV, lease clientv3.LeaseID, key func(shard int) string,
+	shards map[int]V, changed func(old, new V) bool) (Written, error) {
+	if lease != w.lease || w.written == nil {
+		w.lease, w.written = lease, map[int]V{}
+	}
+	type op struct {
+		shard int
+		put   bool
+		value []byte
+	}
+	var ops []op
+	for _, s := range slices.Sorted(maps.Keys(shards)) {
+		v := shards[s]
+		if old, ok := w.written[s]; ok && !changed(old, v) {
+			continue
+		}
+		b, err := json.Marshal(v)
+		if err != nil {
+			return Written{}, fmt.Errorf("encode %s: %w", key(s), err)
+		}
+		ops = append(ops, op{shard: s, put: true, value: b})
+	}
+	for _, s := range slices.Sorted(maps.Keys(w.written)) {
+		if _, ok := shards[s]; !ok {
+			ops = append(ops, op{shard: s})
+		}
+	}
+	sizes := make([]int, len(ops))
+	for i, o := range ops {
+		sizes[i] = len(key(o.shard)) + len(o.value)
+	}
+	var out Written
+	start := 0
+	for _, end := range etcdlayout.Batches(sizes, etcdlayout.MaxTxnOps, etcdlayout.MaxTxnBytes) {
+		batch := make([]clientv3.Op, 0, end-start)
+		for _, o := range ops[start:end] {
+			if o.put {
+				batch = append(batch, clientv3.OpPut(key(o.shard), string(o.value), clientv3.WithLease(lease)))
+			} else {
+				batch = append(batch, clientv3.OpDelete(key(o.shard)))
+			}
+		}
+		if _, err := kv.Txn(ctx).Then(batch...).Commit(); err != nil {
+			return out, fmt.Errorf("write %d shards from %s under lease %x: %w", end-start, key(ops[start].shard), lease, err)
+		}
+		out.Txns++
+		for i, o := range ops[start:end] {
+			out.Bytes += sizes[start+i]
+			if o.put {
+				out.Puts++
+				w.written[o.shard] = shards[o.shard]
+			} else {
+				out.Deletes++
+				delete(w.written, o.shard)
+			}
+		}
+		start = end
+	}
+	return out, nil
+}
+
+// ackChanged says an acknowledgement shard holds other epochs than old.
+func ackChanged(old, new etcdlayout.Ack) bool { return !maps.Equal(old.Epochs, new.Epochs) }
+
+// DemandTolerance is how far, relative to the larger of the two, a
+// reported rate may move before a node rewrites the demand shard that
+// holds it. The leader then plans on rates at most 5% off what the node
+// measured, about the noise of a rate counted over one report interval
+// (and halved again by the planner's smoothing); in exchange the bytes a
+// node writes follow the policies whose demand moved, not all it sees.
+const DemandTolerance = 0.05
+
+// demandChanged says a demand shard moved past DemandTolerance: a policy
+// came or went, a pressured subject came, went or changed whether it was
+// denied, or a rate moved by more than the tolerance.
+func demandChanged(old, new etcdlayout.DemandReport) bool {
+	if len(old.Policies) != len(new.Policies) {
+		return true
+	}
+	for p, n := range new.Policies {
+		o, ok := old.Policies[p]
+		if !ok || moved(o.Offered, n.Offered) || moved(o.Admitted, n.Admitted) || len(o.Pressured) != len(n.Pressured) {
+			return true
+		}
+		for i, ns := range n.Pressured {
+			os := o.Pressured[i]
+			if os.Subject != ns.Subject || os.Denied != ns.Denied || moved(os.Offered, ns.Offered) || moved(os.Admitted, ns.Admitted) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// moved says rate b is more than DemandTolerance away from a.
+func moved(a, b float64) bool {
+	return math.Abs(a-b) > DemandTolerance*math.Max(math.Abs(a), math.Abs(b)) || math.IsNaN(a) != math.IsNaN(b)
+}

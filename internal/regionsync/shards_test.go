@@ -1,0 +1,110 @@
+package regionsync
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/quotacoord/quota/internal/etcdlayout"
+	"github.com/quotacoord/quota/internal/etcdtest"
+)
+
+// TestShardWriterWritesWhatChanged: a node rewrites only the shards whose
+// value changed, deletes the shards that emptied, and writes every shard
+// again under a new lease (the old lease took its keys with it).
+func TestShardWriterWritesWhatChanged(t *testing.T) {
+	srv := etcdtest.Start(t)
+	c := srv.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	grant := func() clientv3.LeaseID {
+		g, err := c.Grant(ctx, 30)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g.ID
+	}
+	key := func(s int) string { return lay.AckShard("eu", "n", s) }
+	var w ShardWriter[etcdlayout.Ack]
+	a := etcdlayout.Ack{Region: "eu", Node: "n", Epochs: map[string]uint64{}}
+	for i := range 300 {
+		a.Epochs[policyName(i)] = 1
+	}
+	shards := etcdlayout.SplitAck(a)
+	lease := grant()
+	write := func(want Written) {
+		t.Helper()
+		got, err := w.Write(ctx, c, lease, key, shards, ackChanged)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got.Bytes = 0
+		if got != want {
+			t.Fatalf("wrote %+v, want %+v", got, want)
+		}
+	}
+	// 300 policies fill more shards than one transaction may carry.
+	write(Written{Puts: len(shards), Txns: (len(shards) + etcdlayout.MaxTxnOps - 1) / etcdlayout.MaxTxnOps})
+	write(Written{})
+
+	// One policy's epoch moves: one shard is written.
+	a.Epochs[policyName(7)] = 2
+	shards = etcdlayout.SplitAck(a)
+	write(Written{Puts: 1, Txns: 1})
+	var got etcdlayout.Ack
+	if found, l := getAck(t, c, "eu", "n", &got); !found || l != int64(lease) || got.Epochs[policyName(7)] != 2 || len(got.Epochs) != 300 {
+		t.Fatalf("stored acknowledgement: %d epochs, %s at %d, lease %x", len(got.Epochs), policyName(7), got.Epochs[policyName(7)], l)
+	}
+
+	// A shard that empties is deleted.
+	gone := etcdlayout.PolicyShard(policyName(7))
+	for p := range a.Epochs {
+		if etcdlayout.PolicyShard(p) == gone {
+			delete(a.Epochs, p)
+		}
+	}
+	shards = etcdlayout.SplitAck(a)
+	write(Written{Deletes: 1, Txns: 1})
+	if r, err := c.Get(ctx, key(gone)); err != nil || len(r.Kvs) != 0 {
+		t.Fatalf("emptied shard still stored: %v %v", r, err)
+	}
+
+	// A new lease: every shard again.
+	lease = grant()
+	write(Written{Puts: len(shards), Txns: (len(shards) + etcdlayout.MaxTxnOps - 1) / etcdlayout.MaxTxnOps})
+}
+
+func policyName(i int) string { return fmt.Sprintf("policy-%d", i) }
+
+func TestDemandChanged(t *testing.T) {
+	rep := func(offered float64, subjects ...etcdlayout.SubjectDemand) etcdlayout.DemandReport {
+		return etcdlayout.DemandReport{Policies: map[string]etcdlayout.PolicyDemand{"p": {Offered: offered, Admitted: offered, Pressured: subjects}}}
+	}
+	sd := func(s string, offered float64, denied bool) etcdlayout.SubjectDemand {
+		return etcdlayout.SubjectDemand{Subject: s, Offered: offered, Admitted: offered, Denied: denied}
+	}
+	base := rep(100, sd("a", 10, false))
+	for _, c := range []struct {
+		name    string
+		next    etcdlayout.DemandReport
+		changed bool
+	}{
+		{"same", rep(100, sd("a", 10, false)), false},
+		{"rate within the tolerance", rep(104, sd("a", 10.4, false)), false},
+		{"rate past the tolerance", rep(110, sd("a", 10, false)), true},
+		{"subject rate past the tolerance", rep(100, sd("a", 11, false)), true},
+		{"subject now denied", rep(100, sd("a", 10, true)), true},
+		{"another subject", rep(100, sd("b", 10, false)), true},
+		{"a subject more", rep(100, sd("a", 10, false), sd("b", 1, false)), true},
+		{"policy gone", etcdlayout.DemandReport{Policies: map[string]etcdlayout.PolicyDemand{}}, true},
+		{"another policy", etcdlayout.DemandReport{Policies: map[string]etcdlayout.PolicyDemand{"q": base.Policies["p"]}}, true},
+		{"nearly idle", rep(0.001), true},
+	} {
+		if got := demandChanged(base, c.next); got != c.changed {
+			t.Errorf("%s: changed %v, want %v", c.name, got, c.changed)
+		}
+	}
+}
