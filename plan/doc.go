@@ -37,9 +37,11 @@
 // node is left out (View.Retired); every region is reserved at least the
 // largest safe share it may still fall back to (Allocation.Held), until
 // every node of it has acknowledged an epoch that no longer holds more:
-// its registered nodes, and the nodes this leader saw lose their
+// its registered nodes, and the nodes a leader saw lose their
 // registration before acknowledging (cut off, they keep the safe share
-// of the epoch they last applied) until they register again. A
+// of the epoch they last applied) until they register again. The caller
+// keeps those (Leader.Behind) where a new leader reads them back
+// (View.Behind), so that failover does not forget them. A
 // shrink epoch publishes min(old, new) safe shares (TargetSafe holds the
 // new), and with Params.AckDeadline a node that has not acknowledged a
 // shrink within the deadline (plus the skew margin) since the leader

@@ -106,7 +106,16 @@ type View struct {
 	// Retired are the regions an operator retired: while one has no
 	// registered node, no allocation holds it (nor reserves its minimum).
 	Retired map[string]bool
+	// Behind is what a leader recorded of the nodes that lost their
+	// registration before acknowledging (Leader.Behind), by region, node
+	// and policy: read back by a new leader, which did not see them go.
+	Behind map[string]Behind
 }
+
+// Behind maps each node of one region that lost its registration, until
+// it registers again, to the epoch per policy it had acknowledged. Node
+// "" holds the lowest epochs of nodes folded together to keep it bounded.
+type Behind map[string]map[string]uint64
 
 // Node is one registered node as a round sees it.
 type Node struct {
@@ -203,10 +212,10 @@ type Leader struct {
 	// the node registers again. Such a node may be alive and cut off,
 	// enforcing the safe share of an epoch its region's other nodes have
 	// long left: the region has not acknowledged a later epoch until it
-	// comes back (held). Beyond maxBehind nodes, the entries fold into
+	// comes back (held). Beyond MaxBehind nodes, the entries fold into
 	// node "" of their region (the lowest epochs), kept until the region
 	// is retired.
-	behind  map[string]map[string]map[string]uint64
+	behind  map[string]Behind
 	nbehind int
 	// nodeGone is, per region, when this leader last saw one of its nodes
 	// lose its registration: such a node may enforce its old shares until
@@ -250,7 +259,7 @@ func NewLeader(p Params, since time.Time) (*Leader, error) {
 		subjects:     make(map[string]map[string]*subjectDemand),
 		missingSince: make(map[string]time.Time),
 		nodes:        make(map[nodeKey]map[string]uint64),
-		behind:       make(map[string]map[string]map[string]uint64),
+		behind:       make(map[string]Behind),
 		nodeGone:     make(map[string]time.Time),
 		leadSince:    since,
 		returned:     make(map[string]bool),
@@ -303,6 +312,7 @@ func (l *Leader) Track(now time.Time, v *View, allocs map[string]*Allocation) {
 		}
 	}
 	l.tracked, l.mismatched = v, v.Mismatched()
+	l.recall(v)
 	for k, acked := range l.nodes {
 		if _, ok := v.Regions[k.region][k.node]; !ok {
 			l.NodeGone(k.region, now)
@@ -348,22 +358,62 @@ func (l *Leader) Track(now time.Time, v *View, allocs map[string]*Allocation) {
 	}
 }
 
-// maxBehind bounds the vanished nodes Leader.behind tracks one by one.
-const maxBehind = 4096
+// MaxBehind bounds the vanished nodes Leader.behind tracks one by one.
+const MaxBehind = 4096
+
+// recall adds the vanished nodes v.Behind records (a former leader saw
+// them go) that this leader does not know of and that are not registered:
+// such a node may still enforce the safe share of the epoch it last
+// applied, whichever leader saw it go.
+func (l *Leader) recall(v *View) {
+	for r, ns := range v.Behind {
+		for n, acked := range ns {
+			if _, ok := l.behind[r][n]; ok {
+				continue
+			}
+			if _, ok := v.Regions[r][n]; ok {
+				continue
+			}
+			if _, folded := l.behind[r][""]; folded && n != "" {
+				// Fold into the region's lowest epochs, as fellBehind does.
+				low := maps.Clone(l.behind[r][""])
+				for p, e := range low {
+					low[p] = min(e, acked[p])
+				}
+				l.behind[r][""] = low
+				continue
+			}
+			l.fellBehind(nodeKey{r, n}, maps.Clone(acked))
+		}
+	}
+}
+
+// Behind returns, per region, the vanished nodes this leader counts as
+// not having acknowledged later epochs (View.Behind), for the caller to
+// keep where a new leader reads them. At most MaxBehind nodes in all.
+func (l *Leader) Behind() map[string]Behind {
+	out := make(map[string]Behind, len(l.behind))
+	for r, ns := range l.behind {
+		if len(ns) > 0 {
+			out[r] = maps.Clone(ns)
+		}
+	}
+	return out
+}
 
 // fellBehind records that node k, which had acknowledged acked, lost its
 // registration.
 func (l *Leader) fellBehind(k nodeKey, acked map[string]uint64) {
 	ns := l.behind[k.region]
 	if ns == nil {
-		ns = make(map[string]map[string]uint64)
+		ns = make(Behind)
 		l.behind[k.region] = ns
 	}
 	if _, ok := ns[k.node]; !ok {
 		l.nbehind++
 	}
 	ns[k.node] = acked
-	if l.nbehind <= maxBehind {
+	if l.nbehind <= MaxBehind {
 		return
 	}
 	// Fold every region's vanished nodes into its node "": the lowest

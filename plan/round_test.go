@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -815,5 +816,39 @@ func TestMismatchedRegionNotCounted(t *testing.T) {
 	v.Regions["c"]["2"] = fp("")
 	if got := v.Mismatched(); got != nil {
 		t.Fatalf("Mismatched() = %v once c agrees", got)
+	}
+}
+
+// TestNewLeaderReadsBackVanishedNodes: a new leader reads the vanished
+// nodes a former leader kept (View.Behind): the region has not
+// acknowledged an epoch such a node is behind, until it registers again;
+// what it reads stays within MaxBehind nodes.
+func TestNewLeaderReadsBackVanishedNodes(t *testing.T) {
+	l := leader(t, params(), t0.Add(-time.Hour))
+	v := nodes(map[string]uint64{"a": 5, "c": 5}, "a", "c")
+	v.Behind = map[string]Behind{"c": {"c1": {"exports": 4}}}
+	l.Track(t0, v, nil)
+	if l.acknowledged(t0, v, "exports", "c", 5) {
+		t.Fatal("c counts as acknowledging epoch 5 while c1, read back at epoch 4, is away")
+	}
+	if got := l.Behind()["c"]["c1"]["exports"]; got != 4 {
+		t.Fatalf("Behind() = %v, want c1 at 4 kept for the next leader", l.Behind())
+	}
+	v.Regions["c"]["c1"] = Node{Acked: map[string]uint64{"exports": 5}}
+	l.Track(t0, v, nil)
+	if !l.acknowledged(t0, v, "exports", "c", 5) || len(l.Behind()) != 0 {
+		t.Fatalf("c1 back at epoch 5: acknowledged %v, behind %v", l.acknowledged(t0, v, "exports", "c", 5), l.Behind())
+	}
+	many := Behind{}
+	for i := range MaxBehind + 10 {
+		many[fmt.Sprintf("n%d", i)] = map[string]uint64{"exports": uint64(3 + i%2)}
+	}
+	v.Behind = map[string]Behind{"b": many}
+	l.Track(t0, v, nil)
+	if l.nbehind > MaxBehind || len(l.Behind()["b"]) > MaxBehind {
+		t.Fatalf("%d vanished nodes read back, over the bound %d", l.nbehind, MaxBehind)
+	}
+	if got := l.Behind()["b"][""]["exports"]; got != 3 {
+		t.Fatalf("folded vanished nodes of b at %d, want the lowest epoch 3", got)
 	}
 }

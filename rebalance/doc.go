@@ -42,7 +42,10 @@
 // has acknowledged an epoch when every registered node has and no node of
 // it vanished less than SkewMargin ago; a new leader, which cannot know
 // the nodes that vanished before it led, holds growth for SkewMargin after
-// taking over. Acknowledgements
+// taking over. A node that vanished before acknowledging keeps its region
+// from acknowledging later epochs until it registers again; the leader
+// keeps such nodes under etcdlayout.Layout.BehindPrefix, fenced, before
+// publishing, and a new leader reads them back. Acknowledgements
 // and registrations are watched, so the growth follows the last
 // acknowledgement at once. Pure growth is published in one step. The naive
 // protocol (ProtocolNaive) publishes new shares in one step, for

@@ -1,6 +1,7 @@
 package rebalance
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -425,7 +426,13 @@ func (l *Loop) doRound(ctx context.Context, f fence, full bool) (Result, error) 
 	now := l.cfg.Clock.Now()
 	l.mu.Lock()
 	plans := planRound(now, snap, l.ld, full)
+	behind := l.ld.Behind()
 	l.mu.Unlock()
+	// Before any epoch that counts on them: a new leader must read back
+	// the vanished nodes this round's plans held reservations for.
+	if err := l.keepBehind(ctx, f, snap.view.Behind, behind); err != nil {
+		return Result{}, err
+	}
 	var res Result
 	var pubs []publication
 	var pubPlans []plan.Decision
@@ -592,6 +599,49 @@ func countTrue(bs []bool) int {
 	return n
 }
 
+// keepBehind writes the vanished nodes of every region whose record in
+// etcd (old) differs from the planner's (now), fenced by f, in
+// transactions of at most etcdlayout.MaxTxnOps and MaxTxnBytes. It fails
+// with ErrNotLeader when f no longer holds.
+func (l *Loop) keepBehind(ctx context.Context, f fence, old, now map[string]plan.Behind) error {
+	var ops []clientv3.Op
+	var sizes []int
+	for _, r := range slices.Sorted(maps.Keys(old)) {
+		if _, ok := now[r]; !ok {
+			ops = append(ops, clientv3.OpDelete(l.layout.Behind(r)))
+			sizes = append(sizes, len(l.layout.Behind(r)))
+		}
+	}
+	for _, r := range slices.Sorted(maps.Keys(now)) {
+		data, err := json.Marshal(now[r])
+		if err != nil {
+			return fmt.Errorf("rebalance: encode vanished nodes of %s: %w", r, err)
+		}
+		if was, ok := old[r]; ok {
+			if stored, _ := json.Marshal(was); bytes.Equal(stored, data) {
+				continue
+			}
+		}
+		ops = append(ops, clientv3.OpPut(l.layout.Behind(r), string(data)))
+		sizes = append(sizes, len(l.layout.Behind(r))+len(data))
+	}
+	start := 0
+	for _, end := range etcdlayout.Batches(sizes, etcdlayout.MaxTxnOps-1, etcdlayout.MaxTxnBytes) {
+		resp, err := l.cfg.Client.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(f.key), "=", f.rev)).
+			Then(ops[start:end]...).
+			Commit()
+		if err != nil {
+			return fmt.Errorf("rebalance: write vanished nodes: %w", err)
+		}
+		if !resp.Succeeded {
+			return fmt.Errorf("%w: write of vanished nodes fenced off", ErrNotLeader)
+		}
+		start = end
+	}
+	return nil
+}
+
 func (l *Loop) publishSettings(ctx context.Context, f fence) error {
 	s := etcdlayout.Settings{
 		ReportIntervalSeconds: l.cfg.ReportInterval.Seconds(),
@@ -623,7 +673,7 @@ func setIn[V any](m map[string]map[string]V, outer, inner string, v V) {
 // read takes a snapshot of everything a round needs at one revision.
 func (l *Loop) read(ctx context.Context) (*snapshot, error) {
 	ly := l.layout
-	prefixes := []string{ly.RegionsPrefix(), ly.DemandPrefix(), ly.AcksPrefix(), ly.ControlPrefix(), ly.PoliciesPrefix(), ly.AllocPrefix(), ly.RetiredPrefix()}
+	prefixes := []string{ly.RegionsPrefix(), ly.DemandPrefix(), ly.AcksPrefix(), ly.ControlPrefix(), ly.PoliciesPrefix(), ly.AllocPrefix(), ly.RetiredPrefix(), ly.BehindPrefix()}
 	ops := make([]clientv3.Op, len(prefixes))
 	for i, p := range prefixes {
 		ops[i] = clientv3.OpGet(p, clientv3.WithPrefix())
@@ -633,14 +683,15 @@ func (l *Loop) read(ctx context.Context) (*snapshot, error) {
 		return nil, fmt.Errorf("rebalance: read state: %w", err)
 	}
 	snap := &snapshot{
-		rev:       resp.Header.Revision,
-		view:      &plan.View{Regions: map[string]map[string]plan.Node{}, Demand: map[string]map[string]plan.PolicyDemand{}, Retired: map[string]bool{}},
+		rev: resp.Header.Revision,
+		view: &plan.View{Regions: map[string]map[string]plan.Node{}, Demand: map[string]map[string]plan.PolicyDemand{},
+			Retired: map[string]bool{}, Behind: map[string]plan.Behind{}},
 		controls:  map[string]etcdlayout.Control{},
 		allocs:    map[string]*etcdlayout.Allocation{},
 		allocRevs: map[string]int64{},
 	}
 	docs := map[string][]byte{}
-	nodes := 0
+	nodes, behind := 0, 0
 	live := snap.view.Regions
 	acks := map[string]map[string]*etcdlayout.Ack{}
 	reports := map[string]map[string]*etcdlayout.DemandReport{}
@@ -697,6 +748,14 @@ func (l *Loop) read(ctx context.Context) (*snapshot, error) {
 			case 6:
 				if etcdlayout.ValidName(name) && len(snap.view.Retired) < allocator.MaxRegions {
 					snap.view.Retired[name] = true
+				}
+			case 7:
+				// Written by leaders, which keep at most plan.MaxBehind
+				// nodes; what is past the bound is ignored.
+				var v etcdlayout.Behind
+				if derr = json.Unmarshal(kv.Value, &v); derr == nil && etcdlayout.ValidName(name) && behind+len(v) <= plan.MaxBehind {
+					snap.view.Behind[name] = v
+					behind += len(v)
 				}
 			}
 			switch {

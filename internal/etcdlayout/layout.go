@@ -66,6 +66,14 @@ func (l Layout) RetiredPrefix() string { return l.p() + "retired/" }
 // Retired is the key of one retired region.
 func (l Layout) Retired(region string) string { return l.RetiredPrefix() + region }
 
+// BehindPrefix holds, per region, the nodes the leader saw lose their
+// registration before acknowledging, until they register again
+// (plan.Behind): a new leader reads them back.
+func (l Layout) BehindPrefix() string { return l.p() + "behind/" }
+
+// Behind is the key of one region's vanished nodes.
+func (l Layout) Behind(region string) string { return l.BehindPrefix() + region }
+
 // Settings is the key of the coordinator's published settings.
 func (l Layout) Settings() string { return l.p() + "settings" }
 

@@ -47,6 +47,7 @@ type (
 	Allocation    = plan.Allocation
 	Shares        = plan.Shares
 	Control       = plan.Control
+	Behind        = plan.Behind
 )
 
 // The phases of an allocation (plan.PhaseShrink, plan.PhaseStable).
