@@ -751,12 +751,18 @@ func (l *Loop) read(ctx context.Context) (*snapshot, error) {
 				}
 			case 7:
 				// Written by leaders, which keep at most plan.MaxBehind
-				// nodes; what is past the bound is ignored.
+				// nodes; what is past the bound is not counted.
 				var v etcdlayout.Behind
-				if derr = json.Unmarshal(kv.Value, &v); derr == nil && etcdlayout.ValidName(name) && behind+len(v) <= plan.MaxBehind {
-					snap.view.Behind[name] = v
-					behind += len(v)
+				if derr = json.Unmarshal(kv.Value, &v); derr != nil || !etcdlayout.ValidName(name) {
+					break
 				}
+				if behind+len(v) > plan.MaxBehind {
+					l.cfg.Logger.Warn("vanished nodes over the bound not counted: their region's old safe share may be released while they are away",
+						"key", string(kv.Key), "nodes", len(v), "bound", plan.MaxBehind)
+					break
+				}
+				snap.view.Behind[name] = v
+				behind += len(v)
 			}
 			switch {
 			case errors.Is(derr, etcdlayout.ErrOldFormat):
