@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The control plane at growing sizes (cmd/scale): a base point, then
 # policies, nodes and regions each doubled twice, one markdown row per
-# run into out/scale.md. SCALE_POLICIES, SCALE_REGIONS, SCALE_NODES (per
-# region) and SCALE_DURATION set the base point.
+# run into out/scale.md, then one regional node's memory per policy and
+# per live subject into out/scale-node.md. SCALE_POLICIES, SCALE_REGIONS,
+# SCALE_NODES (per region) and SCALE_DURATION set the base point;
+# SCALE_NODE_POLICIES and SCALE_NODE_SUBJECTS the node's size.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 P=${SCALE_POLICIES:-100} R=${SCALE_REGIONS:-3} N=${SCALE_NODES:-4} D=${SCALE_DURATION:-20s}
@@ -20,4 +22,5 @@ done
 for k in 2 4; do
   bin/scale -policies "$P" -regions $((R * k)) -nodes "$N" "${common[@]}" | tee -a "$out"
 done
-echo "table: $out"
+bin/scale -node -header -policies "${SCALE_NODE_POLICIES:-10000}" -subjects "${SCALE_NODE_SUBJECTS:-1000000}" | tee out/scale-node.md
+echo "tables: $out out/scale-node.md"
