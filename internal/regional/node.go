@@ -200,15 +200,23 @@ func (it *item) limit() float64 {
 	return it.req.Share * float64(it.req.Limits.Capacity)
 }
 
+// oneOutcome is room for the decisions of a check of one item, which a
+// caller that already allocates per check can embed to save decide one
+// allocation.
+type oneOutcome struct {
+	d [1]bucket.Decision
+	k [1]bool
+}
+
 // decide charges every enforced item all or nothing, then each shadow item
-// on its own. now is the node's clock reading for the check.
-func (n *Node) decide(ctx context.Context, now time.Time, items []item) (outcome, error) {
+// on its own. now is the node's clock reading for the check. A check of
+// one item keeps its decisions in one (allocated when nil).
+func (n *Node) decide(ctx context.Context, now time.Time, items []item, one *oneOutcome) (outcome, error) {
 	out := outcome{allowed: true}
 	if len(items) == 1 {
-		one := new(struct {
-			d [1]bucket.Decision
-			k [1]bool
-		})
+		if one == nil {
+			one = new(oneOutcome)
+		}
 		out.decs, out.known = one.d[:], one.k[:]
 	} else {
 		out.decs, out.known = make([]bucket.Decision, len(items)), make([]bool, len(items))
