@@ -17,3 +17,6 @@ func RedisCrossSlot(r *Redis) bool { return r.crossSlot.Load() }
 
 // GroupClusterSlot is groupClusterSlot, for a test against CLUSTER KEYSLOT.
 var GroupClusterSlot = groupClusterSlot
+
+// OwnKey is ownKey, for tests of its cost.
+func OwnKey(k Key, g uint32) string { return ownKey(&k, g) }

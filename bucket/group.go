@@ -68,7 +68,10 @@ func groupKey(k *Key, g uint32) string {
 // one Redis Cluster slot whatever its algorithm. Policy names have no ':',
 // so it never equals a group key.
 func ownKey(k *Key, g uint32) string {
-	b := make([]byte, 0, 26+len(k.policy)+len(k.subject))
+	// Built on the stack (a policy name and a subject fit in 256 bytes
+	// with room to spare), so the string is the only allocation.
+	var buf [256]byte
+	b := buf[:0]
 	b = append(b, "rl:v"...)
 	b = strconv.AppendUint(b, uint64(k.version), 10)
 	b = append(b, ':')

@@ -204,3 +204,20 @@ func bytesPerBucket(c *redis.Client, r *bucket.Redis, prefix string, n int) (flo
 	}
 	return float64(after-before) / float64(n), nil
 }
+
+// TestOwnKeyOneAllocation: the Redis key of a window bucket is built on
+// the stack, so a check pays one allocation (the string) for it, with the
+// longest policy name and subject.
+func TestOwnKeyOneAllocation(t *testing.T) {
+	k, err := bucket.NewKey(strings.Repeat("p", bucket.MaxPolicyNameLen), 7, strings.Repeat("s", 96))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "rl:v7:{g." // the hash tag follows
+	if got := bucket.OwnKey(k, 3); !strings.HasPrefix(got, want) || !strings.HasSuffix(got, ":"+k.Policy()+":"+strings.Repeat("s", 96)) {
+		t.Fatalf("OwnKey = %q", got)
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = bucket.OwnKey(k, 3) }); n != 1 {
+		t.Fatalf("OwnKey allocates %v times, want 1", n)
+	}
+}

@@ -612,7 +612,9 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Decision, error)
 			return r.subBuckets(ctx).takeAll(reqs)
 		}
 	}
-	ps := make([]params, len(reqs))
+	// The parameters stay on the stack: len(reqs) is at most MaxTakeAll.
+	var psBuf [MaxTakeAll]params
+	ps := psBuf[:len(reqs)]
 	for i := range reqs {
 		if err := reqs[i].Validate(); err != nil {
 			return nil, fmt.Errorf("request %d: %w", i, err)

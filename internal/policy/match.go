@@ -119,32 +119,49 @@ func (s *Set) MatchDescriptors(domain string, descriptors [][]Entry) ([]Descript
 // Bad input (see the Max constants and EnvoySubjects.Validate) is an error
 // wrapping ErrBadDescriptor.
 func (s *Set) Match(domain string, descriptors [][]Entry, subj EnvoySubjects) ([]DescriptorMatch, error) {
-	if err := subj.Validate(); err != nil {
+	var out []DescriptorMatch
+	if len(descriptors) <= MaxDescriptors { // else MatchTo refuses the count
+		out = make([]DescriptorMatch, len(descriptors))
+	}
+	if err := s.MatchTo(out, domain, descriptors, subj); err != nil {
 		return nil, err
 	}
+	return out, nil
+}
+
+// MatchTo is Match writing into out, which must have one element per
+// descriptor (a caller that already allocates per request keeps it there).
+// Its elements are overwritten.
+func (s *Set) MatchTo(out []DescriptorMatch, domain string, descriptors [][]Entry, subj EnvoySubjects) error {
+	if err := subj.Validate(); err != nil {
+		return err
+	}
 	if domain == "" || len(domain) > MaxDomainBytes {
-		return nil, fmt.Errorf("%w: domain must be 1 to %d bytes", ErrBadDescriptor, MaxDomainBytes)
+		return fmt.Errorf("%w: domain must be 1 to %d bytes", ErrBadDescriptor, MaxDomainBytes)
 	}
 	if len(descriptors) == 0 || len(descriptors) > MaxDescriptors {
-		return nil, fmt.Errorf("%w: %d descriptors, want 1 to %d", ErrBadDescriptor, len(descriptors), MaxDescriptors)
+		return fmt.Errorf("%w: %d descriptors, want 1 to %d", ErrBadDescriptor, len(descriptors), MaxDescriptors)
 	}
 	for i, d := range descriptors {
 		if len(d) == 0 || len(d) > MaxEntries {
-			return nil, fmt.Errorf("%w: descriptor %d has %d entries, want 1 to %d", ErrBadDescriptor, i, len(d), MaxEntries)
+			return fmt.Errorf("%w: descriptor %d has %d entries, want 1 to %d", ErrBadDescriptor, i, len(d), MaxEntries)
 		}
 		for j, e := range d {
 			if e.Key == "" || len(e.Key) > MaxEntryBytes {
-				return nil, fmt.Errorf("%w: descriptor %d entry %d: key must be 1 to %d bytes", ErrBadDescriptor, i, j, MaxEntryBytes)
+				return fmt.Errorf("%w: descriptor %d entry %d: key must be 1 to %d bytes", ErrBadDescriptor, i, j, MaxEntryBytes)
 			}
 		}
 	}
-	out := make([]DescriptorMatch, len(descriptors))
+	if len(out) != len(descriptors) {
+		return fmt.Errorf("policy: MatchTo given room for %d matches of %d descriptors", len(out), len(descriptors))
+	}
+	clear(out)
 	var dom *envoyDomain
 	if s != nil {
 		dom = s.domains[domain]
 	}
 	if dom == nil {
-		return out, nil
+		return nil
 	}
 	var replacing map[string]bool
 	var sh sharedValues
@@ -172,7 +189,7 @@ func (s *Set) Match(domain string, descriptors [][]Entry, subj EnvoySubjects) ([
 			out[i].Replaced = true
 		}
 	}
-	return out, nil
+	return nil
 }
 
 // sharedValues records, for one descriptor, the entries whose value a

@@ -337,3 +337,33 @@ func BenchmarkMatchDescriptors(b *testing.B) {
 		}
 	}
 }
+
+// TestMatchToReusesRoom: MatchTo writes into the caller's room, overwriting
+// what a previous request left there, without allocating anything
+// beyond the subject; room of the wrong length is an error.
+func TestMatchToReusesRoom(t *testing.T) {
+	s, err := Parse("m.yaml", []byte("domain: m\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 10}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	room := make([]DescriptorMatch, 1)
+	hit := [][]Entry{e("tenant", "acme")}
+	if err := s.MatchTo(room, "m", hit, EnvoySubjects{}); err != nil {
+		t.Fatal(err)
+	}
+	want, err := s.Match("m", hit, EnvoySubjects{})
+	if err != nil || room[0] != want[0] || room[0].Policy == nil {
+		t.Fatalf("MatchTo = %+v, Match = %+v, %v", room[0], want, err)
+	}
+	if err := s.MatchTo(room, "m", [][]Entry{e("other", "x")}, EnvoySubjects{}); err != nil || room[0] != (DescriptorMatch{}) {
+		t.Fatalf("a descriptor with no rule left %+v (%v)", room[0], err)
+	}
+	to := testing.AllocsPerRun(100, func() { _ = s.MatchTo(room, "m", hit, EnvoySubjects{}) })
+	made := testing.AllocsPerRun(100, func() { _, _ = s.Match("m", hit, EnvoySubjects{}) })
+	if to > 1 || made != to+1 {
+		t.Fatalf("MatchTo allocates %v times (the subject: want at most 1), Match %v (want one more)", to, made)
+	}
+	if err := s.MatchTo(make([]DescriptorMatch, 2), "m", hit, EnvoySubjects{}); err == nil {
+		t.Fatal("MatchTo accepted room for 2 matches of 1 descriptor")
+	}
+}

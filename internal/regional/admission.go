@@ -302,7 +302,7 @@ func (n *Node) runCheck(ctx context.Context, c *check) (*quotav1.CheckResponse, 
 func (n *Node) checkNow(ctx context.Context, now time.Time, c *check) (*quotav1.CheckResponse, error) {
 	ctx, span := n.startSpan(ctx, "regional.Check")
 	defer span.End()
-	out, err := n.decide(ctx, now, c.items)
+	out, err := n.decide(ctx, now, c.items, nil)
 	if err != nil {
 		return nil, statusOf(err)
 	}

@@ -200,16 +200,27 @@ func (it *item) limit() float64 {
 	return it.req.Share * float64(it.req.Limits.Capacity)
 }
 
+// oneOutcome is room for the decisions and the store request of a check
+// of one item, which a caller that already allocates per check can embed
+// to save decide its allocations.
+type oneOutcome struct {
+	d   [1]bucket.Decision
+	k   [1]bool
+	req [1]bucket.Request // what take asks the store for
+}
+
 // decide charges every enforced item all or nothing, then each shadow item
-// on its own. now is the node's clock reading for the check.
-func (n *Node) decide(ctx context.Context, now time.Time, items []item) (outcome, error) {
+// on its own. now is the node's clock reading for the check. A check of
+// one item keeps its decisions in one (allocated when nil).
+func (n *Node) decide(ctx context.Context, now time.Time, items []item, one *oneOutcome) (outcome, error) {
 	out := outcome{allowed: true}
+	var room []bucket.Request // for take, when it holds the request
 	if len(items) == 1 {
-		one := new(struct {
-			d [1]bucket.Decision
-			k [1]bool
-		})
+		if one == nil {
+			one = new(oneOutcome)
+		}
 		out.decs, out.known = one.d[:], one.k[:]
+		room = one.req[:]
 	} else {
 		out.decs, out.known = make([]bucket.Decision, len(items)), make([]bool, len(items))
 	}
@@ -269,7 +280,7 @@ func (n *Node) decide(ctx context.Context, now time.Time, items []item) (outcome
 	// checks go in chunks, and a denial refunds the chunks before it.
 	for start := 0; start < len(enforce) && out.allowed; start += bucket.MaxTakeAll {
 		chunk := enforce[start:min(start+bucket.MaxTakeAll, len(enforce))]
-		decs, mode, err := n.take(ctx, now, items, chunk)
+		decs, mode, err := n.take(ctx, now, items, chunk, room)
 		if err != nil {
 			return out, err
 		}
@@ -300,7 +311,7 @@ func (n *Node) decide(ctx context.Context, now time.Time, items []item) (outcome
 		}
 	}
 	for _, i := range shadow {
-		decs, _, err := n.take(ctx, now, items, []int{i})
+		decs, _, err := n.take(ctx, now, items, []int{i}, room)
 		if err != nil {
 			return out, err
 		}
@@ -320,9 +331,13 @@ func (n *Node) refundEnforced(ctx context.Context, now time.Time, items []item, 
 
 // take asks the store for items[idx] all or nothing, and the failure modes
 // when the store fails or the breaker is open. mode is empty when the store
-// decided.
-func (n *Node) take(ctx context.Context, now time.Time, items []item, idx []int) ([]bucket.Decision, policy.FailureMode, error) {
-	in := make([]bucket.Request, len(idx))
+// decided. The requests go in room when it has space for them.
+func (n *Node) take(ctx context.Context, now time.Time, items []item, idx []int, room []bucket.Request) ([]bucket.Decision, policy.FailureMode, error) {
+	in := room[:0]
+	if cap(in) < len(idx) {
+		in = make([]bucket.Request, len(idx))
+	}
+	in = in[:len(idx)]
 	for j, i := range idx {
 		in[j] = items[i].req
 		in[j].Share = n.windowShare(&items[i])

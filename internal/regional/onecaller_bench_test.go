@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"math/rand"
 	"net"
 	"os"
 	"runtime"
@@ -162,7 +163,28 @@ func BenchmarkOneCaller(b *testing.B) {
 	// handler-c50: 50 callers per P at once on the handler, as the c=50
 	// runs of the script load the node: redis-rt/op shows how many checks
 	// share a round trip (merged and pipelined).
-	b.Run("handler-c50", func(b *testing.B) {
+	// handler-c50-zipf is handler-c50 with Zipf-distributed subjects (s=1.1
+	// over the same 10,000), as the script's Zipf run: most checks find
+	// their subject live, so the gap to handler-c50 is what a cold subject
+	// costs.
+	zipf := rand.NewZipf(rand.New(rand.NewSource(1)), 1.1, 1, uint64(len(reqs)-1))
+	zipfOrder := make([]int, 1<<16)
+	for i := range zipfOrder {
+		zipfOrder[i] = int(zipf.Uint64())
+	}
+	orders := map[string]func(i int64) int{
+		"handler-c50":      func(i int64) int { return int(i % int64(len(reqs))) },
+		"handler-c50-zipf": func(i int64) int { return zipfOrder[i%int64(len(zipfOrder))] },
+	}
+	for _, name := range []string{"handler-c50", "handler-c50-zipf"} {
+		benchHandlerC50(b, name, r, reqs, orders[name], writes)
+	}
+}
+
+// benchHandlerC50 runs 50 callers per P at once on the handler, the i-th
+// check asking for reqs[order(i)].
+func benchHandlerC50(b *testing.B, name string, r *rls, reqs []*rlsv3.RateLimitRequest, order func(int64) int, writes *atomic.Int64) {
+	b.Run(name, func(b *testing.B) {
 		b.ReportAllocs()
 		b.SetParallelism(50)
 		var n, next atomic.Int64
@@ -170,7 +192,7 @@ func BenchmarkOneCaller(b *testing.B) {
 		b.ResetTimer()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				resp, err := r.ShouldRateLimit(context.Background(), reqs[next.Add(1)%int64(len(reqs))])
+				resp, err := r.ShouldRateLimit(context.Background(), reqs[order(next.Add(1))])
 				if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
 					b.Error(resp, err)
 					return

@@ -52,6 +52,8 @@ type envoyCheck struct {
 		status   [1]rlsv3.RateLimitResponse_DescriptorStatus
 		statPtr  [1]*rlsv3.RateLimitResponse_DescriptorStatus
 		dur      [1]durationpb.Duration
+		match    [1]policy.DescriptorMatch
+		outcome  oneOutcome
 	}
 }
 
@@ -90,7 +92,7 @@ func (r *rls) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) 
 	now := r.n.cfg.Clock.Now()
 	ctx, span := r.n.startSpan(ctx, "regional.ShouldRateLimit")
 	defer span.End()
-	out, err := r.n.decide(ctx, now, ec.items)
+	out, err := r.n.decide(ctx, now, ec.items, &ec.one.outcome)
 	if err != nil {
 		switch {
 		case ctx.Err() != nil:
@@ -192,6 +194,7 @@ func (n *Node) prepareEnvoy(set *policy.Set, req *rlsv3.RateLimitRequest, shares
 	ec := &envoyCheck{}
 	var entries [][]policy.Entry
 	var lims []rlsv3.RateLimitResponse_RateLimit
+	var matches []policy.DescriptorMatch
 	if len(descs) == 1 && len(descs[0].GetEntries()) == 1 {
 		e := descs[0].GetEntries()[0]
 		ec.one.entry[0] = policy.Entry{Key: e.GetKey(), Value: e.GetValue()}
@@ -199,12 +202,14 @@ func (n *Node) prepareEnvoy(set *policy.Set, req *rlsv3.RateLimitRequest, shares
 		entries = ec.one.entries[:]
 		ec.items, ec.slot, ec.limits = ec.one.item[:0], ec.one.slot[:], ec.one.limitPtr[:]
 		lims = ec.one.limit[:]
+		matches = ec.one.match[:]
 	} else {
 		entries = flatEntries(descs)
 		ec.items = make([]item, 0, len(descs))
 		ec.slot = make([]int, len(descs))
 		ec.limits = make([]*rlsv3.RateLimitResponse_RateLimit, len(descs))
 		lims = make([]rlsv3.RateLimitResponse_RateLimit, len(descs))
+		matches = make([]policy.DescriptorMatch, len(descs))
 	}
 	for _, d := range entries {
 		for j := range d {
@@ -213,7 +218,7 @@ func (n *Node) prepareEnvoy(set *policy.Set, req *rlsv3.RateLimitRequest, shares
 			}
 		}
 	}
-	matches, err := set.Match(req.GetDomain(), entries, n.envoySubj)
+	err := set.MatchTo(matches, req.GetDomain(), entries, n.envoySubj)
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
