@@ -155,12 +155,11 @@ func shapeFor(rate float64, lim int64) (leaseShape, bool) {
 type leaseConsumer struct {
 	holder  string
 	weight  float64
-	acc     float64 // fractional offered requests carried to the next tick
 	offered int64   // since the last report
 	demand  float64 // smoothed requests per second
 
 	// The filter's side.
-	has, deny   bool
+	has         bool
 	shape       leaseShape
 	tokens      float64
 	ts, expires time.Duration

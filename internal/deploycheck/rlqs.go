@@ -144,8 +144,7 @@ func walkOnMatch(m *matcherv3.Matcher, f func(*matcherv3.Matcher_OnMatch)) {
 	if m == nil {
 		return
 	}
-	var visit func(om *matcherv3.Matcher_OnMatch)
-	visit = func(om *matcherv3.Matcher_OnMatch) {
+	visit := func(om *matcherv3.Matcher_OnMatch) {
 		if om == nil {
 			return
 		}
