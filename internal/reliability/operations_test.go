@@ -55,7 +55,11 @@ func TestRedisCredentialAttack(t *testing.T) {
 	pol := writePolicies(t, "policies:\n  - {name: cred-open, capacity: 5, rate: 5/hour, failure_mode: open}\n")
 	wrongFile := writeFile(t, filepath.Join(t.TempDir(), "wrong"), []byte("nope\n"))
 
-	good := startNode(t, regional.DaemonConfig{Redis: srv.Addr, RedisUsername: "limiter", RedisPassword: userPW, Policies: pol}, nil)
+	// A generous store budget: under -race on a loaded machine the first
+	// script call can pass the 5 ms default, and the open policy would
+	// then decide; this node is about its credentials.
+	good := startNode(t, regional.DaemonConfig{Redis: srv.Addr, RedisUsername: "limiter", RedisPassword: userPW, Policies: pol,
+		StoreTimeout: time.Second}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if r, err := good.adm.Check(ctx, &quotav1.CheckRequest{Subject: "control", Policies: []string{"cred-open"}}); err != nil || !r.Allowed || r.Degraded != "" {
