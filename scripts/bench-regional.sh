@@ -41,12 +41,9 @@ if [ "$ROUNDS" -gt 20 ]; then
 	exit 1
 fi
 
-need() {
-	command -v "$1" >/dev/null 2>&1 || {
-		echo "bench-regional: $1 not found; install it ($2)" >&2
-		exit 1
-	}
-}
+BENCH_NAME=bench-regional
+# shellcheck source=scripts/lib/bench.sh
+. scripts/lib/bench.sh
 need redis-server "apt-get install redis-server"
 need redis-cli "apt-get install redis-tools"
 need redis-benchmark "apt-get install redis-tools"
@@ -56,30 +53,6 @@ if [ "$(nproc)" -lt 2 ]; then
 	echo "bench-regional: needs 2 CPUs (node and Redis on one, the load on the other); found $(nproc)" >&2
 	exit 1
 fi
-
-work=$(mktemp -d)
-pids=()
-cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-	rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# free_port prints a loopback TCP port nothing listens on.
-free_port() {
-	local p
-	for _ in $(seq 1 100); do
-		p=$((20000 + RANDOM % 40000))
-		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-			echo "$p"
-			return
-		fi
-	done
-	echo "bench-regional: no free port" >&2
-	exit 1
-}
 
 echo "building cmd/regional and cmd/loadgen ..."
 go build -o "$work/regional" ./cmd/regional

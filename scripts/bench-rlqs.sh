@@ -37,12 +37,9 @@ if [ "$ROUNDS" -gt 20 ]; then
 fi
 case "$STORE" in redis | memory) ;; *) echo "bench-rlqs: BENCH_STORE must be redis or memory" >&2; exit 1 ;; esac
 
-need() {
-	command -v "$1" >/dev/null 2>&1 || {
-		echo "bench-rlqs: $1 not found; install it ($2)" >&2
-		exit 1
-	}
-}
+BENCH_NAME=bench-rlqs
+# shellcheck source=scripts/lib/bench.sh
+. scripts/lib/bench.sh
 [ "$STORE" = memory ] || need redis-server "apt-get install redis-server"
 [ "$STORE" = memory ] || need redis-cli "apt-get install redis-tools"
 need taskset "apt-get install util-linux"
@@ -52,29 +49,6 @@ if [ "$(nproc)" -lt 2 ]; then
 	echo "bench-rlqs: needs 2 CPUs (node and Redis on one, the clients on the other); found $(nproc)" >&2
 	exit 1
 fi
-
-work=$(mktemp -d)
-pids=()
-cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-	rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-free_port() {
-	local p
-	for _ in $(seq 1 100); do
-		p=$((20000 + RANDOM % 40000))
-		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-			echo "$p"
-			return
-		fi
-	done
-	echo "bench-rlqs: no free port" >&2
-	exit 1
-}
 
 echo "building cmd/regional and cmd/loadgen ..."
 go build -o "$work/regional" ./cmd/regional
