@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -41,6 +40,13 @@ type regionNode struct {
 // startRegionNode serves a node that holds share of every policy in doc.
 func startRegionNode(t *testing.T, share float64, doc string) *regionNode {
 	t.Helper()
+	return serveNode(t, regional.Config{Shares: fixedShare(share), SubjectSalt: "client-emergency-test", StoreTimeout: 2 * time.Second}, doc)
+}
+
+// serveNode serves a real regional node of cfg on the shared Redis (an
+// in-process store for its local failure mode) with the policies of doc.
+func serveNode(t *testing.T, cfg regional.Config, doc string) *regionNode {
+	t.Helper()
 	store, err := bucket.NewRedis(bucket.RedisConfig{Client: redistest.Client(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -50,8 +56,8 @@ func startRegionNode(t *testing.T, share float64, doc string) *regionNode {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := regional.New(regional.Config{Region: "test", Store: store, Local: local, Shares: fixedShare(share),
-		SubjectSalt: "client-emergency-test", StoreTimeout: 2 * time.Second})
+	cfg.Region, cfg.Store, cfg.Local = "test", store, local
+	n, err := regional.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,9 +92,7 @@ func (rn *regionNode) stop() {
 }
 
 // emergencyPolicy is a policy name unique to the test (the Redis is shared).
-func emergencyPolicy(t *testing.T) string {
-	return "emergency_" + strings.ReplaceAll(redistest.Unique(t), "-", "_")
-}
+func emergencyPolicy(t *testing.T) string { return unique(t, "emergency") }
 
 // TestEmergencyBucketAfterNodeStops: three clients of a region whose share
 // is 0.75 of a policy of capacity 20 learn the share from the node, then

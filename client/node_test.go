@@ -3,21 +3,15 @@ package client_test
 import (
 	"context"
 	"errors"
-	"net"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/quotacoord/quota/bucket"
 	"github.com/quotacoord/quota/client"
 	"github.com/quotacoord/quota/internal/grants"
-	"github.com/quotacoord/quota/internal/policy"
 	"github.com/quotacoord/quota/internal/redistest"
 	"github.com/quotacoord/quota/internal/regional"
 )
@@ -34,41 +28,11 @@ const nodePolicies = `policies:
 // nodePolicies and the grants in grantsYAML, and returns its address.
 func startRegional(t *testing.T, grantsYAML string) string {
 	t.Helper()
-	store, err := bucket.NewRedis(bucket.RedisConfig{Client: redistest.Client(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
-	local, err := bucket.NewMemory(bucket.MemoryConfig{MaxBuckets: 1000})
-	if err != nil {
-		t.Fatal(err)
-	}
 	g, err := grants.Parse("grants", []byte(grantsYAML))
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := regional.New(regional.Config{Region: "test", Store: store, Local: local, Grants: g, StoreTimeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "p.yaml"), []byte(nodePolicies), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	set, err := policy.Load(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n.SetPolicies(set)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer()
-	n.Register(gs)
-	go func() { _ = gs.Serve(lis) }()
-	t.Cleanup(gs.Stop)
-	return lis.Addr().String()
+	return serveNode(t, regional.Config{Grants: g, StoreTimeout: 10 * time.Second}, nodePolicies).addr
 }
 
 func unique(t *testing.T, prefix string) string {
