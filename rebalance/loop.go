@@ -430,9 +430,10 @@ func (l *Loop) doRound(ctx context.Context, f fence, full bool) (Result, error) 
 	l.mu.Unlock()
 	// Before any epoch that counts on them: a new leader must read back
 	// the vanished nodes this round's plans held reservations for.
-	if err := l.keepBehind(ctx, f, snap.view.Behind, behind); err != nil {
+	if err := l.keepBehind(ctx, f, snap.storedBehind, behind); err != nil {
 		return Result{}, err
 	}
+	l.dropKeptAcks(ctx, f, snap.keptAcks, behind)
 	var res Result
 	var pubs []publication
 	var pubPlans []plan.Decision
@@ -642,6 +643,85 @@ func (l *Loop) keepBehind(ctx context.Context, f fence, old, now map[string]plan
 	return nil
 }
 
+// keepVanished makes view.Behind the stored behind/ records plus every
+// node whose acknowledgement is kept without a registration: a node that
+// vanished, perhaps before any leader saw it go (a leader that failed
+// between the lease's end and its own write of behind/), and that may,
+// cut off, enforce the safe shares of the epochs it acknowledged. A node
+// in both counts at the lower epoch of each policy.
+func (snap *snapshot) keepVanished(acks map[string]map[string]*etcdlayout.Ack) {
+	for r, ns := range snap.storedBehind {
+		snap.view.Behind[r] = maps.Clone(ns)
+	}
+	for r, ns := range acks {
+		for _, n := range slices.Sorted(maps.Keys(ns)) {
+			if _, ok := snap.view.Regions[r][n]; ok {
+				continue
+			}
+			snap.keptAcks[r] = append(snap.keptAcks[r], n)
+			b := snap.view.Behind[r]
+			if b == nil {
+				b = plan.Behind{}
+				snap.view.Behind[r] = b
+			}
+			if was, ok := b[n]; ok {
+				b[n] = lowerEpochs(was, ns[n].Epochs)
+			} else {
+				b[n] = maps.Clone(ns[n].Epochs)
+			}
+		}
+	}
+}
+
+// lowerEpochs is the lower epoch per policy of a and b; a policy one of
+// them lacks (never acknowledged) is left out, which reads as 0.
+func lowerEpochs(a, b map[string]uint64) map[string]uint64 {
+	out := make(map[string]uint64, min(len(a), len(b)))
+	for p, e := range a {
+		if o, ok := b[p]; ok {
+			out[p] = min(e, o)
+		}
+	}
+	return out
+}
+
+// dropKeptAcks deletes the kept acknowledgements of vanished nodes that
+// behind (now written to etcd) holds, one by one or folded into their
+// region's node "", fenced by f and by each node's registration being
+// absent: a node that registered again deleted them itself and may have
+// written new ones. A failure leaves them for the next round, which
+// counts them again.
+func (l *Loop) dropKeptAcks(ctx context.Context, f fence, kept map[string][]string, behind map[string]plan.Behind) {
+	var nodes [][2]string
+	for _, r := range slices.Sorted(maps.Keys(kept)) {
+		for _, n := range kept[r] {
+			_, one := behind[r][n]
+			_, folded := behind[r][""]
+			if one || folded {
+				nodes = append(nodes, [2]string{r, n})
+			}
+		}
+	}
+	sizes := make([]int, len(nodes))
+	for i, k := range nodes {
+		sizes[i] = len(l.layout.NodeAcks(k[0], k[1])) + len(l.layout.Node(k[0], k[1]))
+	}
+	start := 0
+	for _, end := range etcdlayout.Batches(sizes, etcdlayout.MaxTxnOps-1, etcdlayout.MaxTxnBytes) {
+		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(f.key), "=", f.rev)}
+		var ops []clientv3.Op
+		for _, k := range nodes[start:end] {
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(l.layout.Node(k[0], k[1])), "=", 0))
+			ops = append(ops, clientv3.OpDelete(l.layout.NodeAcks(k[0], k[1]), clientv3.WithPrefix()))
+		}
+		resp, err := l.cfg.Client.Txn(ctx).If(cmps...).Then(ops...).Commit()
+		if err != nil || !resp.Succeeded {
+			l.cfg.Logger.Debug("acknowledgements of vanished nodes left for the next round", "nodes", end-start, "error", err)
+		}
+		start = end
+	}
+}
+
 func (l *Loop) publishSettings(ctx context.Context, f fence) error {
 	s := etcdlayout.Settings{
 		ReportIntervalSeconds: l.cfg.ReportInterval.Seconds(),
@@ -686,9 +766,11 @@ func (l *Loop) read(ctx context.Context) (*snapshot, error) {
 		rev: resp.Header.Revision,
 		view: &plan.View{Regions: map[string]map[string]plan.Node{}, Demand: map[string]map[string]plan.PolicyDemand{},
 			Retired: map[string]bool{}, Behind: map[string]plan.Behind{}},
-		controls:  map[string]etcdlayout.Control{},
-		allocs:    map[string]*etcdlayout.Allocation{},
-		allocRevs: map[string]int64{},
+		storedBehind: map[string]plan.Behind{},
+		keptAcks:     map[string][]string{},
+		controls:     map[string]etcdlayout.Control{},
+		allocs:       map[string]*etcdlayout.Allocation{},
+		allocRevs:    map[string]int64{},
 	}
 	docs := map[string][]byte{}
 	nodes, behind := 0, 0
@@ -761,7 +843,7 @@ func (l *Loop) read(ctx context.Context) (*snapshot, error) {
 						"key", string(kv.Key), "nodes", len(v), "bound", plan.MaxBehind)
 					break
 				}
-				snap.view.Behind[name] = v
+				snap.storedBehind[name] = v
 				behind += len(v)
 			}
 			switch {
@@ -791,6 +873,7 @@ func (l *Loop) read(ctx context.Context) (*snapshot, error) {
 			ns[n] = plan.Node{Acked: epochs, Fingerprint: ns[n].Fingerprint}
 		}
 	}
+	snap.keepVanished(acks)
 	snap.policies, snap.policyErrs = policy.LoadStored(docs)
 	return snap, nil
 }

@@ -20,6 +20,12 @@ type snapshot struct {
 	policyErrs []error
 	allocs     map[string]*etcdlayout.Allocation
 	allocRevs  map[string]int64
+	// storedBehind is the behind/ records as read, before the kept
+	// acknowledgements of unregistered nodes joined view.Behind.
+	storedBehind map[string]plan.Behind
+	// keptAcks are the unregistered nodes whose acknowledgements are
+	// still kept, per region.
+	keptAcks map[string][]string
 }
 
 // planPolicies are the policies of snap the planner allocates (unlimited

@@ -51,7 +51,8 @@ func (l Layout) AllocPrefix() string { return l.p() + "alloc/" }
 // Alloc is the key of one policy's allocation.
 func (l Layout) Alloc(policy string) string { return l.AllocPrefix() + policy }
 
-// AcksPrefix holds the leased acknowledgements.
+// AcksPrefix holds the acknowledgements, which outlive their node's
+// lease until a leader keeps the node among the vanished ones.
 func (l Layout) AcksPrefix() string { return l.p() + "acks/" }
 
 // ControlPrefix holds the operator's per-policy controls.

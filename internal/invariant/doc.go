@@ -21,9 +21,9 @@
 // the latest epoch published when N registered (nodes register before
 // they read alloc/). A node whose registration is gone (lease expired or
 // revoked) counts at its safe share, the largest Safe[R] of the epochs
-// from its floor on (its acknowledgement's key ends with the lease, just
-// before the registration, but the node still applied the epoch it
-// acknowledged, so the floor stays); a node that never registered
+// from its floor on (its acknowledgement's key outlives the lease until a
+// leader deletes it, and the floor stays after that: the node still
+// applied the epoch it acknowledged); a node that never registered
 // enforces nothing. A
 // node whose floor is before the policy's first epoch counts at least at
 // the policy's minimum share for its region (from the policy documents

@@ -212,12 +212,11 @@ func (h *History) Delete(key string) {
 		delete(h.docs, etcdlayout.Name(l.PoliciesPrefix(), key))
 		h.loadPolicies()
 	case strings.HasPrefix(key, l.AcksPrefix()):
-		// An acknowledgement shard goes with its node's lease, in the same
-		// revision as the registration and before it (etcd deletes a
-		// lease's keys in key order), or when its last policy is gone.
-		// The node still applied every epoch up to the ones it
-		// acknowledged, so its floor stays; a new registration starts a
-		// new one.
+		// An acknowledgement shard is deleted by a new registration of its
+		// node, by a leader once it keeps the node among the vanished
+		// ones, or when its last policy is gone. The node still applied
+		// every epoch up to the ones it acknowledged, so its floor stays;
+		// a new registration starts a new one.
 	case strings.HasPrefix(key, l.RegionsPrefix()):
 		region, node, ok := etcdlayout.NodeOf(l.RegionsPrefix(), key)
 		if !ok {

@@ -63,10 +63,13 @@
 //
 // Everything follows internal/etcdlayout. A Syncer is one node of its
 // region (Config.Node, by default the hostname plus a random suffix) and
-// writes regions/{region}/{node} (Registration), demand/{region}/{node}/{shard}
-// (DemandReport) and acks/{region}/{node}/{shard} (Ack) under its own
-// lease, so the nodes of one region never overwrite each other, and one
-// stopping
+// writes regions/{region}/{node} (Registration) and demand/{region}/{node}/{shard}
+// (DemandReport) under its own lease, and acks/{region}/{node}/{shard}
+// (Ack) without it but only while its registration is held under it
+// (Owner): an acknowledgement outlives the lease, so that a leader that
+// did not see the node go still learns which safe shares it may enforce
+// cut off. A new registration deletes the node's earlier ones. The nodes
+// of one region never overwrite each other, and one stopping
 // (its lease revoked) leaves the region registered through the others. The
 // coordinator treats the region as live while any node is registered,
 // sums their demand and grows only after every node acknowledged;

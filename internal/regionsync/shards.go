@@ -3,6 +3,7 @@ package regionsync
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"math"
@@ -14,9 +15,9 @@ import (
 )
 
 // ShardWriter keeps one node's sharded record, its demand report or its
-// acknowledgement (etcdlayout.Shards), in step with etcd under the node's
+// acknowledgement (etcdlayout.Shards), in step with etcd for the node's
 // lease: a Write puts only the shards whose value changed since the last
-// write etcd accepted under the same lease, and deletes the shards that
+// write etcd accepted for the same lease, and deletes the shards that
 // emptied. The zero value writes every shard on its first Write. It is
 // not safe for concurrent use.
 type ShardWriter[V any] struct {
@@ -24,21 +25,47 @@ type ShardWriter[V any] struct {
 	written map[int]V
 }
 
+// Owner is the node a ShardWriter writes for.
+type Owner struct {
+	// Lease is the node's lease.
+	Lease clientv3.LeaseID
+	// Registration, when set, is the node's registration key, and the
+	// shards outlive the lease: they are put without it, each transaction
+	// only while Registration is held under Lease (else ErrNotRegistered).
+	// Acknowledgements are kept this way, so that a leader that did not
+	// see the node go still reads the epochs it may enforce when cut off;
+	// the leader deletes them once it keeps the node among the vanished
+	// ones. Without Registration the shards are put under Lease and end
+	// with it (demand reports).
+	Registration string
+}
+
+// ErrNotRegistered is a kept write refused because the node's
+// registration is no longer held under its lease.
+var ErrNotRegistered = errors.New("regionsync: registration not held under the lease")
+
 // Written is what one Write sent to etcd.
 type Written struct {
 	Puts, Deletes, Bytes, Txns int
 }
 
-// Write makes etcd hold shards under lease at key(shard): a shard is put
-// when it was not written under lease before or changed(old, new) says
-// it moved, and a shard written before that is absent from shards is
+// Write makes etcd hold shards for owner at key(shard): a shard is put
+// when it was not written for owner's lease before or changed(old, new)
+// says it moved, and a shard written before that is absent from shards is
 // deleted. Operations go out in transactions within etcdlayout.MaxTxnOps
 // and MaxTxnBytes; a shard is remembered as written only once its
 // transaction succeeded, so a failed Write is repeated by the next one.
-func (w *ShardWriter[V]) Write(ctx context.Context, kv clientv3.KV, lease clientv3.LeaseID, key func(shard int) string,
+func (w *ShardWriter[V]) Write(ctx context.Context, kv clientv3.KV, owner Owner, key func(shard int) string,
 	shards map[int]V, changed func(old, new V) bool) (Written, error) {
+	lease := owner.Lease
 	if lease != w.lease || w.written == nil {
 		w.lease, w.written = lease, map[int]V{}
+	}
+	put := []clientv3.OpOption{clientv3.WithLease(lease)}
+	var held []clientv3.Cmp
+	if owner.Registration != "" {
+		put = nil
+		held = []clientv3.Cmp{clientv3.Compare(clientv3.LeaseValue(owner.Registration), "=", lease)}
 	}
 	type op struct {
 		shard int
@@ -72,13 +99,17 @@ func (w *ShardWriter[V]) Write(ctx context.Context, kv clientv3.KV, lease client
 		batch := make([]clientv3.Op, 0, end-start)
 		for _, o := range ops[start:end] {
 			if o.put {
-				batch = append(batch, clientv3.OpPut(key(o.shard), string(o.value), clientv3.WithLease(lease)))
+				batch = append(batch, clientv3.OpPut(key(o.shard), string(o.value), put...))
 			} else {
 				batch = append(batch, clientv3.OpDelete(key(o.shard)))
 			}
 		}
-		if _, err := kv.Txn(ctx).Then(batch...).Commit(); err != nil {
-			return out, fmt.Errorf("write %d shards from %s under lease %x: %w", end-start, key(ops[start].shard), lease, err)
+		resp, err := kv.Txn(ctx).If(held...).Then(batch...).Commit()
+		if err != nil {
+			return out, fmt.Errorf("write %d shards from %s for lease %x: %w", end-start, key(ops[start].shard), lease, err)
+		}
+		if !resp.Succeeded {
+			return out, fmt.Errorf("write %d shards from %s: %w: %s, lease %x", end-start, key(ops[start].shard), ErrNotRegistered, owner.Registration, lease)
 		}
 		out.Txns++
 		for i, o := range ops[start:end] {

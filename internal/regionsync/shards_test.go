@@ -2,6 +2,7 @@ package regionsync
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -37,7 +38,7 @@ func TestShardWriterWritesWhatChanged(t *testing.T) {
 	lease := grant()
 	write := func(want Written) {
 		t.Helper()
-		got, err := w.Write(ctx, c, lease, key, shards, ackChanged)
+		got, err := w.Write(ctx, c, Owner{Lease: lease}, key, shards, ackChanged)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -75,6 +76,49 @@ func TestShardWriterWritesWhatChanged(t *testing.T) {
 	// A new lease: every shard again.
 	lease = grant()
 	write(Written{Puts: len(shards), Txns: (len(shards) + etcdlayout.MaxTxnOps - 1) / etcdlayout.MaxTxnOps})
+}
+
+// TestKeptShardsOutliveTheLease: acknowledgement shards written with a
+// registration are put without the lease, only while the registration is
+// held under it, and stay after the lease ends, for a leader that did not
+// see the node go.
+func TestKeptShardsOutliveTheLease(t *testing.T) {
+	srv := etcdtest.Start(t)
+	c := srv.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	g, err := c.Grant(ctx, 30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := lay.Node("eu", "n")
+	owner := Owner{Lease: g.ID, Registration: reg}
+	key := func(s int) string { return lay.AckShard("eu", "n", s) }
+	shards := etcdlayout.SplitAck(etcdlayout.Ack{Region: "eu", Node: "n", Epochs: map[string]uint64{"p": 3}})
+	var w ShardWriter[etcdlayout.Ack]
+	if _, err := w.Write(ctx, c, owner, key, shards, ackChanged); !errors.Is(err, ErrNotRegistered) {
+		t.Fatalf("write before the registration: %v, want ErrNotRegistered", err)
+	}
+	if _, err := c.Put(ctx, reg, "{}", clientv3.WithLease(g.ID)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(ctx, c, owner, key, shards, ackChanged); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Revoke(ctx, g.ID); err != nil {
+		t.Fatal(err)
+	}
+	var a etcdlayout.Ack
+	if found, l := getAck(t, c, "eu", "n", &a); !found || l != 0 || a.Epochs["p"] != 3 {
+		t.Fatalf("after the lease ended: found %v, lease %x, epochs %v; want epoch 3 kept without a lease", found, l, a.Epochs)
+	}
+	shards = etcdlayout.SplitAck(etcdlayout.Ack{Region: "eu", Node: "n", Epochs: map[string]uint64{"p": 4}})
+	if _, err := w.Write(ctx, c, owner, key, shards, ackChanged); !errors.Is(err, ErrNotRegistered) {
+		t.Fatalf("write after the lease ended: %v, want ErrNotRegistered", err)
+	}
+	if found, _ := getAck(t, c, "eu", "n", &a); !found || a.Epochs["p"] != 3 {
+		t.Fatalf("a refused write changed the kept acknowledgement: %v", a.Epochs)
+	}
 }
 
 func policyName(i int) string { return fmt.Sprintf("policy-%d", i) }

@@ -435,7 +435,10 @@ func (s *Syncer) establish(ctx context.Context) (clientv3.LeaseID, error) {
 	for attempt := 0; ; attempt++ {
 		resp, err = s.cfg.Client.Txn(cctx).
 			If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-			Then(clientv3.OpPut(key, string(reg), clientv3.WithLease(lr.ID))).
+			// Acknowledgements outlive their lease (Owner.Registration):
+			// those of an earlier incarnation go with the new registration.
+			Then(clientv3.OpDelete(s.cfg.Layout.NodeAcks(s.cfg.Region, s.cfg.Node), clientv3.WithPrefix()),
+				clientv3.OpPut(key, string(reg), clientv3.WithLease(lr.ID))).
 			Else(clientv3.OpGet(key)).
 			Commit()
 		if err != nil || resp.Succeeded {

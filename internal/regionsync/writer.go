@@ -2,6 +2,7 @@ package regionsync
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -47,7 +48,8 @@ func (s *Syncer) ackLoop(ctx context.Context) {
 		}
 		a := etcdlayout.Ack{Region: s.cfg.Region, Node: s.cfg.Node, Epochs: t.epochs, At: s.now()}
 		err := s.writeShards(ctx, id, func(ctx context.Context) error {
-			_, err := s.acks.Write(ctx, s.cfg.Client, id, func(shard int) string {
+			owner := Owner{Lease: id, Registration: s.cfg.Layout.Node(s.cfg.Region, s.cfg.Node)}
+			_, err := s.acks.Write(ctx, s.cfg.Client, owner, func(shard int) string {
 				return s.cfg.Layout.AckShard(s.cfg.Region, s.cfg.Node, shard)
 			}, etcdlayout.SplitAck(a), ackChanged)
 			return err
@@ -110,21 +112,22 @@ func (s *Syncer) report(ctx context.Context) error {
 		return fmt.Errorf("demand report of %d policies dropped: %w", len(rep.Policies), ErrNoLease)
 	}
 	return s.writeShards(ctx, id, func(ctx context.Context) error {
-		_, err := s.demand.Write(ctx, s.cfg.Client, id, func(shard int) string {
+		_, err := s.demand.Write(ctx, s.cfg.Client, Owner{Lease: id}, func(shard int) string {
 			return s.cfg.Layout.DemandShard(s.cfg.Region, s.cfg.Node, shard)
 		}, etcdlayout.SplitDemand(rep), demandChanged)
 		return err
 	})
 }
 
-// writeShards runs write, the leased write of a sharded record under lease
-// id, within one request timeout. A "lease not found" answer marks the
-// lease lost.
+// writeShards runs write, the write of a sharded record for lease id,
+// within one request timeout. A "lease not found" answer, or a kept write
+// that found the registration no longer held under id, marks the lease
+// lost.
 func (s *Syncer) writeShards(ctx context.Context, id clientv3.LeaseID, write func(context.Context) error) error {
 	cctx, cancel := context.WithTimeout(ctx, s.requestTimeout())
 	defer cancel()
 	if err := write(cctx); err != nil {
-		if leaseGone(err) {
+		if leaseGone(err) || errors.Is(err, ErrNotRegistered) {
 			s.markLost(id, "leased write found no lease")
 		}
 		return err

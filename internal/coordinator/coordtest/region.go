@@ -78,9 +78,16 @@ func (r *Region) Register(ctx context.Context, ttl time.Duration) error {
 		}
 	}()
 	reg := etcdlayout.Registration{Region: r.Name, Node: r.Node, LeaseTTLSeconds: g.TTL, StartedAt: time.Now(), Fingerprint: r.Fingerprint}
-	if err := r.put(ctx, r.layout.Node(r.Name, r.Node), reg, g.ID); err != nil {
+	data, err := json.Marshal(reg)
+	if err == nil {
+		// As regionsync registers: the kept acknowledgements of an
+		// earlier incarnation go with the new registration.
+		_, err = r.cli.Txn(ctx).Then(clientv3.OpDelete(r.layout.NodeAcks(r.Name, r.Node), clientv3.WithPrefix()),
+			clientv3.OpPut(r.layout.Node(r.Name, r.Node), string(data), clientv3.WithLease(g.ID))).Commit()
+	}
+	if err != nil {
 		cancel()
-		return err
+		return fmt.Errorf("coordtest: register %s/%s: %w", r.Name, r.Node, err)
 	}
 	r.lease, r.stopKA = g.ID, cancel
 	r.acked = map[string]uint64{}
@@ -88,7 +95,8 @@ func (r *Region) Register(ctx context.Context, ttl time.Duration) error {
 }
 
 // Kill stops keeping the lease alive, as a region cut off from etcd: its
-// keys vanish when the lease expires. It waits for the keepalive goroutine.
+// registration and demand vanish when the lease expires; its
+// acknowledgement is kept until a leader counts it among the vanished. It waits for the keepalive goroutine.
 func (r *Region) Kill() {
 	r.mu.Lock()
 	stop := r.stopKA
@@ -121,7 +129,7 @@ func (r *Region) Report(ctx context.Context, interval time.Duration, policies ma
 	id := r.lease
 	r.mu.Unlock()
 	rep := etcdlayout.DemandReport{Region: r.Name, Node: r.Node, At: time.Now(), IntervalSeconds: interval.Seconds(), Policies: policies}
-	return writeAll(ctx, r, "demand report", &r.demand, id, func(s int) string { return r.layout.DemandShard(r.Name, r.Node, s) }, etcdlayout.SplitDemand(rep))
+	return writeAll(ctx, r, "demand report", &r.demand, regionsync.Owner{Lease: id}, func(s int) string { return r.layout.DemandShard(r.Name, r.Node, s) }, etcdlayout.SplitDemand(rep))
 }
 
 // Ack records that the region applied epoch of policy and writes the
@@ -141,15 +149,16 @@ func (r *Region) writeAck(ctx context.Context) error {
 	}
 	id := r.lease
 	r.mu.Unlock()
-	return writeAll(ctx, r, "acknowledgement", &r.acks, id, func(s int) string { return r.layout.AckShard(r.Name, r.Node, s) }, etcdlayout.SplitAck(a))
+	owner := regionsync.Owner{Lease: id, Registration: r.layout.Node(r.Name, r.Node)}
+	return writeAll(ctx, r, "acknowledgement", &r.acks, owner, func(s int) string { return r.layout.AckShard(r.Name, r.Node, s) }, etcdlayout.SplitAck(a))
 }
 
-// writeAll writes every shard of one of r's records at key(shard) under
-// lease id, and deletes the shards it wrote before that are absent now.
-func writeAll[V any](ctx context.Context, r *Region, what string, w *regionsync.ShardWriter[V], id clientv3.LeaseID, key func(int) string, shards map[int]V) error {
+// writeAll writes every shard of one of r's records at key(shard) for
+// owner, and deletes the shards it wrote before that are absent now.
+func writeAll[V any](ctx context.Context, r *Region, what string, w *regionsync.ShardWriter[V], owner regionsync.Owner, key func(int) string, shards map[int]V) error {
 	r.wmu.Lock()
 	defer r.wmu.Unlock()
-	if _, err := w.Write(ctx, r.cli, id, key, shards, func(_, _ V) bool { return true }); err != nil {
+	if _, err := w.Write(ctx, r.cli, owner, key, shards, func(_, _ V) bool { return true }); err != nil {
 		return fmt.Errorf("coordtest: %s of %s/%s: %w", what, r.Name, r.Node, err)
 	}
 	return nil
@@ -190,21 +199,6 @@ func (r *Region) AutoAck(ctx context.Context) (wait func()) {
 		}
 	}()
 	return func() { <-done }
-}
-
-func (r *Region) put(ctx context.Context, key string, v any, lease clientv3.LeaseID) error {
-	data, err := json.Marshal(v)
-	if err != nil {
-		return fmt.Errorf("coordtest: encode %s: %w", key, err)
-	}
-	var opts []clientv3.OpOption
-	if lease != 0 {
-		opts = append(opts, clientv3.WithLease(lease))
-	}
-	if _, err := r.cli.Put(ctx, key, string(data), opts...); err != nil {
-		return fmt.Errorf("coordtest: put %s: %w", key, err)
-	}
-	return nil
 }
 
 // Allocations reads every published allocation.
