@@ -313,6 +313,7 @@ func (s *Server) handle(ss *stream, r *rlqsv3.RateLimitQuotaUsageReports) error 
 		if u.GetNumRequestsAllowed()+u.GetNumRequestsDenied() > 0 {
 			c.lastUse = now
 		}
+		s.recordDemand(c, u.GetNumRequestsAllowed(), u.GetNumRequestsDenied(), d)
 	}
 	if woke {
 		select {
@@ -321,6 +322,22 @@ func (s *Server) handle(ss *stream, r *rlqsv3.RateLimitQuotaUsageReports) error 
 		}
 	}
 	return nil
+}
+
+// recordDemand passes one usage report of c (rate d requests per second)
+// to Config.Demand; the caller holds mu.
+func (s *Server) recordDemand(c *consumer, allowed, denied uint64, d float64) {
+	if s.cfg.Demand == nil || c.kind != kindLeased || c.g == nil {
+		return
+	}
+	pressured := denied > 0 || !c.leased || d >= c.rate/2
+	name, subject := c.g.pol.Name, c.g.subject.String()
+	if allowed > 0 {
+		s.cfg.Demand.Record(name, subject, int64(min(allowed, math.MaxInt64)), true, pressured)
+	}
+	if denied > 0 {
+		s.cfg.Demand.Record(name, subject, int64(min(denied, math.MaxInt64)), false, pressured)
+	}
 }
 
 func (s *Server) validID(id map[string]string) error {
