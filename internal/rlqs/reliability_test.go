@@ -108,7 +108,7 @@ func (r *rlqsRun) check(t *testing.T) boundcheck.Report {
 	for _, v := range rep.Violations {
 		t.Errorf("over the bound: %v", v)
 	}
-	ideal := idealAdmitted(r.offers, l)
+	ideal := boundcheck.IdealAdmitted(r.offers, l)
 	t.Logf("admitted %d of %d offered, an ideal bucket %d (under-admission %.1f%%); %d windows, peak %.2f of the bound",
 		len(r.adms), len(r.offers), ideal, 100*(1-float64(len(r.adms))/float64(ideal)), rep.Windows, rep.Peak)
 	return rep
