@@ -93,6 +93,17 @@ type LeaseRequest struct {
 	// that lease has this Rate and Burst and the rate still fits; else
 	// the call grants a fresh lease.
 	Renew bool
+	// Keep, with Renew, extends the holder's live lease of this Rate and
+	// Burst even when its rate no longer fits the bucket at
+	// Request.Share: the share shrank under a lease its holder may still
+	// use (an Envoy whose stream stalls may apply a renewal that waited
+	// in it at any time, with a full TTL). The lease keeps counting, so
+	// no other lease is granted its rate, and the region's node holds
+	// back its acknowledgement of the shrink while it keeps the lease
+	// (internal/rlqs): the region stays within the share the lease was
+	// taken at. Rate and Burst are then bounded by the policy's limits at
+	// share 1 + overcommit, not by Request.Share.
+	Keep bool
 }
 
 // LeaseRelease ends a holder's lease early.
@@ -193,10 +204,17 @@ func (q LeaseRequest) Validate() error {
 		return err
 	}
 	r := &q.Request
-	if !finite(q.Rate) || q.Rate <= 0 || q.Rate > r.Share*r.Limits.RefillPerSecond {
-		return leaseErr("rate %v outside (0, %v] (the bucket's refill)", q.Rate, r.Share*r.Limits.RefillPerSecond)
+	share := r.Share
+	if q.Keep {
+		if !q.Renew {
+			return leaseErr("keep without renew")
+		}
+		share = max(share, 1+r.Limits.Overcommit)
 	}
-	if lim := int64(r.Share * float64(r.Limits.Capacity)); q.Burst < 1 || q.Burst > lim {
+	if !finite(q.Rate) || q.Rate <= 0 || q.Rate > share*r.Limits.RefillPerSecond {
+		return leaseErr("rate %v outside (0, %v] (the bucket's refill)", q.Rate, share*r.Limits.RefillPerSecond)
+	}
+	if lim := int64(share * float64(r.Limits.Capacity)); q.Burst < 1 || q.Burst > lim {
 		return leaseErr("burst %d outside 1..%d (the bucket's capacity)", q.Burst, lim)
 	}
 	if most := MaxLeaseFor(r.Limits); q.For < time.Millisecond || q.For > most {
@@ -277,7 +295,7 @@ type leaseArgs struct {
 	holder      string
 	rate, burst float64 // grant; burst is Unspent for a release
 	dur, cut    float64 // grant: For, Cut; release: Within (dur)
-	renew       bool
+	renew, keep bool
 }
 
 // leaseOut is the outcome of a lease call in script units.
@@ -333,7 +351,7 @@ func leaseStep(p *params, a *leaseArgs, set *leaseSet, tokens, t, now float64) l
 		}
 		// A renewal names the rate it was granted, which went through a
 		// conversion to tokens per second and back: a billionth of slack.
-		if a.renew && h != nil && h.e1 > now && math.Abs(h.r1-a.rate) <= h.r1*1e-9 && h.b1 == a.burst && h.r1 <= avail {
+		if a.renew && h != nil && h.e1 > now && math.Abs(h.r1-a.rate) <= h.r1*1e-9 && h.b1 == a.burst && (h.r1 <= avail || a.keep) {
 			h.e1 = now + a.dur
 			o.granted, o.renewed, o.rate, o.burst = true, true, h.r1, h.b1
 		} else if g := min(a.rate, avail); g > 0 && tokens >= a.burst && (h != nil || len(set.holders) < MaxLeaseHolders) {
@@ -425,7 +443,7 @@ func (m *Memory) ReleaseAt(now time.Time, rel LeaseRelease) (Lease, error) {
 func grantArgs(q *LeaseRequest) leaseArgs {
 	return leaseArgs{op: 'g', holder: q.Holder, rate: q.Rate / 1e6 * unitsPerToken,
 		burst: float64(q.Burst) * unitsPerToken, dur: float64(q.For.Microseconds()),
-		cut: float64(q.Cut.Microseconds()), renew: q.Renew}
+		cut: float64(q.Cut.Microseconds()), renew: q.Renew, keep: q.Keep}
 }
 
 func releaseArgs(q *LeaseRelease) leaseArgs {
@@ -552,7 +570,10 @@ func (r *Redis) lease(ctx context.Context, req *Request, a leaseArgs) (Lease, er
 	}
 	ff := func(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
 	renew := "0"
-	if a.renew {
+	switch {
+	case a.keep:
+		renew = "2"
+	case a.renew:
 		renew = "1"
 	}
 	res, err := scriptLease.Run(ctx, r.client, []string{groupKey(k, g), leaseKey(k, g)},
