@@ -564,13 +564,14 @@ func (s *Server) round(ctx context.Context, now time.Time, g *group, plans []pla
 		return
 	}
 	l, share := req.Limits, req.Share
+	plans, kept := s.keepStalled(ctx, now, g, req, plans, actions, results)
 	if share <= 0 {
 		for i := range plans {
 			s.deny(ctx, now, &plans[i], actions, results)
 		}
 		return
 	}
-	avail := share * l.RefillPerSecond * (1 - s.cfg.Reserve)
+	avail := max(0, share*l.RefillPerSecond*(1-s.cfg.Reserve)-kept)
 	demands := make([]float64, len(plans))
 	for i := range plans {
 		demands[i] = plans[i].demand
@@ -664,6 +665,42 @@ func (s *Server) round(ctx context.Context, now time.Time, g *group, plans []pla
 		}
 		s.grant(now, p, g, share, want, lease, true, actions, results)
 	}
+}
+
+// keepStalled keeps, as they are, the leases of the consumers whose
+// stream stalls holding an assignment leased above the share now in
+// force: whatever waits in such a stream (renewals of that assignment)
+// may be applied at any time, each with a full TTL, so the lease must
+// keep counting against the region's bucket (bucket.LeaseRequest.Keep)
+// and the shrink must not be acknowledged (the hold keeps the old share
+// and an end a TTL and the margin ahead: HeldAbove). Once the stream
+// reads again, the next round replaces the assignment as for any shrink.
+// It returns the other plans and the rate the kept leases hold; a lease
+// the store no longer holds goes the usual way.
+func (s *Server) keepStalled(ctx context.Context, now time.Time, g *group, req bucket.Request, plans []plan,
+	actions map[*consumer]*rlqsv3.RateLimitQuotaResponse_BucketAction, results map[*consumer]plan) ([]plan, float64) {
+	rest := plans[:0:0]
+	kept := 0.0
+	for i := range plans {
+		p := &plans[i]
+		if !p.stalled || !p.leased || !p.hasPrev || p.prev.deny || p.prev.allow || p.fresh <= req.Share+1e-12 {
+			rest = append(rest, *p)
+			continue
+		}
+		lease, err := s.cfg.Store.Lease(ctx, bucket.LeaseRequest{Request: req, Holder: p.c.holder, Rate: p.rate, Burst: p.burst,
+			For: s.cfg.TTL + s.cfg.Margin, Cut: s.cfg.Margin, Renew: true, Keep: true})
+		if err != nil || !lease.Renewed {
+			if err != nil {
+				s.cfg.Logger.Warn("keeping a stalled stream's lease failed", "policy", g.pol.Name, "error", err)
+			}
+			rest = append(rest, *p)
+			continue
+		}
+		s.m.kept.Inc()
+		s.grant(now, p, g, p.fresh, p.prev, lease, false, actions, results)
+		kept += lease.Rate
+	}
+	return rest, kept
 }
 
 // grant records a lease and the assignment that goes with it.
