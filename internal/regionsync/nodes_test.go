@@ -81,3 +81,45 @@ func TestNodesCountsRegionRegistrations(t *testing.T) {
 	stop2()
 	waitFor(t, 5*time.Second, "n1 to count 2 once n2 stopped", func() bool { return s1.Nodes() == 2 })
 }
+
+// TestDemandPart: a node's part of its region's demand for a subject is
+// what its own last report offered over what all the region's nodes'
+// reports offered (another region's reports do not count); a subject its
+// own report does not name has no part (the caller splits evenly), and a
+// node whose reports go leaves the sum.
+func TestDemandPart(t *testing.T) {
+	srv := etcdtest.Start(t)
+	c := srv.Client(t)
+	report := func(region, node string, offered map[string]float64) {
+		var ps []etcdlayout.SubjectDemand
+		for s, o := range offered {
+			ps = append(ps, etcdlayout.SubjectDemand{Subject: s, Offered: o, Denied: true})
+		}
+		putJSON(t, c, lay.DemandShard(region, node, etcdlayout.PolicyShard("p")), etcdlayout.DemandReport{
+			Region: region, Node: node, At: time.Now(), IntervalSeconds: 1,
+			Policies: map[string]etcdlayout.PolicyDemand{"p": {Offered: 1, Pressured: ps}}})
+	}
+	report("eu", "n2", map[string]float64{"acme": 10, "zeta": 5})
+	report("us", "u1", map[string]float64{"acme": 1000})
+	s1, _ := start(t, srv, Config{Node: "n1", LeaseTTL: 3 * time.Second})
+	report("eu", "n1", map[string]float64{"acme": 30})
+	waitFor(t, 5*time.Second, "n1's part of acme", func() bool {
+		part, ok := s1.DemandPart("p", "acme")
+		return ok && part == 0.75
+	})
+	if part, ok := s1.DemandPart("p", "zeta"); ok {
+		t.Errorf("n1's part of zeta, which n1 does not report: %v, want none", part)
+	}
+	if part, ok := s1.DemandPart("q", "acme"); ok {
+		t.Errorf("n1's part of acme under policy q, which nobody reports: %v, want none", part)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := c.Delete(ctx, lay.NodeDemands("eu", "n2"), clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "n1's part of acme alone", func() bool {
+		part, ok := s1.DemandPart("p", "acme")
+		return ok && part == 1
+	})
+}
