@@ -561,6 +561,16 @@ func (r *Redis) Release(ctx context.Context, rel LeaseRelease) (Lease, error) {
 }
 
 func (r *Redis) lease(ctx context.Context, req *Request, a leaseArgs) (Lease, error) {
+	keys, args := r.leaseCall(req, a)
+	res, err := scriptLease.Run(ctx, r.client, keys, args...).StringSlice()
+	if err != nil {
+		return Lease{}, fmt.Errorf("bucket: redis lease %s for %s: %w", req.Key, a.holder, err)
+	}
+	return leaseReply(&req.Key, res)
+}
+
+// leaseCall is the lease script's keys and arguments for a on req.
+func (r *Redis) leaseCall(req *Request, a leaseArgs) ([]string, []any) {
 	p := paramsOf(req)
 	k := &req.Key
 	g := groupOf(k.subject, r.groups)
@@ -576,17 +586,19 @@ func (r *Redis) lease(ctx context.Context, req *Request, a leaseArgs) (Lease, er
 	case a.renew:
 		renew = "1"
 	}
-	res, err := scriptLease.Run(ctx, r.client, []string{groupKey(k, g), leaseKey(k, g)},
+	return []string{groupKey(k, g), leaseKey(k, g)}, []any{
 		string(rune(a.op)), now, fieldOf(k), ff(p.lim), ff(p.p), p.ttl, ff(p.fill), ff(p.since), r.guard,
-		a.holder, ff(a.rate), ff(a.burst), ff(a.dur), ff(a.cut), renew).StringSlice()
-	if err != nil {
-		return Lease{}, fmt.Errorf("bucket: redis lease %s for %s: %w", k, a.holder, err)
-	}
+		a.holder, ff(a.rate), ff(a.burst), ff(a.dur), ff(a.cut), renew}
+}
+
+// leaseReply reads the lease script's reply for k.
+func leaseReply(k *Key, res []string) (Lease, error) {
 	if len(res) != 9 {
 		return Lease{}, fmt.Errorf("bucket: redis lease %s: reply of %d values, want 9", k, len(res))
 	}
 	var v [9]float64
 	for i, s := range res {
+		var err error
 		if v[i], err = strconv.ParseFloat(s, 64); err != nil {
 			return Lease{}, fmt.Errorf("bucket: redis lease %s: reply %q: %w", k, s, err)
 		}
@@ -594,6 +606,65 @@ func (r *Redis) lease(ctx context.Context, req *Request, a leaseArgs) (Lease, er
 	o := leaseOut{granted: v[0] == 1, renewed: v[1] == 1, rate: v[2], burst: v[3], until: v[4], tokens: v[5], free: v[6], held: v[7]}
 	nowUs := v[8]
 	return leaseOf(&o, time.UnixMicro(int64(nowUs)).Add(time.Duration(o.until-nowUs)*time.Microsecond)), nil
+}
+
+// BatchLeaser grants several leases in one round trip to the store: each
+// as Lease would, in order, each atomic on its own (the batch is not).
+// A caller renewing many leases each interval (internal/rlqs) pays one
+// round trip instead of one per lease.
+type BatchLeaser interface {
+	LeaseAll(ctx context.Context, reqs []LeaseRequest) ([]Lease, []error)
+}
+
+// MaxLeaseBatch bounds the lease calls LeaseAll sends in one pipeline;
+// more go in further ones.
+const MaxLeaseBatch = 256
+
+// LeaseAll implements BatchLeaser at the configured clock's time.
+func (m *Memory) LeaseAll(_ context.Context, reqs []LeaseRequest) ([]Lease, []error) {
+	out, errs := make([]Lease, len(reqs)), make([]error, len(reqs))
+	now := m.clk.Now()
+	for i := range reqs {
+		out[i], errs[i] = m.LeaseAt(now, reqs[i])
+	}
+	return out, errs
+}
+
+// LeaseAll implements BatchLeaser: the lease script calls go out in
+// pipelines of at most MaxLeaseBatch (EVALSHA; a call answered NOSCRIPT
+// is sent again on its own, with EVAL if needed).
+func (r *Redis) LeaseAll(ctx context.Context, reqs []LeaseRequest) ([]Lease, []error) {
+	out, errs := make([]Lease, len(reqs)), make([]error, len(reqs))
+	for lo := 0; lo < len(reqs); lo += MaxLeaseBatch {
+		hi := min(lo+MaxLeaseBatch, len(reqs))
+		pipe := r.client.Pipeline()
+		cmds := make([]*redis.Cmd, hi-lo)
+		for i := lo; i < hi; i++ {
+			if errs[i] = reqs[i].Validate(); errs[i] != nil {
+				continue
+			}
+			keys, args := r.leaseCall(&reqs[i].Request, grantArgs(&reqs[i]))
+			cmds[i-lo] = scriptLease.EvalSha(ctx, pipe, keys, args...)
+		}
+		_, _ = pipe.Exec(ctx) // each command carries its own error
+		for i := lo; i < hi; i++ {
+			cmd := cmds[i-lo]
+			if cmd == nil {
+				continue
+			}
+			res, err := cmd.StringSlice()
+			if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+				out[i], errs[i] = r.Lease(ctx, reqs[i])
+				continue
+			}
+			if err != nil {
+				errs[i] = fmt.Errorf("bucket: redis lease %s for %s: %w", reqs[i].Request.Key, reqs[i].Holder, err)
+				continue
+			}
+			out[i], errs[i] = leaseReply(&reqs[i].Request.Key, res)
+		}
+	}
+	return out, errs
 }
 
 var scriptLease = redis.NewScript(leaseSource())

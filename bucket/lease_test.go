@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"strconv"
 	"testing"
 	"time"
 
@@ -475,5 +476,56 @@ func TestLeaseKeep(t *testing.T) {
 				t.Fatalf("keep without renew: %v, want ErrInvalidLease", err)
 			}
 		})
+	}
+}
+
+// TestLeaseAll: a batch of grants, renewals and one invalid request over
+// several buckets, more than one pipeline long, gets from Redis the
+// answers Memory gives to the same calls made one by one; after SCRIPT
+// FLUSH (NOSCRIPT) the batch still goes through.
+func TestLeaseAll(t *testing.T) {
+	c := redistest.Client(t)
+	r := newRedis(t, c)
+	clk := leaseT0
+	bucket.SetRedisNow(r, func() int64 { return clk.UnixMicro() })
+	m, err := bucket.NewMemory(bucket.MemoryConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []bucket.Key
+	for i := range 7 {
+		keys = append(keys, leaseKey(t, redistest.Unique(t), "s"+strconv.Itoa(i)))
+	}
+	batch := func(step int) []bucket.LeaseRequest {
+		var reqs []bucket.LeaseRequest
+		for i := range bucket.MaxLeaseBatch + 44 {
+			q := grant(keys[i%len(keys)], "h"+strconv.Itoa(i%5), float64(1+i%3), int64(1+i%4), step > 0)
+			reqs = append(reqs, q)
+		}
+		reqs[17].Rate = -1 // invalid: its own error, the others unaffected
+		return reqs
+	}
+	ctx := context.Background()
+	for step := range 3 {
+		if step == 2 {
+			if err := c.ScriptFlush(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		clk = clk.Add(700 * time.Millisecond)
+		reqs := batch(step)
+		got, errs := r.LeaseAll(ctx, reqs)
+		if len(got) != len(reqs) || len(errs) != len(reqs) {
+			t.Fatalf("step %d: %d answers, %d errors for %d requests", step, len(got), len(errs), len(reqs))
+		}
+		for i, q := range reqs {
+			want, werr := m.LeaseAt(clk, q)
+			if (werr == nil) != (errs[i] == nil) || (werr != nil && !errors.Is(errs[i], bucket.ErrInvalidLease)) {
+				t.Fatalf("step %d request %d: redis error %v, memory error %v", step, i, errs[i], werr)
+			}
+			if werr == nil && !(want.Expiry.Equal(got[i].Expiry) && sameLease(want, got[i])) {
+				t.Fatalf("step %d request %d %+v:\nmemory %+v\nredis  %+v", step, i, q, want, got[i])
+			}
+		}
 	}
 }
