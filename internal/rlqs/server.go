@@ -516,8 +516,15 @@ func (s *Server) Step(ctx context.Context) {
 			actions[p.c] = s.assignment(p.c.id, sentAssignment{allow: true}, s.cfg.TTL)
 		}
 	}
+	var rounds []*groupRound
 	for _, w := range works {
-		s.round(ctx, now, w.g, w.plans, actions, results)
+		if r := s.prepare(ctx, now, w.g, w.plans, actions, results); r != nil {
+			rounds = append(rounds, r)
+		}
+	}
+	s.renewAll(ctx, rounds)
+	for _, r := range rounds {
+		s.finish(ctx, now, r, actions, results)
 	}
 
 	s.mu.Lock()
@@ -552,16 +559,39 @@ func (s *Server) Step(ctx context.Context) {
 	s.rounds.Add(1)
 }
 
-// round splits one group's rate and leases each consumer's part.
-func (s *Server) round(ctx context.Context, now time.Time, g *group, plans []plan, actions map[*consumer]*rlqsv3.RateLimitQuotaResponse_BucketAction, results map[*consumer]plan) {
+// groupRound is one group's round once its rate is split: the bucket
+// request and, in lease order, what each consumer is to be sent.
+type groupRound struct {
+	g     *group
+	req   bucket.Request
+	share float64
+	steps []roundStep
+}
+
+// roundStep is one consumer's part of a round: the assignment it is to
+// get, whether its lease is renewed first (and the renewal's answer, from
+// the round's batch), or a DENY_ALL.
+type roundStep struct {
+	p        *plan
+	want     sentAssignment
+	deny     bool
+	renew    bool
+	renewal  bucket.Lease
+	renewErr error
+}
+
+// prepare splits one group's rate among its consumers and decides what
+// each is to be sent; nil when nothing is left to lease (the policies
+// changed under the round, or everything was kept or denied at once).
+func (s *Server) prepare(ctx context.Context, now time.Time, g *group, plans []plan, actions map[*consumer]*rlqsv3.RateLimitQuotaResponse_BucketAction, results map[*consumer]plan) *groupRound {
 	if len(plans) == 0 {
-		return
+		return nil
 	}
 	req, err := s.cfg.Request(g.pol, g.subject, now)
 	if err != nil || req.Key != g.key {
 		// The policies changed under the round: the next one resolves
 		// the consumers again.
-		return
+		return nil
 	}
 	l, share := req.Limits, req.Share
 	plans, kept := s.keepStalled(ctx, now, g, req, plans, actions, results)
@@ -569,7 +599,7 @@ func (s *Server) round(ctx context.Context, now time.Time, g *group, plans []pla
 		for i := range plans {
 			s.deny(ctx, now, &plans[i], actions, results)
 		}
-		return
+		return nil
 	}
 	avail := max(0, share*l.RefillPerSecond*(1-s.cfg.Reserve)-kept)
 	demands := make([]float64, len(plans))
@@ -603,6 +633,7 @@ func (s *Server) round(ctx context.Context, now time.Time, g *group, plans []pla
 		}
 		return 0
 	})
+	r := &groupRound{g: g, req: req, share: share}
 	for _, i := range order {
 		p := &plans[i]
 		tb, ok := tokenBucketFor(rates[i])
@@ -610,7 +641,7 @@ func (s *Server) round(ctx context.Context, now time.Time, g *group, plans []pla
 		// it refills continuously all the same).
 		tb.MaxTokens = uint32(min(float64(tb.MaxTokens), math.Floor(share*float64(l.Capacity))))
 		if !ok || tb.MaxTokens == 0 {
-			s.deny(ctx, now, p, actions, results)
+			r.steps = append(r.steps, roundStep{p: p, deny: true})
 			continue
 		}
 		want := sentAssignment{tb: tb}
@@ -625,18 +656,68 @@ func (s *Server) round(ctx context.Context, now time.Time, g *group, plans []pla
 		// assignment is still live there when this one arrives (or the
 		// stream stalls: what it holds arrives with a fresh TTL), and was
 		// leased at no more than the share now in force.
-		if p.leased && p.hasPrev && p.prev == want && (p.stalled || now.Add(s.cfg.Margin).Before(p.sentAt.Add(s.cfg.TTL))) && p.fresh <= share {
-			lease, err := s.cfg.Store.Lease(ctx, bucket.LeaseRequest{Request: req, Holder: p.c.holder, Rate: p.rate, Burst: p.burst,
-				For: s.cfg.TTL + s.cfg.Margin, Cut: s.cfg.Margin, Renew: true})
-			if err == nil && lease.Granted && lease.Renewed {
-				s.grant(now, p, g, share, want, lease, false, actions, results)
+		renew := p.leased && p.hasPrev && p.prev == want && (p.stalled || now.Add(s.cfg.Margin).Before(p.sentAt.Add(s.cfg.TTL))) && p.fresh <= share
+		r.steps = append(r.steps, roundStep{p: p, want: want, renew: renew})
+	}
+	return r
+}
+
+// renewAll sends every renewal the rounds ask for, in one batch when the
+// store takes batches (bucket.BatchLeaser: one Redis round trip per
+// bucket.MaxLeaseBatch leases), and records each answer in its step. A
+// renewal's answer does not depend on the other consumers' fresh leases
+// of the round (a consumer whose lease shrinks counts at its old rate to
+// the cut), so sending the renewals before them changes no grant.
+func (s *Server) renewAll(ctx context.Context, rounds []*groupRound) {
+	var reqs []bucket.LeaseRequest
+	var steps []*roundStep
+	for _, r := range rounds {
+		for i := range r.steps {
+			st := &r.steps[i]
+			if !st.renew {
 				continue
 			}
-			if err != nil {
-				s.cfg.Logger.Warn("lease renewal failed", "policy", g.pol.Name, "error", err)
+			reqs = append(reqs, bucket.LeaseRequest{Request: r.req, Holder: st.p.c.holder, Rate: st.p.rate, Burst: st.p.burst,
+				For: s.cfg.TTL + s.cfg.Margin, Cut: s.cfg.Margin, Renew: true})
+			steps = append(steps, st)
+		}
+	}
+	if len(reqs) == 0 {
+		return
+	}
+	if b, ok := s.cfg.Store.(bucket.BatchLeaser); ok {
+		leases, errs := b.LeaseAll(ctx, reqs)
+		for i, st := range steps {
+			st.renewal, st.renewErr = leases[i], errs[i]
+		}
+		return
+	}
+	for i, st := range steps {
+		st.renewal, st.renewErr = s.cfg.Store.Lease(ctx, reqs[i])
+	}
+}
+
+// finish leases each consumer's part of a prepared round, in its order: a
+// renewal granted is kept, anything else takes a fresh lease.
+func (s *Server) finish(ctx context.Context, now time.Time, r *groupRound, actions map[*consumer]*rlqsv3.RateLimitQuotaResponse_BucketAction, results map[*consumer]plan) {
+	g, req, share := r.g, r.req, r.share
+	for i := range r.steps {
+		st := &r.steps[i]
+		p, want := st.p, st.want
+		if st.deny {
+			s.deny(ctx, now, p, actions, results)
+			continue
+		}
+		if st.renew {
+			if st.renewErr == nil && st.renewal.Granted && st.renewal.Renewed {
+				s.grant(now, p, g, share, want, st.renewal, false, actions, results)
+				continue
+			}
+			if st.renewErr != nil {
+				s.cfg.Logger.Warn("lease renewal failed", "policy", g.pol.Name, "error", st.renewErr)
 			}
 		}
-		tb = want.tb
+		tb := want.tb
 		// The previous assignment stays counted to its own end: an Envoy
 		// whose stream is cut before this one arrives keeps enforcing it
 		// until its TTL.
