@@ -363,25 +363,32 @@ type RegionDemandParts interface {
 }
 
 // part is this node's part of the region's bucket for a subject of a
-// leased policy at share: share × fraction, split among the region's
-// nodes by their demand for the subject when the shares source knows it
-// (RegionDemandParts), else evenly; a node keeps at least half its even
-// part, as its demand may have grown since its last report. The parts
-// are what each node asks for, not a bound: the region's bucket never
-// leases more than its refill in total, so parts summing past 1 (stale
-// reports) only leave a node's ask partly granted.
+// leased policy at share: share × fraction × demandPart.
 func (l *nodeLeases) part(share float64, policyName string, fraction float64, subject string) float64 {
+	return share * fraction * l.n.demandPart(policyName, subject)
+}
+
+// demandPart is this node's part of its region's bucket for a policy's
+// subject, in (0, 1]: split among the region's nodes by their demand for
+// the subject when the shares source knows it (RegionDemandParts), else
+// evenly; a node keeps at least half its even part, as its demand may
+// have grown since its last report. Node leases and RLQS assignments
+// (rlqs.Config.Part) take this part. The parts are what each node asks
+// for, not a bound: the region's bucket never leases more than its refill
+// in total, so parts summing past 1 (stale reports) only leave a node's
+// ask partly granted.
+func (n *Node) demandPart(policyName, subject string) float64 {
 	nodes := 1
-	if l.n.nodes != nil {
-		nodes = max(1, l.n.nodes.Nodes())
+	if n.nodes != nil {
+		nodes = max(1, n.nodes.Nodes())
 	}
 	w := 1 / float64(nodes)
-	if dp, ok := l.n.nodes.(RegionDemandParts); ok && nodes > 1 {
+	if dp, ok := n.nodes.(RegionDemandParts); ok && nodes > 1 {
 		if d, ok := dp.DemandPart(policyName, subject); ok {
 			w = max(d, w/2)
 		}
 	}
-	return share * fraction * w
+	return w
 }
 
 // outgrown reports whether the subject asks e for more than 80% of its

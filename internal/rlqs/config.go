@@ -83,6 +83,14 @@ type Config struct {
 	// demand. An Envoy's counts are taken as reported: it is trusted with
 	// them as with enforcing its assignments.
 	Demand DemandSink
+	// Part, when set, is this node's part of the region's bucket for a
+	// policy and subject, in (0, 1]: the part of the leasable rate it
+	// offers its Envoys (regional: the nodes' demand reports, as node
+	// leases split). Default 1: every node offers its Envoys the whole
+	// rate and the region's bucket grants first come, first served. Parts
+	// guide what a node asks, not the bound: the bucket never leases more
+	// than its refill in total.
+	Part func(policy, subject string) float64
 	// Store leases parts of the region's buckets. Required.
 	Store bucket.Leaser
 	// Node names this node in lease holders: [A-Za-z0-9_.-]{1,40}.

@@ -601,7 +601,7 @@ func (s *Server) prepare(ctx context.Context, now time.Time, g *group, plans []p
 		}
 		return nil
 	}
-	avail := max(0, share*l.RefillPerSecond*(1-s.cfg.Reserve)-kept)
+	avail := max(0, share*l.RefillPerSecond*(1-s.cfg.Reserve)*s.part(g)-kept)
 	demands := make([]float64, len(plans))
 	for i := range plans {
 		demands[i] = plans[i].demand
@@ -660,6 +660,18 @@ func (s *Server) prepare(ctx context.Context, now time.Time, g *group, plans []p
 		r.steps = append(r.steps, roundStep{p: p, want: want, renew: renew})
 	}
 	return r
+}
+
+// part is this node's part of g's bucket (Config.Part), 1 without one
+// or when it answers outside (0, 1].
+func (s *Server) part(g *group) float64 {
+	if s.cfg.Part == nil {
+		return 1
+	}
+	if p := s.cfg.Part(g.pol.Name, g.subject.String()); p > 0 && p <= 1 {
+		return p
+	}
+	return 1
 }
 
 // renewAll sends every renewal the rounds ask for, in one batch when the
