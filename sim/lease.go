@@ -21,10 +21,10 @@ import (
 // The consumers are served by Nodes nodes of the region (consumer i by
 // node i mod Nodes), each with its own rounds, offset from the other
 // nodes' by ReportInterval/Nodes (nodes are not synchronised). As in
-// internal/rlqs, a node splits among its own consumers only, without
-// seeing the other nodes' demand, and each node offers its consumers the
-// whole leasable rate: the region's bucket grants what no other lease
-// holds, first come, first served.
+// internal/rlqs, a node splits among its own consumers only, and offers
+// them its part of the leasable rate: its consumers' demand over all the
+// region's consumers' (the nodes' demand reports), at least half the even
+// part; the region's bucket grants what no other lease holds.
 //
 // Every ReportInterval each consumer reports what it was offered; its node
 // splits the leasable rate R·(1 − Reserve) among them max-min fair by
@@ -279,7 +279,7 @@ func RunLeases(cfg LeaseConfig) (*LeaseResult, error) {
 		}
 		for j, own := range nodes {
 			if k%per == int64(j)*per/int64(cfg.Nodes) {
-				if err := leaseRound(&cfg, store, &req, origin, now, rng, own, res); err != nil {
+				if err := leaseRound(&cfg, store, &req, origin, now, rng, own, res, nodePart(cs, own, cfg.Nodes)); err != nil {
 					return nil, err
 				}
 			}
@@ -317,12 +317,37 @@ func moveDemand(rng *rand.Rand, cs []*leaseConsumer) {
 	}
 }
 
-// leaseRound is one node's round at now for its consumers cs: demands
-// from the reports, the max-min split, one lease call per consumer and
-// the assignments sent.
-func leaseRound(cfg *LeaseConfig, store *bucket.Memory, req *bucket.Request, origin time.Time, now time.Duration, rng *rand.Rand, cs []*leaseConsumer, res *LeaseResult) error {
+// nodePart is the part of the leasable rate a node serving own (of all
+// the consumers cs, on nodes nodes) offers them, as the node takes it
+// from the nodes' demand reports (regional's demandPart): its consumers'
+// demand over all of it, at least half the even part; the whole with one
+// node. The demands are those of each consumer's node's last round: the
+// reports lag by up to one interval (a real node's by its demand report
+// interval).
+func nodePart(cs, own []*leaseConsumer, nodes int) float64 {
+	if nodes <= 1 {
+		return 1
+	}
+	var mine, all float64
+	for _, c := range cs {
+		all += c.demand
+	}
+	for _, c := range own {
+		mine += c.demand
+	}
+	part := 0.5 / float64(nodes)
+	if all > 0 {
+		part = max(part, mine/all)
+	}
+	return part
+}
+
+// leaseRound is one node's round at now for its consumers cs and its part
+// of the leasable rate: demands from the reports, the max-min split, one
+// lease call per consumer and the assignments sent.
+func leaseRound(cfg *LeaseConfig, store *bucket.Memory, req *bucket.Request, origin time.Time, now time.Duration, rng *rand.Rand, cs []*leaseConsumer, res *LeaseResult, part float64) error {
 	regions := make([]allocator.Region, len(cs))
-	leasable := cfg.Refill * (1 - cfg.Reserve)
+	leasable := cfg.Refill * (1 - cfg.Reserve) * part
 	for i, c := range cs {
 		c.demand = allocator.Smooth(c.demand, float64(c.offered)/cfg.ReportInterval.Seconds(), 0.5)
 		c.offered = 0

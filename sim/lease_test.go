@@ -124,10 +124,10 @@ func TestLeaseConfigErrors(t *testing.T) {
 }
 
 // TestLeaseNodesNoOvershoot: the moving-demand run with its consumers on
-// 1, 2 and 4 nodes of the region (each node splits among its own
-// consumers without seeing the others', all leasing from the one bucket)
+// 1, 2 and 4 nodes of the region (each node splits its demand part of the
+// leasable rate among its own consumers, all leasing from the one bucket)
 // never admits more than the region's bucket alone; the table shows what
-// the nodes' independent splits cost.
+// the nodes cost.
 func TestLeaseNodesNoOvershoot(t *testing.T) {
 	base, err := LeaseScenario("envoys-two-nodes")
 	if err != nil {
