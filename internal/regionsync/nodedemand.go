@@ -1,10 +1,13 @@
 package regionsync
 
 import (
+	"context"
+	"errors"
 	"math"
 	"sync"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/quotacoord/quota/internal/etcdlayout"
@@ -57,6 +60,22 @@ type nodeDemands struct {
 	s     *Syncer
 	mu    sync.Mutex
 	nodes map[string]map[int]map[string]map[string]float64
+}
+
+// readable reports whether this node may read its region's demand
+// reports. A node whose etcd credential is its own (etcdauth.NodeRole)
+// may not: it says so once and its DemandPart has no answer (the region's
+// buckets are split evenly among its nodes). Any other error is left to
+// the follow loop, which retries.
+func (d *nodeDemands) readable(ctx context.Context) bool {
+	cctx, cancel := context.WithTimeout(ctx, d.s.requestTimeout())
+	_, err := d.s.cfg.Client.Get(cctx, d.prefix(), clientv3.WithPrefix(), clientv3.WithLimit(1), clientv3.WithKeysOnly())
+	cancel()
+	if errors.Is(err, rpctypes.ErrPermissionDenied) {
+		d.s.log.Info("this node's etcd credential cannot read its region's demand reports: node leases and RLQS assignments split the region's buckets evenly among its nodes")
+		return false
+	}
+	return ctx.Err() == nil
 }
 
 func (d *nodeDemands) prefix() string { return d.s.cfg.Layout.DemandPrefix() + d.s.cfg.Region + "/" }

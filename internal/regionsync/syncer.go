@@ -343,7 +343,11 @@ func (s *Syncer) Run(ctx context.Context) error {
 	})
 	rn := &regionNodes{s: s}
 	goRun(func() { s.follow(ctx, l.RegionNodes(s.cfg.Region), true, nil, rn.snapshot, rn.events, nil) })
-	goRun(func() { s.follow(ctx, s.demands.prefix(), true, nil, s.demands.snapshot, s.demands.events, nil) })
+	goRun(func() {
+		if s.demands.readable(ctx) {
+			s.follow(ctx, s.demands.prefix(), true, nil, s.demands.snapshot, s.demands.events, nil)
+		}
+	})
 	if s.cfg.OnPolicies != nil {
 		p := &policyDocs{s: s, docs: map[string][]byte{}}
 		goRun(func() { s.follow(ctx, l.PoliciesPrefix(), true, nil, p.snapshot, p.events, nil) })
