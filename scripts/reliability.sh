@@ -4,7 +4,8 @@
 # the cross-region bound (internal/e2e TestRandomRuns: BOUND_RUNS runs of
 # BOUND_STEPS steps; BOUND_SEED replays one), the RLQS runs checked against
 # the same bound (internal/rlqs: a node killed with leases out, a stream
-# cut mid-assignment, a lease holder paused past its TTL), the live lease
+# cut mid-assignment, a lease holder paused past its TTL, a shrink while a
+# stream stalls), the live lease
 # runs (internal/e2e TestLiveRLQSBound and TestLiveNodeLeaseBound for
 # LEASE_SECONDS each, default 60), every existing
 # fuzz target for FUZZTIME, then the summary table. Every redis-server and etcd the
@@ -50,8 +51,8 @@ LEASE_SECONDS=$lease_seconds E2E_SEED=${BOUND_SEED:-} \
 }
 grep -E 'under-admission' "$out/leases.log" | sed 's/^ */  /'
 
-echo "== RLQS: a node killed with leases out, a stream cut mid-assignment, a lease holder paused past its TTL, log in $out/rlqs.log"
-"$GO" test -race -count=1 -timeout 5m -v -run '^(TestNodeKilledWithLeasesOut|TestStreamCutMidAssignment|TestLeaseHolderPausedPastTTL)$' ./internal/rlqs/ >"$out/rlqs.log" 2>&1 || {
+echo "== RLQS: a node killed with leases out, a stream cut mid-assignment, a lease holder paused past its TTL, a shrink while a stream stalls, log in $out/rlqs.log"
+"$GO" test -race -count=1 -timeout 5m -v -run '^(TestNodeKilledWithLeasesOut|TestStreamCutMidAssignment|TestLeaseHolderPausedPastTTL|TestShrinkWhileStreamStalls)$' ./internal/rlqs/ >"$out/rlqs.log" 2>&1 || {
   status=1
   echo "RLQS runs failed:"; grep -E '^\s*(--- FAIL|FAIL|panic:)|over the bound' "$out/rlqs.log" | head -40
 }

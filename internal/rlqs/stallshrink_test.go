@@ -1,6 +1,7 @@
 package rlqs
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -87,7 +88,10 @@ func TestShrinkWhileStreamStalls(t *testing.T) {
 	if maxAfterAck > newRefill {
 		t.Errorf("after the acknowledgement (step %d) the Envoys' assignments refill %.1f tokens/s at step %d, over the new share's %.1f", ackAt, maxAfterAck, maxAt, newRefill)
 	}
-	run.check(t)
+	rep := run.check(t)
+	recordRLQS(t, "rlqs: share shrunk while a stream stalls", rep,
+		fmt.Sprintf("share 1 → 1/3 20 s before a stalled stream (37 s) reads again; acknowledged at step %d (resumed at %d), at most %.1f tokens/s in force after, the new share's %.1f",
+			ackAt, resumeAt, maxAfterAck, newRefill))
 	// From the acknowledgement on, the region admits within its new
 	// share alone: C/3 + r/3·W.
 	after := &rlqsRun{h: h, limits: bucket.Limits{Algorithm: bucket.TokenBucket, Capacity: rlqsLimits.Capacity / 3,
