@@ -93,6 +93,17 @@ type LeaseRequest struct {
 	// that lease has this Rate and Burst and the rate still fits; else
 	// the call grants a fresh lease.
 	Renew bool
+	// Keep, with Renew, extends the holder's live lease of this Rate and
+	// Burst even when its rate no longer fits the bucket at
+	// Request.Share: the share shrank under a lease its holder may still
+	// use (an Envoy whose stream stalls may apply a renewal that waited
+	// in it at any time, with a full TTL). The lease keeps counting, so
+	// no other lease is granted its rate, and the region's node holds
+	// back its acknowledgement of the shrink while it keeps the lease
+	// (internal/rlqs): the region stays within the share the lease was
+	// taken at. Rate and Burst are then bounded by the policy's limits at
+	// share 1 + overcommit, not by Request.Share.
+	Keep bool
 }
 
 // LeaseRelease ends a holder's lease early.
@@ -193,10 +204,17 @@ func (q LeaseRequest) Validate() error {
 		return err
 	}
 	r := &q.Request
-	if !finite(q.Rate) || q.Rate <= 0 || q.Rate > r.Share*r.Limits.RefillPerSecond {
-		return leaseErr("rate %v outside (0, %v] (the bucket's refill)", q.Rate, r.Share*r.Limits.RefillPerSecond)
+	share := r.Share
+	if q.Keep {
+		if !q.Renew {
+			return leaseErr("keep without renew")
+		}
+		share = max(share, 1+r.Limits.Overcommit)
 	}
-	if lim := int64(r.Share * float64(r.Limits.Capacity)); q.Burst < 1 || q.Burst > lim {
+	if !finite(q.Rate) || q.Rate <= 0 || q.Rate > share*r.Limits.RefillPerSecond {
+		return leaseErr("rate %v outside (0, %v] (the bucket's refill)", q.Rate, share*r.Limits.RefillPerSecond)
+	}
+	if lim := int64(share * float64(r.Limits.Capacity)); q.Burst < 1 || q.Burst > lim {
 		return leaseErr("burst %d outside 1..%d (the bucket's capacity)", q.Burst, lim)
 	}
 	if most := MaxLeaseFor(r.Limits); q.For < time.Millisecond || q.For > most {
@@ -277,7 +295,7 @@ type leaseArgs struct {
 	holder      string
 	rate, burst float64 // grant; burst is Unspent for a release
 	dur, cut    float64 // grant: For, Cut; release: Within (dur)
-	renew       bool
+	renew, keep bool
 }
 
 // leaseOut is the outcome of a lease call in script units.
@@ -333,7 +351,7 @@ func leaseStep(p *params, a *leaseArgs, set *leaseSet, tokens, t, now float64) l
 		}
 		// A renewal names the rate it was granted, which went through a
 		// conversion to tokens per second and back: a billionth of slack.
-		if a.renew && h != nil && h.e1 > now && math.Abs(h.r1-a.rate) <= h.r1*1e-9 && h.b1 == a.burst && h.r1 <= avail {
+		if a.renew && h != nil && h.e1 > now && math.Abs(h.r1-a.rate) <= h.r1*1e-9 && h.b1 == a.burst && (h.r1 <= avail || a.keep) {
 			h.e1 = now + a.dur
 			o.granted, o.renewed, o.rate, o.burst = true, true, h.r1, h.b1
 		} else if g := min(a.rate, avail); g > 0 && tokens >= a.burst && (h != nil || len(set.holders) < MaxLeaseHolders) {
@@ -425,7 +443,7 @@ func (m *Memory) ReleaseAt(now time.Time, rel LeaseRelease) (Lease, error) {
 func grantArgs(q *LeaseRequest) leaseArgs {
 	return leaseArgs{op: 'g', holder: q.Holder, rate: q.Rate / 1e6 * unitsPerToken,
 		burst: float64(q.Burst) * unitsPerToken, dur: float64(q.For.Microseconds()),
-		cut: float64(q.Cut.Microseconds()), renew: q.Renew}
+		cut: float64(q.Cut.Microseconds()), renew: q.Renew, keep: q.Keep}
 }
 
 func releaseArgs(q *LeaseRelease) leaseArgs {
@@ -543,6 +561,16 @@ func (r *Redis) Release(ctx context.Context, rel LeaseRelease) (Lease, error) {
 }
 
 func (r *Redis) lease(ctx context.Context, req *Request, a leaseArgs) (Lease, error) {
+	keys, args := r.leaseCall(req, a)
+	res, err := scriptLease.Run(ctx, r.client, keys, args...).StringSlice()
+	if err != nil {
+		return Lease{}, fmt.Errorf("bucket: redis lease %s for %s: %w", req.Key, a.holder, err)
+	}
+	return leaseReply(&req.Key, res)
+}
+
+// leaseCall is the lease script's keys and arguments for a on req.
+func (r *Redis) leaseCall(req *Request, a leaseArgs) ([]string, []any) {
 	p := paramsOf(req)
 	k := &req.Key
 	g := groupOf(k.subject, r.groups)
@@ -552,20 +580,25 @@ func (r *Redis) lease(ctx context.Context, req *Request, a leaseArgs) (Lease, er
 	}
 	ff := func(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
 	renew := "0"
-	if a.renew {
+	switch {
+	case a.keep:
+		renew = "2"
+	case a.renew:
 		renew = "1"
 	}
-	res, err := scriptLease.Run(ctx, r.client, []string{groupKey(k, g), leaseKey(k, g)},
+	return []string{groupKey(k, g), leaseKey(k, g)}, []any{
 		string(rune(a.op)), now, fieldOf(k), ff(p.lim), ff(p.p), p.ttl, ff(p.fill), ff(p.since), r.guard,
-		a.holder, ff(a.rate), ff(a.burst), ff(a.dur), ff(a.cut), renew).StringSlice()
-	if err != nil {
-		return Lease{}, fmt.Errorf("bucket: redis lease %s for %s: %w", k, a.holder, err)
-	}
+		a.holder, ff(a.rate), ff(a.burst), ff(a.dur), ff(a.cut), renew}
+}
+
+// leaseReply reads the lease script's reply for k.
+func leaseReply(k *Key, res []string) (Lease, error) {
 	if len(res) != 9 {
 		return Lease{}, fmt.Errorf("bucket: redis lease %s: reply of %d values, want 9", k, len(res))
 	}
 	var v [9]float64
 	for i, s := range res {
+		var err error
 		if v[i], err = strconv.ParseFloat(s, 64); err != nil {
 			return Lease{}, fmt.Errorf("bucket: redis lease %s: reply %q: %w", k, s, err)
 		}
@@ -573,6 +606,65 @@ func (r *Redis) lease(ctx context.Context, req *Request, a leaseArgs) (Lease, er
 	o := leaseOut{granted: v[0] == 1, renewed: v[1] == 1, rate: v[2], burst: v[3], until: v[4], tokens: v[5], free: v[6], held: v[7]}
 	nowUs := v[8]
 	return leaseOf(&o, time.UnixMicro(int64(nowUs)).Add(time.Duration(o.until-nowUs)*time.Microsecond)), nil
+}
+
+// BatchLeaser grants several leases in one round trip to the store: each
+// as Lease would, in order, each atomic on its own (the batch is not).
+// A caller renewing many leases each interval (internal/rlqs) pays one
+// round trip instead of one per lease.
+type BatchLeaser interface {
+	LeaseAll(ctx context.Context, reqs []LeaseRequest) ([]Lease, []error)
+}
+
+// MaxLeaseBatch bounds the lease calls LeaseAll sends in one pipeline;
+// more go in further ones.
+const MaxLeaseBatch = 256
+
+// LeaseAll implements BatchLeaser at the configured clock's time.
+func (m *Memory) LeaseAll(_ context.Context, reqs []LeaseRequest) ([]Lease, []error) {
+	out, errs := make([]Lease, len(reqs)), make([]error, len(reqs))
+	now := m.clk.Now()
+	for i := range reqs {
+		out[i], errs[i] = m.LeaseAt(now, reqs[i])
+	}
+	return out, errs
+}
+
+// LeaseAll implements BatchLeaser: the lease script calls go out in
+// pipelines of at most MaxLeaseBatch (EVALSHA; a call answered NOSCRIPT
+// is sent again on its own, with EVAL if needed).
+func (r *Redis) LeaseAll(ctx context.Context, reqs []LeaseRequest) ([]Lease, []error) {
+	out, errs := make([]Lease, len(reqs)), make([]error, len(reqs))
+	for lo := 0; lo < len(reqs); lo += MaxLeaseBatch {
+		hi := min(lo+MaxLeaseBatch, len(reqs))
+		pipe := r.client.Pipeline()
+		cmds := make([]*redis.Cmd, hi-lo)
+		for i := lo; i < hi; i++ {
+			if errs[i] = reqs[i].Validate(); errs[i] != nil {
+				continue
+			}
+			keys, args := r.leaseCall(&reqs[i].Request, grantArgs(&reqs[i]))
+			cmds[i-lo] = scriptLease.EvalSha(ctx, pipe, keys, args...)
+		}
+		_, _ = pipe.Exec(ctx) // each command carries its own error
+		for i := lo; i < hi; i++ {
+			cmd := cmds[i-lo]
+			if cmd == nil {
+				continue
+			}
+			res, err := cmd.StringSlice()
+			if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+				out[i], errs[i] = r.Lease(ctx, reqs[i])
+				continue
+			}
+			if err != nil {
+				errs[i] = fmt.Errorf("bucket: redis lease %s for %s: %w", reqs[i].Request.Key, reqs[i].Holder, err)
+				continue
+			}
+			out[i], errs[i] = leaseReply(&reqs[i].Request.Key, res)
+		}
+	}
+	return out, errs
 }
 
 var scriptLease = redis.NewScript(leaseSource())

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"strconv"
 	"testing"
 	"time"
 
@@ -180,6 +181,7 @@ type leaseOp struct {
 	within  time.Duration
 	unspent int64
 	share   float64
+	keep    bool // a renewal keeps the holder's last lease (LeaseRequest.Keep)
 }
 
 func randomLeaseOps(rng *rand.Rand, n int) []leaseOp {
@@ -202,6 +204,7 @@ func randomLeaseOps(rng *rand.Rand, n int) []leaseOp {
 		if rng.IntN(20) == 0 {
 			o.share = 0.6 // a share shrink (clamps the bucket; leases are not checked)
 		}
+		o.keep = o.kind == 1 && rng.IntN(4) == 0
 		if o.kind == 2 {
 			o.within = time.Duration(rng.IntN(2)) * 500 * time.Millisecond
 			o.unspent = rng.Int64N(5)
@@ -239,6 +242,9 @@ func TestLeaseDifferential(t *testing.T) {
 				q := grant(k, o.holder, min(o.rate, o.share*leaseLimits.RefillPerSecond), min(o.burst, 60), o.kind == 1)
 				if g, ok := last[o.holder]; ok && o.kind == 1 && g.Rate <= o.share*leaseLimits.RefillPerSecond && g.Burst <= int64(o.share*float64(leaseLimits.Capacity)) {
 					q.Rate, q.Burst = g.Rate, g.Burst
+				}
+				if g, ok := last[o.holder]; ok && o.keep {
+					q.Rate, q.Burst, q.Keep = g.Rate, g.Burst, true
 				}
 				q.Request = req
 				lm, em = m.LeaseAt(clock, q)
@@ -412,4 +418,114 @@ func minTime(a, b time.Time) time.Time {
 		return a
 	}
 	return b
+}
+
+// TestLeaseKeep: the share shrinks from 1 to 0.3 (refill 10 → 3 per
+// second) under holder a's lease of 8 per second. A plain renewal of it
+// is refused (its rate is above the new refill); one that keeps extends
+// it as it is, and it still counts: holder b is granted nothing while it
+// lives. Once a stops keeping it, the lease ends and b is granted. Memory
+// and Redis alike.
+func TestLeaseKeep(t *testing.T) {
+	r := newRedis(t, redistest.Client(t))
+	var now int64
+	bucket.SetRedisNow(r, func() int64 { return now })
+	m, err := bucket.NewMemory(bucket.MemoryConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stores := map[string]func(time.Time, bucket.LeaseRequest) (bucket.Lease, error){
+		"memory": m.LeaseAt,
+		"redis": func(at time.Time, q bucket.LeaseRequest) (bucket.Lease, error) {
+			now = at.UnixMicro()
+			return r.Lease(context.Background(), q)
+		},
+	}
+	for name, lease := range stores {
+		t.Run(name, func(t *testing.T) {
+			k := leaseKey(t, redistest.Unique(t), "s")
+			at := func(ms int) time.Time { return leaseT0.Add(time.Duration(ms) * time.Millisecond) }
+			a, err := lease(at(0), grant(k, "a", 8, 10, false))
+			if err != nil || !a.Granted || a.Rate != 8 {
+				t.Fatalf("a's lease at share 1: %+v, %v", a, err)
+			}
+			shrunk := func(q bucket.LeaseRequest) bucket.LeaseRequest { q.Request.Share = 0.3; return q }
+			plain := shrunk(grant(k, "a", a.Rate, a.Burst, true))
+			if _, err := lease(at(500), plain); !errors.Is(err, bucket.ErrInvalidLease) {
+				t.Fatalf("a plain renewal above the shrunk share: %v, want ErrInvalidLease", err)
+			}
+			keep := plain
+			keep.Keep = true
+			for ms := 500; ms <= 3500; ms += 1000 { // past the lease's 2 s
+				got, err := lease(at(ms), keep)
+				if err != nil || !got.Renewed || got.Rate != 8 || got.FreeRate > 0 {
+					t.Fatalf("keeping a's lease at %d ms: %+v, %v; want it renewed at 8/s, no free refill", ms, got, err)
+				}
+				b, err := lease(at(ms+1), shrunk(grant(k, "b", 2, 5, false)))
+				if err != nil || b.Granted {
+					t.Fatalf("b's lease while a keeps its own: %+v, %v; want none", b, err)
+				}
+			}
+			b, err := lease(at(6000), shrunk(grant(k, "b", 2, 5, false)))
+			if err != nil || !b.Granted || b.Rate != 2 {
+				t.Fatalf("b's lease once a's ended: %+v, %v", b, err)
+			}
+			notRenew := keep
+			notRenew.Renew = false
+			if _, err := lease(at(7000), notRenew); !errors.Is(err, bucket.ErrInvalidLease) {
+				t.Fatalf("keep without renew: %v, want ErrInvalidLease", err)
+			}
+		})
+	}
+}
+
+// TestLeaseAll: a batch of grants, renewals and one invalid request over
+// several buckets, more than one pipeline long, gets from Redis the
+// answers Memory gives to the same calls made one by one; after SCRIPT
+// FLUSH (NOSCRIPT) the batch still goes through.
+func TestLeaseAll(t *testing.T) {
+	c := redistest.Client(t)
+	r := newRedis(t, c)
+	clk := leaseT0
+	bucket.SetRedisNow(r, func() int64 { return clk.UnixMicro() })
+	m, err := bucket.NewMemory(bucket.MemoryConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []bucket.Key
+	for i := range 7 {
+		keys = append(keys, leaseKey(t, redistest.Unique(t), "s"+strconv.Itoa(i)))
+	}
+	batch := func(step int) []bucket.LeaseRequest {
+		var reqs []bucket.LeaseRequest
+		for i := range bucket.MaxLeaseBatch + 44 {
+			q := grant(keys[i%len(keys)], "h"+strconv.Itoa(i%5), float64(1+i%3), int64(1+i%4), step > 0)
+			reqs = append(reqs, q)
+		}
+		reqs[17].Rate = -1 // invalid: its own error, the others unaffected
+		return reqs
+	}
+	ctx := context.Background()
+	for step := range 3 {
+		if step == 2 {
+			if err := c.ScriptFlush(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		clk = clk.Add(700 * time.Millisecond)
+		reqs := batch(step)
+		got, errs := r.LeaseAll(ctx, reqs)
+		if len(got) != len(reqs) || len(errs) != len(reqs) {
+			t.Fatalf("step %d: %d answers, %d errors for %d requests", step, len(got), len(errs), len(reqs))
+		}
+		for i, q := range reqs {
+			want, werr := m.LeaseAt(clk, q)
+			if (werr == nil) != (errs[i] == nil) || (werr != nil && !errors.Is(errs[i], bucket.ErrInvalidLease)) {
+				t.Fatalf("step %d request %d: redis error %v, memory error %v", step, i, errs[i], werr)
+			}
+			if werr == nil && !(want.Expiry.Equal(got[i].Expiry) && sameLease(want, got[i])) {
+				t.Fatalf("step %d request %d %+v:\nmemory %+v\nredis  %+v", step, i, q, want, got[i])
+			}
+		}
+	}
 }

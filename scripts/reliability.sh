@@ -4,7 +4,10 @@
 # the cross-region bound (internal/e2e TestRandomRuns: BOUND_RUNS runs of
 # BOUND_STEPS steps; BOUND_SEED replays one), the RLQS runs checked against
 # the same bound (internal/rlqs: a node killed with leases out, a stream
-# cut mid-assignment, a lease holder paused past its TTL), every existing
+# cut mid-assignment, a lease holder paused past its TTL, a shrink while a
+# stream stalls), the live lease
+# runs (internal/e2e TestLiveRLQSBound and TestLiveNodeLeaseBound for
+# LEASE_SECONDS each, default 60), every existing
 # fuzz target for FUZZTIME, then the summary table. Every redis-server and etcd the
 # suites need is started by the tests themselves (internal/redistest, internal/etcdtest);
 # with-redis.sh installs redis-server if missing and provides REDIS_ADDR.
@@ -39,8 +42,17 @@ E2E_RUNS=$bound_runs E2E_STEPS=$bound_steps E2E_SEED=${BOUND_SEED:-} \
 }
 grep -E 'runs of [0-9]+ steps' "$out/bound.log" | sed 's/^ */  /'
 
-echo "== RLQS: a node killed with leases out, a stream cut mid-assignment, a lease holder paused past its TTL, log in $out/rlqs.log"
-"$GO" test -race -count=1 -timeout 5m -v -run '^(TestNodeKilledWithLeasesOut|TestStreamCutMidAssignment|TestLeaseHolderPausedPastTTL)$' ./internal/rlqs/ >"$out/rlqs.log" 2>&1 || {
+lease_seconds=${LEASE_SECONDS:-60}
+echo "== leases live: 3 regions on Redis with a coordinator, RLQS Envoys and node leases, ${lease_seconds} s each, log in $out/leases.log"
+LEASE_SECONDS=$lease_seconds E2E_SEED=${BOUND_SEED:-} \
+  "$GO" test -count=1 -timeout 10m -v -run '^(TestLiveRLQSBound|TestLiveNodeLeaseBound)$' ./internal/e2e/ >"$out/leases.log" 2>&1 || {
+  status=1
+  echo "live lease runs failed:"; grep -E '^\s*(--- FAIL|FAIL|panic:)|seed [0-9]+ \(|bound violated|under-admission' "$out/leases.log" | head -40
+}
+grep -E 'under-admission' "$out/leases.log" | sed 's/^ */  /'
+
+echo "== RLQS: a node killed with leases out, a stream cut mid-assignment, a lease holder paused past its TTL, a shrink while a stream stalls, log in $out/rlqs.log"
+"$GO" test -race -count=1 -timeout 5m -v -run '^(TestNodeKilledWithLeasesOut|TestStreamCutMidAssignment|TestLeaseHolderPausedPastTTL|TestShrinkWhileStreamStalls)$' ./internal/rlqs/ >"$out/rlqs.log" 2>&1 || {
   status=1
   echo "RLQS runs failed:"; grep -E '^\s*(--- FAIL|FAIL|panic:)|over the bound' "$out/rlqs.log" | head -40
 }

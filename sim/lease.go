@@ -18,7 +18,15 @@ import (
 // number of consumers per node from the predicted overshoot (which must be
 // 0) and under-admission.
 //
-// Every ReportInterval each consumer reports what it was offered; the node
+// The consumers are served by Nodes nodes of the region (consumer i by
+// node i mod Nodes), each with its own rounds, offset from the other
+// nodes' by ReportInterval/Nodes (nodes are not synchronised). As in
+// internal/rlqs, a node splits among its own consumers only, and offers
+// them its part of the leasable rate: its consumers' demand over all the
+// region's consumers' (the nodes' demand reports), at least half the even
+// part; the region's bucket grants what no other lease holds.
+//
+// Every ReportInterval each consumer reports what it was offered; its node
 // splits the leasable rate R·(1 − Reserve) among them max-min fair by
 // demand (allocator.Target, as internal/rlqs does), shapes each share as
 // the filter's token bucket (whole-second fill intervals: ⌊ρ⌋ tokens per
@@ -43,6 +51,9 @@ type LeaseConfig struct {
 	Refill   float64
 	// Consumers is how many consumers share the bucket, 1 to MaxLeaseConsumers.
 	Consumers int
+	// Nodes is how many of the region's nodes serve the consumers, 1 to
+	// Consumers; default 1.
+	Nodes int
 	// TTL is every assignment's time to live, whole seconds, above
 	// ReportInterval + Margin so that a renewal arrives before it ends.
 	TTL time.Duration
@@ -99,6 +110,9 @@ func (c LeaseConfig) withDefaults() (LeaseConfig, error) {
 	if c.Tick == 0 {
 		c.Tick = 100 * time.Millisecond
 	}
+	if c.Nodes == 0 {
+		c.Nodes = 1
+	}
 	bad := func(format string, args ...any) (LeaseConfig, error) {
 		return LeaseConfig{}, fmt.Errorf("%w: %s", ErrLeaseConfig, fmt.Sprintf(format, args...))
 	}
@@ -109,6 +123,8 @@ func (c LeaseConfig) withDefaults() (LeaseConfig, error) {
 		return bad("refill %v, want > 0", c.Refill)
 	case c.Consumers < 1 || c.Consumers > MaxLeaseConsumers:
 		return bad("consumers %d, want 1 to %d", c.Consumers, MaxLeaseConsumers)
+	case c.Nodes < 1 || c.Nodes > c.Consumers:
+		return bad("nodes %d, want 1 to the consumers (%d)", c.Nodes, c.Consumers)
 	case c.ReportInterval < c.Tick || c.ReportInterval%c.Tick != 0:
 		return bad("report interval %v, want a multiple of the tick %v", c.ReportInterval, c.Tick)
 	case c.TTL%time.Second != 0 || c.TTL <= c.ReportInterval+c.Margin:
@@ -230,6 +246,10 @@ func RunLeases(cfg LeaseConfig) (*LeaseResult, error) {
 	var adms []Admission
 	ticks := int64(cfg.Duration / cfg.Tick)
 	per := int64(cfg.ReportInterval / cfg.Tick)
+	nodes := make([][]*leaseConsumer, cfg.Nodes)
+	for i, c := range cs {
+		nodes[i%cfg.Nodes] = append(nodes[i%cfg.Nodes], c)
+	}
 	for k := int64(1); k <= ticks; k++ {
 		now := time.Duration(k) * cfg.Tick
 		if cfg.Move > 0 && now%cfg.Move == cfg.Tick {
@@ -257,9 +277,11 @@ func RunLeases(cfg LeaseConfig) (*LeaseResult, error) {
 		if _, err := ideal.Take(now, 0, offered); err != nil {
 			return nil, err
 		}
-		if k%per == 0 {
-			if err := leaseRound(&cfg, store, &req, origin, now, rng, cs, res); err != nil {
-				return nil, err
+		for j, own := range nodes {
+			if k%per == int64(j)*per/int64(cfg.Nodes) {
+				if err := leaseRound(&cfg, store, &req, origin, now, rng, own, res, nodePart(cs, own, cfg.Nodes)); err != nil {
+					return nil, err
+				}
 			}
 		}
 	}
@@ -295,11 +317,37 @@ func moveDemand(rng *rand.Rand, cs []*leaseConsumer) {
 	}
 }
 
-// leaseRound is the node's round at now: demands from the reports, the
-// max-min split, one lease call per consumer and the assignments sent.
-func leaseRound(cfg *LeaseConfig, store *bucket.Memory, req *bucket.Request, origin time.Time, now time.Duration, rng *rand.Rand, cs []*leaseConsumer, res *LeaseResult) error {
+// nodePart is the part of the leasable rate a node serving own (of all
+// the consumers cs, on nodes nodes) offers them, as the node takes it
+// from the nodes' demand reports (regional's demandPart): its consumers'
+// demand over all of it, at least half the even part; the whole with one
+// node. The demands are those of each consumer's node's last round: the
+// reports lag by up to one interval (a real node's by its demand report
+// interval).
+func nodePart(cs, own []*leaseConsumer, nodes int) float64 {
+	if nodes <= 1 {
+		return 1
+	}
+	var mine, all float64
+	for _, c := range cs {
+		all += c.demand
+	}
+	for _, c := range own {
+		mine += c.demand
+	}
+	part := 0.5 / float64(nodes)
+	if all > 0 {
+		part = max(part, mine/all)
+	}
+	return part
+}
+
+// leaseRound is one node's round at now for its consumers cs and its part
+// of the leasable rate: demands from the reports, the max-min split, one
+// lease call per consumer and the assignments sent.
+func leaseRound(cfg *LeaseConfig, store *bucket.Memory, req *bucket.Request, origin time.Time, now time.Duration, rng *rand.Rand, cs []*leaseConsumer, res *LeaseResult, part float64) error {
 	regions := make([]allocator.Region, len(cs))
-	leasable := cfg.Refill * (1 - cfg.Reserve)
+	leasable := cfg.Refill * (1 - cfg.Reserve) * part
 	for i, c := range cs {
 		c.demand = allocator.Smooth(c.demand, float64(c.offered)/cfg.ReportInterval.Seconds(), 0.5)
 		c.offered = 0

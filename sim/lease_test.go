@@ -103,6 +103,8 @@ func TestLeaseConfigErrors(t *testing.T) {
 		{"no refill", func(c *LeaseConfig) { c.Refill = 0 }},
 		{"no consumers", func(c *LeaseConfig) { c.Consumers = 0 }},
 		{"too many consumers", func(c *LeaseConfig) { c.Consumers = MaxLeaseConsumers + 1 }},
+		{"more nodes than consumers", func(c *LeaseConfig) { c.Nodes = c.Consumers + 1 }},
+		{"negative nodes", func(c *LeaseConfig) { c.Nodes = -1 }},
 		{"fractional ttl", func(c *LeaseConfig) { c.TTL = 3500 * time.Millisecond }},
 		{"ttl within interval and margin", func(c *LeaseConfig) { c.TTL = 2 * time.Second }},
 		{"delay over margin", func(c *LeaseConfig) { c.Delay = 2 * time.Second }},
@@ -118,5 +120,47 @@ func TestLeaseConfigErrors(t *testing.T) {
 	}
 	if _, err := LeaseScenario("nope"); !errors.Is(err, ErrLeaseConfig) {
 		t.Errorf("unknown built-in: %v", err)
+	}
+}
+
+// TestLeaseNodesNoOvershoot: the moving-demand run with its consumers on
+// 1, 2 and 4 nodes of the region (each node splits its demand part of the
+// leasable rate among its own consumers, all leasing from the one bucket)
+// never admits more than the region's bucket alone; the table shows what
+// the nodes cost.
+func TestLeaseNodesNoOvershoot(t *testing.T) {
+	base, err := LeaseScenario("envoys-two-nodes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base.Duration = 2 * time.Minute
+	sw := LeaseSweep{Base: base, Consumers: []int{2, 8}, Nodes: []int{1, 2, 4}}
+	results, skipped, err := SweepLeases(context.Background(), sw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(results) != 5 || len(skipped) != 1 {
+		t.Fatalf("%d runs, %d skipped (%v); want 5 and 1 (4 nodes > 2 consumers)", len(results), len(skipped), skipped)
+	}
+	var b strings.Builder
+	if err := WriteLeaseTable(&b, results); err != nil {
+		t.Fatal(err)
+	}
+	t.Log("\n" + b.String())
+	byNodes := map[int]float64{}
+	for _, r := range results {
+		c := r.Config
+		if r.Overshoot != 0 {
+			t.Errorf("%d consumers on %d nodes: overshoot %.4f", c.Consumers, c.Nodes, r.Overshoot)
+		}
+		if r.Grants == 0 || r.Admitted == 0 {
+			t.Errorf("%d consumers on %d nodes: %d fresh leases, %d admitted", c.Consumers, c.Nodes, r.Grants, r.Admitted)
+		}
+		if c.Consumers == 8 {
+			byNodes[c.Nodes] = r.UnderAdmission
+		}
+	}
+	if byNodes[1] == byNodes[4] {
+		t.Errorf("8 consumers on 1 and on 4 nodes gave the same under-admission %.4f: the nodes are not modelled", byNodes[1])
 	}
 }

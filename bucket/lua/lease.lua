@@ -18,7 +18,8 @@
 --          since (microseconds, 0: none), guard ('1' or '0').
 -- ARGV[10]: the holder.
 -- ARGV[11..15]: grant: rate (units per microsecond), burst (units), for
---          (microseconds), cut (microseconds), renew ('1' or '0');
+--          (microseconds), cut (microseconds), renew ('1', '2': keep
+--          even when the rate no longer fits, or '0');
 --          release: 0, unspent (units), within (microseconds), 0, '0'.
 -- Reply: nine numbers as strings: granted (1/0), renewed (1/0), rate,
 --          burst, until (microseconds), the bucket's tokens (units), the
@@ -33,7 +34,7 @@ local lim, R, ttlms = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local fill, since, guard = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9] == '1'
 local holder = ARGV[10]
 local arate, aburst, adur, acut = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
-local renew = ARGV[15] == '1'
+local renew, keep = ARGV[15] == '1' or ARGV[15] == '2', ARGV[15] == '2'
 local ttl = ttlms * 1000
 
 local function born()
@@ -124,7 +125,7 @@ if op == 'g' then
   local h = nil
   if self then h = hs[self] end
   local g = math.min(arate, avail)
-  if renew and h and h.e1 > now and math.abs(h.r1 - arate) <= h.r1 * 1e-9 and h.b1 == aburst and h.r1 <= avail then
+  if renew and h and h.e1 > now and math.abs(h.r1 - arate) <= h.r1 * 1e-9 and h.b1 == aburst and (h.r1 <= avail or keep) then
     h.e1 = now + adur
     granted, renewed, grate, gburst = 1, 1, h.r1, h.b1
   elseif g > 0 and tokens >= aburst and (h or #hs < 64) then

@@ -18,6 +18,7 @@ type leaseFlags struct {
 	ttls      *string
 	intervals *string
 	consumers *string
+	nodes     *string
 	duration  *time.Duration
 	seed      *uint64
 }
@@ -25,10 +26,11 @@ type leaseFlags struct {
 func addLeaseFlags(fs *flag.FlagSet, seed *uint64) *leaseFlags {
 	return &leaseFlags{
 		run: fs.String("leases", "", "run the lease layer instead of the region sweep: built-in lease run NAME ("+
-			strings.Join(sim.BuiltinLeases(), ", ")+"), swept over -lease-ttls × -lease-intervals × -lease-consumers"),
+			strings.Join(sim.BuiltinLeases(), ", ")+"), swept over -lease-ttls × -lease-intervals × -lease-consumers × -lease-nodes"),
 		ttls:      fs.String("lease-ttls", "", "assignment TTLs to sweep, whole seconds (default: the run's)"),
 		intervals: fs.String("lease-intervals", "", "consumer reporting intervals to sweep (default: the run's)"),
 		consumers: fs.String("lease-consumers", "", "consumers per region to sweep (default: the run's)"),
+		nodes:     fs.String("lease-nodes", "", "nodes per region serving the consumers to sweep, each splitting among its own (default: the run's)"),
 		duration:  fs.Duration("lease-duration", 0, "simulated time per lease run (default: the run's)"),
 		seed:      seed,
 	}
@@ -52,14 +54,11 @@ func runLeases(ctx context.Context, lf *leaseFlags, stdout io.Writer) error {
 	if sw.Intervals, err = durations("-lease-intervals", *lf.intervals); err != nil {
 		return err
 	}
-	if *lf.consumers != "" {
-		for _, s := range strings.Split(*lf.consumers, ",") {
-			n, err := strconv.Atoi(strings.TrimSpace(s))
-			if err != nil || n < 1 {
-				return fmt.Errorf("-lease-consumers: %q is not a positive count", s)
-			}
-			sw.Consumers = append(sw.Consumers, n)
-		}
+	if sw.Consumers, err = counts("-lease-consumers", *lf.consumers); err != nil {
+		return err
+	}
+	if sw.Nodes, err = counts("-lease-nodes", *lf.nodes); err != nil {
+		return err
 	}
 	results, skipped, err := sim.SweepLeases(ctx, sw)
 	if err != nil {
@@ -80,6 +79,23 @@ func runLeases(ctx context.Context, lf *leaseFlags, stdout io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "worst overshoot %.4f (windows %v)\n", worst, sim.LeaseWindows)
 	return nil
+}
+
+// counts parses a comma-separated list of positive counts; empty gives
+// none.
+func counts(flagName, list string) ([]int, error) {
+	if list == "" {
+		return nil, nil
+	}
+	var out []int
+	for _, s := range strings.Split(list, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%s: %q is not a positive count", flagName, s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }
 
 // durations parses a comma-separated list of positive durations; empty

@@ -24,11 +24,28 @@ func TestRunLeases(t *testing.T) {
 	}
 }
 
+// TestRunLeasesNodes: -lease-nodes sweeps the nodes serving the
+// consumers; a point with more nodes than consumers is skipped.
+func TestRunLeasesNodes(t *testing.T) {
+	var stdout bytes.Buffer
+	args := []string{"-leases", "envoys-two-nodes", "-lease-consumers", "2", "-lease-nodes", "1,2,3", "-lease-duration", "40s"}
+	if err := run(context.Background(), args, &stdout, &bytes.Buffer{}); err != nil {
+		t.Fatal(err)
+	}
+	out := stdout.String()
+	for _, want := range []string{"nodes", "envoys-two-nodes  2          1", "envoys-two-nodes  2          2", "skipped: 3 nodes > 2 consumers", "worst overshoot 0.0000"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
 func TestRunLeasesErrors(t *testing.T) {
 	for _, args := range [][]string{
 		{"-leases", "nope"},
 		{"-leases", "envoys-moving", "-lease-ttls", "soon"},
 		{"-leases", "envoys-moving", "-lease-consumers", "0"},
+		{"-leases", "envoys-moving", "-lease-nodes", "x"},
 		{"-leases", "envoys-moving", "-lease-ttls", "1s"},
 		{"-intervals", ""},
 	} {

@@ -195,3 +195,22 @@ func TestCheckWholeRun(t *testing.T) {
 		}
 	}
 }
+
+// TestIdealAdmitted: a bucket of 5, 2 per second, offered 10 at once then
+// one every 100 ms for 2 s admits 5 at once and then its refill, 4.
+func TestIdealAdmitted(t *testing.T) {
+	var offers []time.Time
+	for i := 1; i <= 20; i++ {
+		offers = append(offers, t0.Add(time.Duration(i)*100*time.Millisecond))
+	}
+	for range 10 {
+		offers = append(offers, t0) // out of order: sorted first
+	}
+	l := bucket.Limits{Algorithm: bucket.TokenBucket, Capacity: 5, RefillPerSecond: 2}
+	if got := IdealAdmitted(offers, l); got != 9 {
+		t.Errorf("IdealAdmitted = %d, want 9", got)
+	}
+	if got := IdealAdmitted(nil, l); got != 0 {
+		t.Errorf("IdealAdmitted of no offers = %d", got)
+	}
+}

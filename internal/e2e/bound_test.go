@@ -39,6 +39,9 @@ func (e *env) checkBound() boundcheck.Report {
 		adms = append(adms, d.admitted...)
 		d.mu.Unlock()
 	}
+	if e.admissions != nil {
+		adms = append(adms, e.admissions()...)
+	}
 	rep, err := boundcheck.Check(boundcheck.Config{Limits: limits, Slack: clockSlack}, adms)
 	if err != nil {
 		e.t.Fatalf("bound check: %v", err)

@@ -36,6 +36,14 @@
 //     clock stepped back. Every admitted decision of every node is checked
 //     by internal/boundcheck: no window admits more than one global
 //     limiter of the policy could.
+//   - Leases under moving shares (TestLiveRLQSBound, TestLiveNodeLeaseBound,
+//     issue 16's first must-show): each node serves RLQS to four
+//     Envoy-faithful clients, or two nodes per region decide a leased
+//     policy from node leases; one subject is offered 3× its budget, the
+//     demand moving between regions and between the consumers of a
+//     region while the coordinator moves the shares. Every admission is
+//     checked by boundcheck and the under-admission against one ideal
+//     global bucket is logged with a second-by-second timeline.
 //   - A region cut off from etcd (its proxy blackholed) falls back to its
 //     minimum share within its lease TTL; the coordinator gives its share
 //     to another region only after the lease expired plus the skew margin.

@@ -125,6 +125,11 @@ type env struct {
 	regions []*region
 	// drivers are every load driver started, the regions' and any other.
 	drivers []*driver
+	// nodeConfig, when set, edits every node's configuration.
+	nodeConfig func(*regional.DaemonConfig)
+	// admissions, when set, adds admitted decisions made outside the
+	// drivers (Envoys deciding locally) to the bound check.
+	admissions func() []boundcheck.Admission
 }
 
 // newEnv starts etcd, nCoords coordinators (waiting for a leader and its
@@ -139,7 +144,14 @@ func newEnv(t *testing.T, nCoords int, names ...string) *env {
 // newEnvDocs is newEnv applying the policy documents docs.
 func newEnvDocs(t *testing.T, nCoords int, docs [][]byte, names ...string) *env {
 	t.Helper()
-	e := &env{t: t, etcd: etcdtest.Start(t), docs: docs}
+	return newEnvWith(t, nCoords, docs, nil, names...)
+}
+
+// newEnvWith is newEnvDocs with every node's configuration edited by
+// nodeConfig (nil: none).
+func newEnvWith(t *testing.T, nCoords int, docs [][]byte, nodeConfig func(*regional.DaemonConfig), names ...string) *env {
+	t.Helper()
+	e := &env{t: t, etcd: etcdtest.Start(t), docs: docs, nodeConfig: nodeConfig}
 	e.cli = e.etcd.Client(t)
 	e.logs = newLineLog(t)
 	dir := t.TempDir()
@@ -463,7 +475,7 @@ func (r *region) config(out io.Writer) regional.DaemonConfig {
 	if endpoints == nil {
 		endpoints = []string{"http://" + r.proxy.Addr()}
 	}
-	return regional.DaemonConfig{
+	c := regional.DaemonConfig{
 		Region: r.name, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
 		Redis: r.redis.Addr, EtcdEndpoints: endpoints,
 		// A loaded machine under -race takes longer than 5 ms per Redis
@@ -474,6 +486,10 @@ func (r *region) config(out io.Writer) regional.DaemonConfig {
 		LossGuard: true,
 		Logger:    hclog.New(&hclog.LoggerOptions{Name: "regional", Output: out}), Announce: out,
 	}
+	if r.e.nodeConfig != nil {
+		r.e.nodeConfig(&c)
+	}
+	return c
 }
 
 // start runs the node (it must be stopped): regional.Run in this process,
@@ -688,6 +704,9 @@ type driver struct {
 	// admitted are the admitted decisions of every policy, at most
 	// maxAdmissions, for the bound check.
 	admitted []boundcheck.Admission
+	// offers are when each check was sent, by policy, at most
+	// maxAdmissions per policy: what an ideal limiter is offered.
+	offers map[string][]time.Time
 }
 
 // maxAdmissions bounds the decisions a driver records.
@@ -708,7 +727,7 @@ type counts struct {
 // newDriver starts a driver of subject at r asking the fixed-window and
 // the exports policy, idle until setRate.
 func newDriver(r *region, subject string) *driver {
-	d := &driver{subject: subject, stopCh: make(chan struct{}), lastShare: -1}
+	d := &driver{subject: subject, stopCh: make(chan struct{}), lastShare: -1, offers: map[string][]time.Time{}}
 	d.target.Store(r)
 	d.setPolicies(windowedPolicy, policyName)
 	d.wg.Add(1)
@@ -797,6 +816,11 @@ func (d *driver) check() {
 		sent := time.Now()
 		resp, err := adm.Check(ctx, &quotav1.CheckRequest{Subject: d.subject, Policies: []string{p}})
 		cancel()
+		d.mu.Lock()
+		if len(d.offers[p]) < maxAdmissions {
+			d.offers[p] = append(d.offers[p], sent)
+		}
+		d.mu.Unlock()
 		ok := err == nil && len(resp.Policies) == 1
 		if ok {
 			d.record(r, p, resp, sent)

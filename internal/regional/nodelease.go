@@ -304,11 +304,7 @@ func (l *nodeLeases) acquire(ctx context.Context, it *item, now time.Time, h *he
 			return false
 		}
 	}
-	nodes := 1
-	if l.n.nodes != nil {
-		nodes = max(1, l.n.nodes.Nodes())
-	}
-	part := it.req.Share * p.Lease.Fraction / float64(nodes)
+	part := l.part(it.req.Share, p.Name, p.Lease.Fraction, it.subject)
 	l.heatMu.Lock()
 	counted, tokens := float64(h.cost), h.tokens
 	l.heatMu.Unlock()
@@ -359,6 +355,42 @@ func (l *nodeLeases) acquire(ctx context.Context, it *item, now time.Time, h *he
 	return true
 }
 
+// RegionDemandParts is a ShareSource that knows how the region's demand
+// for a subject is split among its nodes (internal/regionsync's
+// DemandPart, from the nodes' demand reports in etcd).
+type RegionDemandParts interface {
+	DemandPart(policy, subject string) (part float64, ok bool)
+}
+
+// part is this node's part of the region's bucket for a subject of a
+// leased policy at share: share × fraction × demandPart.
+func (l *nodeLeases) part(share float64, policyName string, fraction float64, subject string) float64 {
+	return share * fraction * l.n.demandPart(policyName, subject)
+}
+
+// demandPart is this node's part of its region's bucket for a policy's
+// subject, in (0, 1]: split among the region's nodes by their demand for
+// the subject when the shares source knows it (RegionDemandParts), else
+// evenly; a node keeps at least half its even part, as its demand may
+// have grown since its last report. Node leases and RLQS assignments
+// (rlqs.Config.Part) take this part. The parts are what each node asks
+// for, not a bound: the region's bucket never leases more than its refill
+// in total, so parts summing past 1 (stale reports) only leave a node's
+// ask partly granted.
+func (n *Node) demandPart(policyName, subject string) float64 {
+	nodes := 1
+	if n.nodes != nil {
+		nodes = max(1, n.nodes.Nodes())
+	}
+	w := 1 / float64(nodes)
+	if dp, ok := n.nodes.(RegionDemandParts); ok && nodes > 1 {
+		if d, ok := dp.DemandPart(policyName, subject); ok {
+			w = max(d, w/2)
+		}
+	}
+	return w
+}
+
 // outgrown reports whether the subject asks e for more than 80% of its
 // rate (a lease is sized at twice what its subject asks), measured over at least leaseRetry, while the node's part allows
 // more: the lease is then resized at once rather than at half its TTL (a
@@ -405,6 +437,12 @@ func (e *nodeLease) fill(ls bucket.Lease) bool {
 func (l *nodeLeases) renew(ctx context.Context, e *nodeLease, now time.Time) {
 	e.mu.Lock()
 	q := bucket.LeaseRequest{Request: e.req, Holder: l.holder, Rate: e.rate, Burst: e.burst, For: e.ttl, Renew: true}
+	if p, ok := l.n.Policies().Get(e.policy); ok && p.Lease != nil {
+		// The node's part follows the region's demand: a renewal may
+		// grow or shrink the lease to it.
+		part := l.part(e.req.Share, e.policy, p.Lease.Fraction, e.subject)
+		e.most, e.mostBurst = part*e.req.Limits.RefillPerSecond, part*float64(e.req.Limits.Capacity)
+	}
 	if el := now.Sub(e.since); el > 0 {
 		// A rate more than 20% off what the subject asks is resized (a
 		// fresh lease, which takes its burst again).

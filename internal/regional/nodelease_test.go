@@ -92,7 +92,7 @@ policies:
 
 // newLeaseNode builds a node of region r on store, on clk, with the
 // policies of leasePolicies.
-func newLeaseNode(t testing.TB, clk clock.Clock, store bucket.Store, r *leaseRegion) *Node {
+func newLeaseNode(t testing.TB, clk clock.Clock, store bucket.Store, r ShareSource) *Node {
 	t.Helper()
 	g, err := grants.Parse("g", []byte("default: [{actions: [check, refund], policies: ['*']}]"))
 	if err != nil {
@@ -474,4 +474,66 @@ func TestNodeLeaseRedis(t *testing.T) {
 	}
 	t.Logf("admitted %d in 2 s (ideal %.0f), Redis takes %d, lease calls %d, peak %.3f",
 		len(adms), 60+30*time.Since(start).Seconds(), store.takes.Load(), store.leases.Load(), rep.Peak)
+}
+
+// demandRegion is a leaseRegion whose shares source also knows this
+// node's part of the region's demand (RegionDemandParts).
+type demandRegion struct {
+	*leaseRegion
+	mu   sync.Mutex
+	part float64
+}
+
+func (r *demandRegion) DemandPart(string, string) (float64, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.part, r.part > 0
+}
+
+func (r *demandRegion) setPart(f float64) {
+	r.mu.Lock()
+	r.part = f
+	r.mu.Unlock()
+}
+
+// TestNodeLeaseDemandSplit: two nodes of one region at share 1 share a
+// store; the subject's demand sits on node a (90% of the region's, as
+// the nodes' demand reports say). a's lease may take 90% of the refill,
+// not half; when the reports move the demand away (30% on a), a's next
+// renewal shrinks the lease to its new part. The store never leases more
+// than the refill in total.
+func TestNodeLeaseDemandSplit(t *testing.T) {
+	clk := clock.NewManual(time.Unix(1_800_000_000, 0))
+	store := &leaseStore{leasingStore: memoryStore(t, clk)}
+	region := &leaseRegion{share: 1, nodes: 2}
+	ra, rb := &demandRegion{leaseRegion: region, part: 0.9}, &demandRegion{leaseRegion: region, part: 0.1}
+	a, b := newLeaseNode(t, clk, store, ra), newLeaseNode(t, clk, store, rb)
+	heatUp(t, clk, a, "t1", "hot")
+	leaseCheck(t, b, "t1", 1, "hot")
+	e := leaseOf(t, a, "hot", "t1")
+	if e == nil {
+		t.Fatal("node a took no lease of a subject checked 100 times a second")
+	}
+	e.mu.Lock()
+	rate := e.rate
+	e.mu.Unlock()
+	if rate <= 15+1e-9 || rate > 27+1e-9 {
+		t.Fatalf("node a's lease: %.2f tokens/s; want above the even part (15) and at most its demand part 0.9 × 30 = 27", rate)
+	}
+	ra.setPart(0.3)
+	for range 150 { // 1.5 s at 100/s: past half the 2 s TTL
+		leaseCheck(t, a, "t1", 1, "hot")
+		clk.Advance(10 * time.Millisecond)
+	}
+	e = leaseOf(t, a, "hot", "t1")
+	if e == nil {
+		t.Fatal("node a lost its lease")
+	}
+	e.mu.Lock()
+	shrunk := e.rate
+	e.mu.Unlock()
+	if shrunk > 9+1e-9 {
+		t.Errorf("node a's lease after its part fell to 0.3: %.2f tokens/s, want at most 9", shrunk)
+	}
+	t.Logf("node a's lease: %.1f tokens/s at part 0.9, %.1f at part 0.3 (even part 15)", rate, shrunk)
 }

@@ -102,7 +102,7 @@ func startRLQS(ctx context.Context, c DaemonConfig, n *Node, store bucket.Store,
 	}
 	srv, err := rlqs.New(rlqs.Config{
 		Policies: n.Policies, Subjects: n.envoySubj, KeyOrder: c.RLQS.KeyOrder,
-		Share: shares.Share, Request: n.leaseRequest, Store: leaser, Node: node,
+		Share: shares.Share, Request: n.leaseRequest, Demand: n.cfg.Demand, Part: n.demandPart, Store: leaser, Node: node,
 		Interval: c.RLQS.Interval, TTL: c.RLQS.TTL, Margin: c.RLQS.Margin, Reserve: c.RLQS.Reserve,
 		Logger: log.Named("rlqs"), Registerer: reg,
 	})

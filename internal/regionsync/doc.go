@@ -108,11 +108,17 @@
 // A node that joins is counted by the others once its registration reaches
 // them through their watch; one whose lease ended, once etcd deletes it.
 //
+// DemandPart is this node's part of its region's demand for a policy and
+// subject, from the demand reports of the region's nodes under
+// demand/{region}/ (get, then watch; the records the coordinator reads):
+// node leases and RLQS assignments split a region's bucket among its
+// nodes by it.
+//
 // # Concurrency and goroutines
 //
 // Run starts every goroutine of a Syncer and returns only after all of them
 // ended; it may be called once. Share, Begin (and the Pin's Share and End),
-// Ready, Lost, Epoch, LowestShare, Nodes and Flush are
+// Ready, Lost, Epoch, LowestShare, Nodes, DemandPart and Flush are
 // safe for concurrent use, before, during and after Run. The zero Syncer is
 // not usable; build one with New.
 //

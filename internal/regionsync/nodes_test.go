@@ -1,12 +1,19 @@
 package regionsync
 
 import (
+	"bytes"
 	"context"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+	"go.uber.org/zap"
+
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/quotacoord/quota/internal/etcdauth"
 	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/internal/etcdtest"
 )
@@ -80,4 +87,113 @@ func TestNodesCountsRegionRegistrations(t *testing.T) {
 	waitFor(t, 5*time.Second, "both nodes to count 3", func() bool { return s1.Nodes() == 3 && s2.Nodes() == 3 })
 	stop2()
 	waitFor(t, 5*time.Second, "n1 to count 2 once n2 stopped", func() bool { return s1.Nodes() == 2 })
+}
+
+// TestDemandPart: a node's part of its region's demand for a subject is
+// what its own last report offered over what all the region's nodes'
+// reports offered (another region's reports do not count); a subject its
+// own report does not name has no part (the caller splits evenly), and a
+// node whose reports go leaves the sum.
+func TestDemandPart(t *testing.T) {
+	srv := etcdtest.Start(t)
+	c := srv.Client(t)
+	report := func(region, node string, offered map[string]float64) {
+		var ps []etcdlayout.SubjectDemand
+		for s, o := range offered {
+			ps = append(ps, etcdlayout.SubjectDemand{Subject: s, Offered: o, Denied: true})
+		}
+		putJSON(t, c, lay.DemandShard(region, node, etcdlayout.PolicyShard("p")), etcdlayout.DemandReport{
+			Region: region, Node: node, At: time.Now(), IntervalSeconds: 1,
+			Policies: map[string]etcdlayout.PolicyDemand{"p": {Offered: 1, Pressured: ps}}})
+	}
+	report("eu", "n2", map[string]float64{"acme": 10, "zeta": 5})
+	report("us", "u1", map[string]float64{"acme": 1000})
+	s1, _ := start(t, srv, Config{Node: "n1", LeaseTTL: 3 * time.Second})
+	report("eu", "n1", map[string]float64{"acme": 30})
+	waitFor(t, 5*time.Second, "n1's part of acme", func() bool {
+		part, ok := s1.DemandPart("p", "acme")
+		return ok && part == 0.75
+	})
+	if part, ok := s1.DemandPart("p", "zeta"); ok {
+		t.Errorf("n1's part of zeta, which n1 does not report: %v, want none", part)
+	}
+	if part, ok := s1.DemandPart("q", "acme"); ok {
+		t.Errorf("n1's part of acme under policy q, which nobody reports: %v, want none", part)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := c.Delete(ctx, lay.NodeDemands("eu", "n2"), clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "n1's part of acme alone", func() bool {
+		part, ok := s1.DemandPart("p", "acme")
+		return ok && part == 1
+	})
+}
+
+// TestDemandPartWithNodeCredential: a node whose etcd credential is its
+// own (etcdauth.NodeRole) may not read the other nodes' demand reports:
+// it says so once, and DemandPart has no answer (the caller splits
+// evenly) even for a subject its own report names.
+func TestDemandPartWithNodeCredential(t *testing.T) {
+	srv := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin := srv.Client(t)
+	role, err := etcdauth.NodeRole(lay, "eu", "n1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := etcdauth.Ensure(ctx, admin, role, etcdauth.NodeUser("eu", "n1"), "node-pw"); err != nil {
+		t.Fatal(err)
+	}
+	putJSON(t, admin, lay.DemandShard("eu", "n1", etcdlayout.PolicyShard("p")), etcdlayout.DemandReport{
+		Region: "eu", Node: "n1", At: time.Now(), IntervalSeconds: 1,
+		Policies: map[string]etcdlayout.PolicyDemand{"p": {Offered: 1, Pressured: []etcdlayout.SubjectDemand{{Subject: "acme", Offered: 30}}}}})
+	if err := etcdauth.EnableAuth(ctx, admin, "root-pw"); err != nil {
+		t.Fatal(err)
+	}
+	c, err := clientv3.New(clientv3.Config{Endpoints: srv.Endpoints, DialTimeout: 5 * time.Second,
+		Username: etcdauth.NodeUser("eu", "n1"), Password: "node-pw", Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	var logs syncBuffer
+	s, err := New(Config{Client: c, Region: "eu", Node: "n1", LeaseTTL: 3 * time.Second,
+		Logger: hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Info})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(runCtx) }()
+	t.Cleanup(func() { stop(); <-done })
+	waitFor(t, 10*time.Second, "the note that the demand reports cannot be read", func() bool {
+		return strings.Contains(logs.String(), "cannot read its region's demand reports")
+	})
+	if part, ok := s.DemandPart("p", "acme"); ok {
+		t.Errorf("DemandPart without read access: %v, want none", part)
+	}
+	if n := strings.Count(logs.String(), "demand/eu/"); n > 0 {
+		t.Errorf("%d log lines retry reading the demand reports", n)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a reader.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }

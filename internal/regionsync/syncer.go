@@ -89,7 +89,10 @@ type Syncer struct {
 	regRev atomic.Int64
 	// nodes is the region's registered node count for Nodes, 0 before
 	// the first read.
-	nodes         atomic.Int64
+	nodes atomic.Int64
+	// demands follows the demand reports of the region's nodes
+	// (DemandPart).
+	demands       *nodeDemands
 	losses        atomic.Uint64
 	policiesReady atomic.Bool
 	// reportEvery is the interval from etcd's settings (nanos), 0 if unset.
@@ -129,6 +132,7 @@ func New(cfg Config) (*Syncer, error) {
 		settingsCh: make(chan struct{}, 1),
 		resyncCh:   make(chan chan struct{}),
 	}
+	s.demands = &nodeDemands{s: s}
 	s.ttl.Store(int64(cfg.LeaseTTL))
 	s.tab.Store(build(true, s.allocs, nil))
 	return s, nil
@@ -339,6 +343,11 @@ func (s *Syncer) Run(ctx context.Context) error {
 	})
 	rn := &regionNodes{s: s}
 	goRun(func() { s.follow(ctx, l.RegionNodes(s.cfg.Region), true, nil, rn.snapshot, rn.events, nil) })
+	goRun(func() {
+		if s.demands.readable(ctx) {
+			s.follow(ctx, s.demands.prefix(), true, nil, s.demands.snapshot, s.demands.events, nil)
+		}
+	})
 	if s.cfg.OnPolicies != nil {
 		p := &policyDocs{s: s, docs: map[string][]byte{}}
 		goRun(func() { s.follow(ctx, l.PoliciesPrefix(), true, nil, p.snapshot, p.events, nil) })

@@ -46,6 +46,12 @@ const (
 	DeadBand = 0.2
 )
 
+// DemandSink receives demand records (regional.DemandSink; internal/demand
+// implements it). Record must be cheap and safe for concurrent use.
+type DemandSink interface {
+	Record(policy, subject string, cost int64, admitted, pressured bool)
+}
+
 // ErrInvalidConfig reports a Config that New cannot use.
 var ErrInvalidConfig = errors.New("rlqs: invalid config")
 
@@ -69,6 +75,22 @@ type Config struct {
 	// that leases and Redis-backed checks share one bucket. Default: the
 	// policy's key version and Share, clamped to [0, 1+ε].
 	Request func(p *policy.Policy, subject bucket.Subject, now time.Time) (bucket.Request, error)
+	// Demand, when set, receives what the Envoys report for each leased
+	// bucket, as the node's own checks report theirs: the requests
+	// allowed (admitted) and denied, the subject pressured when some were
+	// denied, it holds no lease, or it used half its assignment's rate.
+	// The coordinator then moves the region's share with the Envoys'
+	// demand. An Envoy's counts are taken as reported: it is trusted with
+	// them as with enforcing its assignments.
+	Demand DemandSink
+	// Part, when set, is this node's part of the region's bucket for a
+	// policy and subject, in (0, 1]: the part of the leasable rate it
+	// offers its Envoys (regional: the nodes' demand reports, as node
+	// leases split). Default 1: every node offers its Envoys the whole
+	// rate and the region's bucket grants first come, first served. Parts
+	// guide what a node asks, not the bound: the bucket never leases more
+	// than its refill in total.
+	Part func(policy, subject string) float64
 	// Store leases parts of the region's buckets. Required.
 	Store bucket.Leaser
 	// Node names this node in lease holders: [A-Za-z0-9_.-]{1,40}.

@@ -66,7 +66,7 @@ func TestNodeKilledWithLeasesOut(t *testing.T) {
 	for _, v := range rep.Violations {
 		t.Errorf("over the bound: %v", v)
 	}
-	ideal := idealAdmitted(offers, limits)
+	ideal := boundcheck.IdealAdmitted(offers, limits)
 	t.Logf("admitted %d, an ideal bucket %d (under-admission %.1f%%)", len(adms), ideal, 100*(1-float64(len(adms))/float64(ideal)))
 	if len(adms) < ideal/2 {
 		t.Errorf("admitted %d, under half the ideal %d", len(adms), ideal)

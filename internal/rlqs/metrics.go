@@ -7,6 +7,7 @@ type metrics struct {
 	streams, buckets, leased                 prometheus.Gauge
 	reports, changes, abandoned, leaseDenied prometheus.Counter
 	unsupported, overflow, refused, dropped  prometheus.Counter
+	kept                                     prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -28,10 +29,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		overflow:    c("bucket_overflow_total", "Buckets left without assignment: the stream's or the bucket's consumer bound was reached."),
 		refused:     c("refused_streams_total", "Streams refused at the stream bound."),
 		dropped:     c("dropped_responses_total", "Responses not queued because the stream did not read its previous ones."),
+		kept:        c("kept_leases_total", "Lease renewals kept above a shrunk share for a stalled stream (the shrink's acknowledgement waits)."),
 	}
 	if reg != nil {
 		for _, col := range []prometheus.Collector{m.streams, m.buckets, m.leased, m.reports, m.changes, m.abandoned,
-			m.leaseDenied, m.unsupported, m.overflow, m.refused, m.dropped} {
+			m.leaseDenied, m.unsupported, m.overflow, m.refused, m.dropped, m.kept} {
 			if err := reg.Register(col); err != nil {
 				return nil, err
 			}

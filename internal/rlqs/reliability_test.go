@@ -108,10 +108,86 @@ func (r *rlqsRun) check(t *testing.T) boundcheck.Report {
 	for _, v := range rep.Violations {
 		t.Errorf("over the bound: %v", v)
 	}
-	ideal := idealAdmitted(r.offers, l)
+	ideal := boundcheck.IdealAdmitted(r.offers, l)
 	t.Logf("admitted %d of %d offered, an ideal bucket %d (under-admission %.1f%%); %d windows, peak %.2f of the bound",
 		len(r.adms), len(r.offers), ideal, 100*(1-float64(len(r.adms))/float64(ideal)), rep.Windows, rep.Peak)
 	return rep
+}
+
+// stallPair is a region at share 1 with two Envoys: the first on a
+// connection with a 64 KiB flow-control window and 127 filler buckets
+// (their names 90 bytes), so that the node's responses fill that window
+// within a few rounds once the Envoy stops reading; the second on the
+// region's connection.
+func (h *harness) stallPair(t *testing.T) (reg *region, stalling, other *Client, fillers []map[string]string) {
+	t.Helper()
+	ccfg := ClientConfig{Domain: "edge", NoAssignment: DenyAll, Expired: DenyAll}
+	reg = h.region("r", 1, 0, ccfg, nil)
+	conn, err := grpc.NewClient(reg.conn.Target(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(1<<16), grpc.WithInitialConnWindowSize(1<<16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ccfg.Clock = h.clk
+	stalling, other = NewClient(ccfg), NewClient(ccfg)
+	if err := stalling.Connect(context.Background(), conn); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Connect(context.Background(), reg.conn); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		stalling.Close()
+		other.Close()
+		_ = conn.Close()
+	})
+	fillers = make([]map[string]string, 127)
+	for i := range fillers {
+		fillers[i] = map[string]string{"tenant": fmt.Sprintf("filler-%s-%02d", strings.Repeat("x", 80), i)}
+	}
+	return reg, stalling, other, fillers
+}
+
+// reportAndStep is one report interval of the Envoys cs (nil: paused):
+// each reports, the node runs a round once it has every report, and the
+// round's responses reach reader (an Envoy that reads).
+func (r *region) reportAndStep(t *testing.T, cs []*Client, reports *uint64, reader *Client) {
+	t.Helper()
+	for _, c := range cs {
+		if c == nil {
+			continue
+		}
+		c.mu.Lock()
+		*reports += uint64(len(c.buckets))
+		c.mu.Unlock()
+		if err := c.Report(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "reports", func() bool { return r.srv.Reports() >= *reports })
+	before := reader.Responses()
+	r.srv.Step(context.Background())
+	waitFor(t, "responses", func() bool { return reader.Responses() > before })
+}
+
+// waitDelivered waits until the node has handed every queued response to
+// the transport and c has applied no more for 100 ms: what waited in c's
+// stream has arrived.
+func (r *region) waitDelivered(t *testing.T, c *Client) {
+	t.Helper()
+	last, since := c.Responses(), time.Now()
+	waitFor(t, "delivery of what waited", func() bool {
+		r.srv.mu.Lock()
+		queued := 0
+		for _, ss := range r.srv.streams {
+			queued += len(ss.out)
+		}
+		r.srv.mu.Unlock()
+		if n := c.Responses(); n != last || queued > 0 {
+			last, since = n, time.Now()
+		}
+		return time.Since(since) >= 100*time.Millisecond
+	})
 }
 
 // rlqsLimits are edgePolicies' tenant limits.
@@ -392,31 +468,8 @@ func TestLeaseHolderPausedPastTTL(t *testing.T) {
 // force must never sum past the region's, and no window go over C + r·W.
 func TestPausePastFlowControl(t *testing.T) {
 	h := newHarness(t)
-	ccfg := ClientConfig{Domain: "edge", NoAssignment: DenyAll, Expired: DenyAll}
-	reg := h.region("r", 1, 0, ccfg, nil)
-	conn, err := grpc.NewClient(reg.conn.Target(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithInitialWindowSize(1<<16), grpc.WithInitialConnWindowSize(1<<16))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ccfg.Clock = h.clk
-	paused, other := NewClient(ccfg), NewClient(ccfg)
-	if err := paused.Connect(context.Background(), conn); err != nil {
-		t.Fatal(err)
-	}
-	if err := other.Connect(context.Background(), reg.conn); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		paused.Close()
-		other.Close()
-		_ = conn.Close()
-	})
+	reg, paused, other, fillers := h.stallPair(t)
 	run := &rlqsRun{h: h, id: map[string]string{"tenant": "acme"}}
-	fillers := make([]map[string]string, 127)
-	for i := range fillers {
-		fillers[i] = map[string]string{"tenant": fmt.Sprintf("filler-%s-%02d", strings.Repeat("x", 80), i)}
-	}
 	const pauseAt, resumeAt = 100, 500 // steps of 100 ms
 	var reports uint64
 	maxRate, maxAt := 0.0, 0
@@ -450,21 +503,7 @@ func TestPausePastFlowControl(t *testing.T) {
 		if s%10 != 9 {
 			continue
 		}
-		for _, c := range cs {
-			if c == nil {
-				continue
-			}
-			c.mu.Lock()
-			reports += uint64(len(c.buckets))
-			c.mu.Unlock()
-			if err := c.Report(); err != nil {
-				t.Fatal(err)
-			}
-		}
-		waitFor(t, "reports", func() bool { return reg.srv.Reports() >= reports })
-		before := other.Responses()
-		reg.srv.Step(context.Background())
-		waitFor(t, "responses", func() bool { return other.Responses() > before })
+		reg.reportAndStep(t, cs, &reports, other)
 	}
 	dropped := value(reg.srv.m.dropped)
 	t.Logf("largest refill in force at the Envoys: %.1f tokens/s at step %d; %v responses dropped; paused Envoy: %+v", maxRate, maxAt, dropped, paused.Stats())

@@ -263,10 +263,10 @@ func TestRLQSBound(t *testing.T) {
 	// Two figures: against one ideal global bucket (the regions' shares
 	// stay at 1/3 here, no coordinator moves them), and against an ideal
 	// bucket per region at its share (what the RLQS layer itself loses).
-	ideal := idealAdmitted(offers, limits)
+	ideal := boundcheck.IdealAdmitted(offers, limits)
 	regional := 0
 	for _, o := range regionOffers {
-		regional += idealAdmitted(o, bucket.Limits{Capacity: limits.Capacity / 3, RefillPerSecond: limits.RefillPerSecond / 3})
+		regional += boundcheck.IdealAdmitted(o, bucket.Limits{Capacity: limits.Capacity / 3, RefillPerSecond: limits.RefillPerSecond / 3})
 	}
 	t.Logf("offered %d, admitted %d; an ideal global bucket %d (under-admission %.1f%%); ideal buckets per region at its share %d (under-admission %.1f%%)",
 		len(offers), len(adms), ideal, 100*(1-float64(len(adms))/float64(ideal)), regional, 100*(1-float64(len(adms))/float64(regional)))
@@ -295,21 +295,6 @@ func cutConn(regions []*region, c *Client) *grpc.ClientConn {
 		}
 	}
 	return nil
-}
-
-// idealAdmitted runs one token bucket (full at the start) over the merged
-// offers, in time order.
-func idealAdmitted(offers []time.Time, l bucket.Limits) int {
-	tokens, last, n := float64(l.Capacity), t0, 0
-	for _, at := range offers {
-		tokens = math.Min(float64(l.Capacity), tokens+l.RefillPerSecond*at.Sub(last).Seconds())
-		last = at
-		if tokens >= 1 {
-			tokens--
-			n++
-		}
-	}
-	return n
 }
 
 // value reads a gauge or counter.

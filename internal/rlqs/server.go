@@ -313,6 +313,7 @@ func (s *Server) handle(ss *stream, r *rlqsv3.RateLimitQuotaUsageReports) error 
 		if u.GetNumRequestsAllowed()+u.GetNumRequestsDenied() > 0 {
 			c.lastUse = now
 		}
+		s.recordDemand(c, u.GetNumRequestsAllowed(), u.GetNumRequestsDenied(), d)
 	}
 	if woke {
 		select {
@@ -321,6 +322,22 @@ func (s *Server) handle(ss *stream, r *rlqsv3.RateLimitQuotaUsageReports) error 
 		}
 	}
 	return nil
+}
+
+// recordDemand passes one usage report of c (rate d requests per second)
+// to Config.Demand; the caller holds mu.
+func (s *Server) recordDemand(c *consumer, allowed, denied uint64, d float64) {
+	if s.cfg.Demand == nil || c.kind != kindLeased || c.g == nil {
+		return
+	}
+	pressured := denied > 0 || !c.leased || d >= c.rate/2
+	name, subject := c.g.pol.Name, c.g.subject.String()
+	if allowed > 0 {
+		s.cfg.Demand.Record(name, subject, int64(min(allowed, math.MaxInt64)), true, pressured)
+	}
+	if denied > 0 {
+		s.cfg.Demand.Record(name, subject, int64(min(denied, math.MaxInt64)), false, pressured)
+	}
 }
 
 func (s *Server) validID(id map[string]string) error {
@@ -499,8 +516,15 @@ func (s *Server) Step(ctx context.Context) {
 			actions[p.c] = s.assignment(p.c.id, sentAssignment{allow: true}, s.cfg.TTL)
 		}
 	}
+	var rounds []*groupRound
 	for _, w := range works {
-		s.round(ctx, now, w.g, w.plans, actions, results)
+		if r := s.prepare(ctx, now, w.g, w.plans, actions, results); r != nil {
+			rounds = append(rounds, r)
+		}
+	}
+	s.renewAll(ctx, rounds)
+	for _, r := range rounds {
+		s.finish(ctx, now, r, actions, results)
 	}
 
 	s.mu.Lock()
@@ -535,25 +559,49 @@ func (s *Server) Step(ctx context.Context) {
 	s.rounds.Add(1)
 }
 
-// round splits one group's rate and leases each consumer's part.
-func (s *Server) round(ctx context.Context, now time.Time, g *group, plans []plan, actions map[*consumer]*rlqsv3.RateLimitQuotaResponse_BucketAction, results map[*consumer]plan) {
+// groupRound is one group's round once its rate is split: the bucket
+// request and, in lease order, what each consumer is to be sent.
+type groupRound struct {
+	g     *group
+	req   bucket.Request
+	share float64
+	steps []roundStep
+}
+
+// roundStep is one consumer's part of a round: the assignment it is to
+// get, whether its lease is renewed first (and the renewal's answer, from
+// the round's batch), or a DENY_ALL.
+type roundStep struct {
+	p        *plan
+	want     sentAssignment
+	deny     bool
+	renew    bool
+	renewal  bucket.Lease
+	renewErr error
+}
+
+// prepare splits one group's rate among its consumers and decides what
+// each is to be sent; nil when nothing is left to lease (the policies
+// changed under the round, or everything was kept or denied at once).
+func (s *Server) prepare(ctx context.Context, now time.Time, g *group, plans []plan, actions map[*consumer]*rlqsv3.RateLimitQuotaResponse_BucketAction, results map[*consumer]plan) *groupRound {
 	if len(plans) == 0 {
-		return
+		return nil
 	}
 	req, err := s.cfg.Request(g.pol, g.subject, now)
 	if err != nil || req.Key != g.key {
 		// The policies changed under the round: the next one resolves
 		// the consumers again.
-		return
+		return nil
 	}
 	l, share := req.Limits, req.Share
+	plans, kept := s.keepStalled(ctx, now, g, req, plans, actions, results)
 	if share <= 0 {
 		for i := range plans {
 			s.deny(ctx, now, &plans[i], actions, results)
 		}
-		return
+		return nil
 	}
-	avail := share * l.RefillPerSecond * (1 - s.cfg.Reserve)
+	avail := max(0, share*l.RefillPerSecond*(1-s.cfg.Reserve)*s.part(g)-kept)
 	demands := make([]float64, len(plans))
 	for i := range plans {
 		demands[i] = plans[i].demand
@@ -585,6 +633,7 @@ func (s *Server) round(ctx context.Context, now time.Time, g *group, plans []pla
 		}
 		return 0
 	})
+	r := &groupRound{g: g, req: req, share: share}
 	for _, i := range order {
 		p := &plans[i]
 		tb, ok := tokenBucketFor(rates[i])
@@ -592,7 +641,7 @@ func (s *Server) round(ctx context.Context, now time.Time, g *group, plans []pla
 		// it refills continuously all the same).
 		tb.MaxTokens = uint32(min(float64(tb.MaxTokens), math.Floor(share*float64(l.Capacity))))
 		if !ok || tb.MaxTokens == 0 {
-			s.deny(ctx, now, p, actions, results)
+			r.steps = append(r.steps, roundStep{p: p, deny: true})
 			continue
 		}
 		want := sentAssignment{tb: tb}
@@ -607,18 +656,80 @@ func (s *Server) round(ctx context.Context, now time.Time, g *group, plans []pla
 		// assignment is still live there when this one arrives (or the
 		// stream stalls: what it holds arrives with a fresh TTL), and was
 		// leased at no more than the share now in force.
-		if p.leased && p.hasPrev && p.prev == want && (p.stalled || now.Add(s.cfg.Margin).Before(p.sentAt.Add(s.cfg.TTL))) && p.fresh <= share {
-			lease, err := s.cfg.Store.Lease(ctx, bucket.LeaseRequest{Request: req, Holder: p.c.holder, Rate: p.rate, Burst: p.burst,
-				For: s.cfg.TTL + s.cfg.Margin, Cut: s.cfg.Margin, Renew: true})
-			if err == nil && lease.Granted && lease.Renewed {
-				s.grant(now, p, g, share, want, lease, false, actions, results)
+		renew := p.leased && p.hasPrev && p.prev == want && (p.stalled || now.Add(s.cfg.Margin).Before(p.sentAt.Add(s.cfg.TTL))) && p.fresh <= share
+		r.steps = append(r.steps, roundStep{p: p, want: want, renew: renew})
+	}
+	return r
+}
+
+// part is this node's part of g's bucket (Config.Part), 1 without one
+// or when it answers outside (0, 1].
+func (s *Server) part(g *group) float64 {
+	if s.cfg.Part == nil {
+		return 1
+	}
+	if p := s.cfg.Part(g.pol.Name, g.subject.String()); p > 0 && p <= 1 {
+		return p
+	}
+	return 1
+}
+
+// renewAll sends every renewal the rounds ask for, in one batch when the
+// store takes batches (bucket.BatchLeaser: one Redis round trip per
+// bucket.MaxLeaseBatch leases), and records each answer in its step. A
+// renewal's answer does not depend on the other consumers' fresh leases
+// of the round (a consumer whose lease shrinks counts at its old rate to
+// the cut), so sending the renewals before them changes no grant.
+func (s *Server) renewAll(ctx context.Context, rounds []*groupRound) {
+	var reqs []bucket.LeaseRequest
+	var steps []*roundStep
+	for _, r := range rounds {
+		for i := range r.steps {
+			st := &r.steps[i]
+			if !st.renew {
 				continue
 			}
-			if err != nil {
-				s.cfg.Logger.Warn("lease renewal failed", "policy", g.pol.Name, "error", err)
+			reqs = append(reqs, bucket.LeaseRequest{Request: r.req, Holder: st.p.c.holder, Rate: st.p.rate, Burst: st.p.burst,
+				For: s.cfg.TTL + s.cfg.Margin, Cut: s.cfg.Margin, Renew: true})
+			steps = append(steps, st)
+		}
+	}
+	if len(reqs) == 0 {
+		return
+	}
+	if b, ok := s.cfg.Store.(bucket.BatchLeaser); ok {
+		leases, errs := b.LeaseAll(ctx, reqs)
+		for i, st := range steps {
+			st.renewal, st.renewErr = leases[i], errs[i]
+		}
+		return
+	}
+	for i, st := range steps {
+		st.renewal, st.renewErr = s.cfg.Store.Lease(ctx, reqs[i])
+	}
+}
+
+// finish leases each consumer's part of a prepared round, in its order: a
+// renewal granted is kept, anything else takes a fresh lease.
+func (s *Server) finish(ctx context.Context, now time.Time, r *groupRound, actions map[*consumer]*rlqsv3.RateLimitQuotaResponse_BucketAction, results map[*consumer]plan) {
+	g, req, share := r.g, r.req, r.share
+	for i := range r.steps {
+		st := &r.steps[i]
+		p, want := st.p, st.want
+		if st.deny {
+			s.deny(ctx, now, p, actions, results)
+			continue
+		}
+		if st.renew {
+			if st.renewErr == nil && st.renewal.Granted && st.renewal.Renewed {
+				s.grant(now, p, g, share, want, st.renewal, false, actions, results)
+				continue
+			}
+			if st.renewErr != nil {
+				s.cfg.Logger.Warn("lease renewal failed", "policy", g.pol.Name, "error", st.renewErr)
 			}
 		}
-		tb = want.tb
+		tb := want.tb
 		// The previous assignment stays counted to its own end: an Envoy
 		// whose stream is cut before this one arrives keeps enforcing it
 		// until its TTL.
@@ -647,6 +758,42 @@ func (s *Server) round(ctx context.Context, now time.Time, g *group, plans []pla
 		}
 		s.grant(now, p, g, share, want, lease, true, actions, results)
 	}
+}
+
+// keepStalled keeps, as they are, the leases of the consumers whose
+// stream stalls holding an assignment leased above the share now in
+// force: whatever waits in such a stream (renewals of that assignment)
+// may be applied at any time, each with a full TTL, so the lease must
+// keep counting against the region's bucket (bucket.LeaseRequest.Keep)
+// and the shrink must not be acknowledged (the hold keeps the old share
+// and an end a TTL and the margin ahead: HeldAbove). Once the stream
+// reads again, the next round replaces the assignment as for any shrink.
+// It returns the other plans and the rate the kept leases hold; a lease
+// the store no longer holds goes the usual way.
+func (s *Server) keepStalled(ctx context.Context, now time.Time, g *group, req bucket.Request, plans []plan,
+	actions map[*consumer]*rlqsv3.RateLimitQuotaResponse_BucketAction, results map[*consumer]plan) ([]plan, float64) {
+	rest := plans[:0:0]
+	kept := 0.0
+	for i := range plans {
+		p := &plans[i]
+		if !p.stalled || !p.leased || !p.hasPrev || p.prev.deny || p.prev.allow || p.fresh <= req.Share+1e-12 {
+			rest = append(rest, *p)
+			continue
+		}
+		lease, err := s.cfg.Store.Lease(ctx, bucket.LeaseRequest{Request: req, Holder: p.c.holder, Rate: p.rate, Burst: p.burst,
+			For: s.cfg.TTL + s.cfg.Margin, Cut: s.cfg.Margin, Renew: true, Keep: true})
+		if err != nil || !lease.Renewed {
+			if err != nil {
+				s.cfg.Logger.Warn("keeping a stalled stream's lease failed", "policy", g.pol.Name, "error", err)
+			}
+			rest = append(rest, *p)
+			continue
+		}
+		s.m.kept.Inc()
+		s.grant(now, p, g, p.fresh, p.prev, lease, false, actions, results)
+		kept += lease.Rate
+	}
+	return rest, kept
 }
 
 // grant records a lease and the assignment that goes with it.
