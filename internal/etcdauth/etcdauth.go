@@ -56,7 +56,10 @@ func CoordinatorRole(l etcdlayout.Layout) Role {
 func NodeUser(region, node string) string { return "quota-node/" + region + "/" + node }
 
 // NodeRole writes the node's own registration, demand shards and
-// acknowledgement shards, and reads allocations, policies and settings.
+// acknowledgement shards; reads its region's registrations and demand
+// reports (a node counts its region's nodes and takes its demand part of
+// the region's share for leases, regionsync.DemandPart); and reads
+// allocations, policies and settings.
 func NodeRole(l etcdlayout.Layout, region, node string) (Role, error) {
 	if !etcdlayout.ValidName(region) || !etcdlayout.ValidName(node) {
 		return Role{}, fmt.Errorf("%w: region %q, node %q: want [A-Za-z0-9_.-]{1,%d}", ErrInvalid, region, node, etcdlayout.MaxNameLen)
@@ -65,6 +68,8 @@ func NodeRole(l etcdlayout.Layout, region, node string) (Role, error) {
 		{Key: l.Node(region, node), Type: readWrite},
 		prefixRange(l.NodeDemands(region, node), readWrite),
 		prefixRange(l.NodeAcks(region, node), readWrite),
+		prefixRange(l.RegionNodes(region), read),
+		prefixRange(l.DemandPrefix()+region+"/", read),
 	}, follower(l)...)}, nil
 }
 

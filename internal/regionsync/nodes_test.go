@@ -3,6 +3,7 @@ package regionsync
 import (
 	"bytes"
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -132,43 +133,37 @@ func TestDemandPart(t *testing.T) {
 }
 
 // TestDemandPartWithNodeCredential: a node whose etcd credential is its
-// own (etcdauth.NodeRole) may not read the other nodes' demand reports:
-// it says so once, and DemandPart has no answer (the caller splits
-// evenly) even for a subject its own report names.
+// own (etcdauth.NodeRole) reads its region's demand reports and gets its
+// part, with no log line about reading them.
 func TestDemandPartWithNodeCredential(t *testing.T) {
-	srv := etcdtest.Start(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	admin := srv.Client(t)
 	role, err := etcdauth.NodeRole(lay, "eu", "n1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := etcdauth.Ensure(ctx, admin, role, etcdauth.NodeUser("eu", "n1"), "node-pw"); err != nil {
-		t.Fatal(err)
+	s, logs := demandPartUnder(t, role)
+	waitFor(t, 10*time.Second, "n1's part of acme from both reports", func() bool {
+		part, ok := s.DemandPart("p", "acme")
+		return ok && part == 0.75
+	})
+	if strings.Contains(logs.String(), "cannot read") || strings.Contains(logs.String(), "permission denied") {
+		t.Errorf("the node credential could not read what a node follows:\n%s", logs.String())
 	}
-	putJSON(t, admin, lay.DemandShard("eu", "n1", etcdlayout.PolicyShard("p")), etcdlayout.DemandReport{
-		Region: "eu", Node: "n1", At: time.Now(), IntervalSeconds: 1,
-		Policies: map[string]etcdlayout.PolicyDemand{"p": {Offered: 1, Pressured: []etcdlayout.SubjectDemand{{Subject: "acme", Offered: 30}}}}})
-	if err := etcdauth.EnableAuth(ctx, admin, "root-pw"); err != nil {
-		t.Fatal(err)
-	}
-	c, err := clientv3.New(clientv3.Config{Endpoints: srv.Endpoints, DialTimeout: 5 * time.Second,
-		Username: etcdauth.NodeUser("eu", "n1"), Password: "node-pw", Logger: zap.NewNop()})
+}
+
+// TestDemandPartWithoutReadAccess: a credential that may not read the
+// other nodes' demand reports (an operator's narrower role) says so once,
+// and DemandPart has no answer (the caller splits evenly) even for a
+// subject its own report names.
+func TestDemandPartWithoutReadAccess(t *testing.T) {
+	role, err := etcdauth.NodeRole(lay, "eu", "n1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = c.Close() })
-	var logs syncBuffer
-	s, err := New(Config{Client: c, Region: "eu", Node: "n1", LeaseTTL: 3 * time.Second,
-		Logger: hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Info})})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(runCtx) }()
-	t.Cleanup(func() { stop(); <-done })
+	role.Name = "narrow"
+	role.Permissions = slices.DeleteFunc(role.Permissions, func(p etcdauth.Permission) bool {
+		return p.Key == lay.DemandPrefix()+"eu/"
+	})
+	s, logs := demandPartUnder(t, role)
 	waitFor(t, 10*time.Second, "the note that the demand reports cannot be read", func() bool {
 		return strings.Contains(logs.String(), "cannot read its region's demand reports")
 	})
@@ -178,6 +173,45 @@ func TestDemandPartWithNodeCredential(t *testing.T) {
 	if n := strings.Count(logs.String(), "demand/eu/"); n > 0 {
 		t.Errorf("%d log lines retry reading the demand reports", n)
 	}
+}
+
+// demandPartUnder runs node eu/n1 on an etcd with authentication, signed
+// in as a user of role, with demand reports from n1 (acme at 30/s) and n2
+// (acme at 10/s) stored.
+func demandPartUnder(t *testing.T, role etcdauth.Role) (*Syncer, *syncBuffer) {
+	t.Helper()
+	srv := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin := srv.Client(t)
+	if err := etcdauth.Ensure(ctx, admin, role, "n1-user", "node-pw"); err != nil {
+		t.Fatal(err)
+	}
+	for node, rate := range map[string]float64{"n1": 30, "n2": 10} {
+		putJSON(t, admin, lay.DemandShard("eu", node, etcdlayout.PolicyShard("p")), etcdlayout.DemandReport{
+			Region: "eu", Node: node, At: time.Now(), IntervalSeconds: 1,
+			Policies: map[string]etcdlayout.PolicyDemand{"p": {Offered: rate, Pressured: []etcdlayout.SubjectDemand{{Subject: "acme", Offered: rate}}}}})
+	}
+	if err := etcdauth.EnableAuth(ctx, admin, "root-pw"); err != nil {
+		t.Fatal(err)
+	}
+	c, err := clientv3.New(clientv3.Config{Endpoints: srv.Endpoints, DialTimeout: 5 * time.Second,
+		Username: "n1-user", Password: "node-pw", Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	logs := &syncBuffer{}
+	s, err := New(Config{Client: c, Region: "eu", Node: "n1", LeaseTTL: 3 * time.Second,
+		Logger: hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Info})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(runCtx) }()
+	t.Cleanup(func() { stop(); <-done })
+	return s, logs
 }
 
 // syncBuffer is a bytes.Buffer safe for a logger and a reader.
