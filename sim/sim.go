@@ -481,6 +481,7 @@ type engine struct {
 	// bucket.Limits.CountedFor).
 	windowed   bool
 	shareHist  [][]appliedAt             // per region, oldest first
+	lows       []lowShares               // per region: what lowShare keeps
 	windowRule bool                      // apply the window rule (a test turns it off)
 	fillRule   bool                      // apply the fill rule (a test turns it off)
 	refill     time.Duration             // the full refill time C/r the fill rule looks back over
@@ -654,8 +655,11 @@ func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 	if sys {
 		e.sys = newModel(0, sc.Subjects, e.windowsW, e.windowsL, room)
 		e.shareHist = make([][]appliedAt, n)
+		e.lows = make([]lowShares, n)
 		for r := range e.shareHist {
 			e.shareHist[r] = []appliedAt{{at: 0, a: e.applied[r]}}
+			e.lows[r].held = make([]int32, sc.Subjects)
+			e.holdOverrides(r, e.applied[r], 1)
 		}
 		if e.windowed {
 			e.sys.windowed(n, sc.Subjects, width)
@@ -999,7 +1003,7 @@ func (e *engine) decide(r int, t int64, j int32, fresh int64) {
 		// the lowest share it held over the last refill time.
 		below := false
 		if e.fillRule && e.limitsAt(lim, share) && !sr.st.Stored(e.nowUs, &lim.lim) && e.grewLately(r, j) {
-			if low := e.lowestShare(r, j, e.now-e.refill); low < share {
+			if low := e.lowShare(r, j, e.now-e.refill); low < share {
 				lim, below = e.fillLimits(r, share, low), true
 			}
 		}
