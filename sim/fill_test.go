@@ -128,3 +128,37 @@ func TestLowShareIsLowestShare(t *testing.T) {
 		}
 	}
 }
+
+// TestLimitsConvertedOncePerShare: a region converts the bucket limits
+// at an override's share once while it holds it, not at every decision
+// of a subject whose override differs from the last one decided.
+func TestLimitsConvertedOncePerShare(t *testing.T) {
+	sc, err := LoadScenario("steady")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := Config{Scenario: sc, Seed: 1, Subjects: 10, NoBaselines: true}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := newEngine(cfg, nil, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.setApplied(0, &allocation{epoch: 1, def: []float64{0.3, 0.4, 0.3},
+		overrides: map[int32][]float64{1: {0.2, 0.4, 0.4}, 2: {0.25, 0.35, 0.4}}})
+	before := e.converted
+	for tick := int64(0); tick < 20; tick++ {
+		e.now = time.Duration(tick) * e.tick
+		e.nowUs = e.now.Microseconds()
+		for _, j := range []int32{1, 2, 3} {
+			e.decide(0, tick, j, 1)
+		}
+	}
+	if e.err != nil {
+		t.Fatal(e.err)
+	}
+	if got := e.converted - before; got != 3 {
+		t.Errorf("%d limits converted for the three shares region 0 holds", got)
+	}
+}

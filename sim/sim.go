@@ -446,14 +446,15 @@ type engine struct {
 	full     int64     // fullAfter for the scenario
 	// fallMin is per region, at g mod floorGens, the lowest default share
 	// since shareGen g (+Inf: none), for the last floorGens gens.
-	fallMin  [][floorGens]float64
-	defLim   []shareLimits
-	ovrLim   []shareLimits
-	sec, bin int      // the current second and series bin
-	stamp    []uint64 // per subject: marks of set membership (nextStamp)
-	stampSeq uint64
-	err      error
-	warmSink int64 // the sum of what warm read, so that its loads are kept
+	fallMin   [][floorGens]float64
+	defLim    []shareLimits
+	ovrLim    [][ovrSlots]shareLimits // per region: limits at override shares, by ovrSlot
+	sec, bin  int                     // the current second and series bin
+	stamp     []uint64                // per subject: marks of set membership (nextStamp)
+	stampSeq  uint64
+	err       error
+	warmSink  int64 // the sum of what warm read, so that its loads are kept
+	converted int64 // the limits setLimits converted (a test counts them)
 
 	// The coordinator: the planner's state while a leader leads (nil
 	// while none does), its rules, the scenario's policy and controls, and
@@ -589,7 +590,7 @@ func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 		shareGen:   make([]uint32, n),
 		fallMin:    make([][floorGens]float64, n),
 		defLim:     make([]shareLimits, n),
-		ovrLim:     make([]shareLimits, n),
+		ovrLim:     make([][ovrSlots]shareLimits, n),
 		sub:        make([][]subjectRegion, n),
 		regs:       make([][]simNode, n),
 		names:      map[int32]string{},
@@ -995,9 +996,11 @@ func (e *engine) decide(r int, t int64, j int32, fresh int64) {
 		e.perSecondSys[e.sec] += a
 		e.seriesRegion[r][e.bin] += float64(a)
 	} else if e.sys != nil {
-		share, lim := sr.ovr, &e.ovrLim[r]
+		share, lim := sr.ovr, &e.defLim[r]
 		if share != share { // NaN: the region's default
-			share, lim = e.defShare[r], &e.defLim[r]
+			share = e.defShare[r]
+		} else {
+			lim = &e.ovrLim[r][ovrSlot(share)]
 		}
 		// A bucket the region creates after a share of it grew starts at
 		// the lowest share it held over the last refill time.
@@ -1116,6 +1119,19 @@ func (e *engine) limitsAt(lim *shareLimits, share float64) bool {
 	return e.setLimits(lim, share)
 }
 
+// ovrSlots is the size of a region's cache of limits at the shares of
+// its overrides (engine.ovrLim): subjects with their own share decide
+// alternately, and each would otherwise convert its limits again.
+const ovrSlots = 1 << ovrSlotBits
+
+const ovrSlotBits = 6
+
+// ovrSlot is share's place in a cache of ovrSlots limits: the top bits of
+// a multiplicative hash of its bits.
+func ovrSlot(share float64) uint64 {
+	return math.Float64bits(share) * 0x9e3779b97f4a7c15 >> (64 - ovrSlotBits)
+}
+
 // setLimits is limitsAt's slow path, apart so that the fast one inlines.
 func (e *engine) setLimits(lim *shareLimits, share float64) bool {
 	if share <= 0 {
@@ -1125,6 +1141,7 @@ func (e *engine) setLimits(lim *shareLimits, share float64) bool {
 	if share == lim.share {
 		return true
 	}
+	e.converted++
 	return e.convert(lim, share, 0)
 }
 
