@@ -917,12 +917,12 @@ func (e *engine) run() error {
 func (e *engine) warm(r int, fresh []batch, keys []int32) {
 	var v int64
 	if e.sys != nil {
-		sub, cnt, kn := e.sub[r], e.sys.win.count, len(e.sys.win.width)
+		sub, win := e.sub[r], e.sys.win
 		for _, b := range fresh {
-			v += int64(sub[b.subject].lastAt) + cnt[int(b.subject)*kn]
+			v += int64(sub[b.subject].lastAt) + win.counted(b.subject)
 		}
 		for _, j := range keys {
-			v += int64(sub[j].lastAt) + cnt[int(j)*kn]
+			v += int64(sub[j].lastAt) + win.counted(j)
 		}
 	}
 	if e.maxRetry > 0 {
@@ -933,12 +933,12 @@ func (e *engine) warm(r int, fresh []batch, keys []int32) {
 	}
 	if o := e.own; o != nil && o.ideal.states != nil {
 		for _, m := range [...]*model{o.ideal, o.independent, o.static} {
-			sts, cnt, kn := m.states[min(r, len(m.states)-1)], m.win.count, len(m.win.width)
+			sts := m.states[min(r, len(m.states)-1)]
 			for _, b := range fresh {
 				if sts[b.subject].ShareGrew(&m.lim.lim) {
 					v++
 				}
-				v += cnt[int(b.subject)*kn]
+				v += m.win.counted(b.subject)
 			}
 		}
 	}
