@@ -909,8 +909,8 @@ func (e *engine) run() error {
 }
 
 // warm reads a word of each place that deciding the subjects of fresh
-// and of keys in region r writes: their records, window counters and
-// pending retries, the baselines' buckets. Deciding one batch waits for
+// and of keys in region r writes: their records, window counters, pending
+// retries and retry counts, the baselines' buckets. Deciding one batch waits for
 // its subject's lines to come from memory (the arrays are larger than the
 // cache); warming a tick's subjects first, in loops of loads that depend
 // on nothing, lets the processor fetch many lines at once.
@@ -928,7 +928,7 @@ func (e *engine) warm(r int, fresh []batch, keys []int32) {
 	if e.maxRetry > 0 {
 		rows, w := e.retry[r], e.maxRetry+1
 		for _, b := range fresh {
-			v += rows[int(b.subject)*w]
+			v += rows[int(b.subject)*w] + int64(e.retryOf[b.subject])
 		}
 	}
 	if o := e.own; o != nil && o.ideal.states != nil {
@@ -1024,13 +1024,13 @@ func (e *engine) decide(r int, t int64, j int32, fresh int64) {
 		e.seriesRegion[r][e.bin] += float64(a)
 		p = e.pressured(sr, r, lim, share, full, n, a)
 	}
-	if o := e.own; o != nil && e.windowed && (e.ownSel == ownAll || (e.retryOf[j] > 0) == (e.ownSel == ownRetrying)) {
+	if o := e.own; o != nil && e.windowed && e.ownDecides(j) {
 		b, _ := e.takeWindow(o.ideal, &o.ideal.wstates[0][j], 1, t, j, n)
 		o.perSecondIdeal[e.sec] += b
 		o.seriesIdeal[e.bin] += float64(b)
 		e.takeWindow(o.independent, &o.independent.wstates[r][j], 1, t, j, n)
 		e.takeWindow(o.static, &o.static.wstates[r][j], 1/float64(e.n), t, j, n)
-	} else if o := e.own; o != nil && (e.ownSel == ownAll || (e.retryOf[j] > 0) == (e.ownSel == ownRetrying)) {
+	} else if o := e.own; o != nil && e.ownDecides(j) {
 		b := e.take(o.ideal, &o.ideal.states[0][j], &o.ideal.lim, 1, t, j, n)
 		o.perSecondIdeal[e.sec] += b
 		o.seriesIdeal[e.bin] += float64(b)
@@ -1076,6 +1076,12 @@ func (e *engine) decide(r int, t int64, j int32, fresh int64) {
 		e.listed[r][j] = true
 		e.retryList[r] = append(e.retryList[r], j)
 	}
+}
+
+// ownDecides says the engine's own baselines decide subject j (ownSel).
+// Without a retrying group no subject retries: retryOf is not read.
+func (e *engine) ownDecides(j int32) bool {
+	return e.ownSel == ownAll || (e.maxRetry > 0 && e.retryOf[j] > 0) == (e.ownSel == ownRetrying)
 }
 
 // admitted reports a batch of a requests of subject j that the system
