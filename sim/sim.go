@@ -512,6 +512,7 @@ type engine struct {
 	sub        [][]subjectRegion // per region and subject
 	interval   []int64           // per region: the report interval, from 1
 	pressuredJ [][]int32         // per region: subjects with pressured requests this interval
+	cands      []demandCount     // collect's most pressured subjects (reused)
 
 	perSecondSys []int64
 	seriesRegion [][]float64
