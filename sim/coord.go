@@ -1,10 +1,8 @@
 package sim
 
 import (
-	"cmp"
 	"fmt"
 	"math"
-	"slices"
 	"strconv"
 	"time"
 
@@ -302,25 +300,27 @@ func (e *engine) subjectName(j int32) string {
 func (e *engine) collect(r int) *report {
 	secs := e.cfg.ReportInterval.Seconds()
 	rep := &report{interval: e.interval[r], offered: float64(e.intOffered[r]) / secs}
-	type cand struct {
-		j int32
-		p int64
-	}
 	// The subjects' counters reset when the next interval first presses
-	// them.
-	cands := make([]cand, 0, len(e.pressuredJ[r]))
+	// them. The order (most pressured first, then the lower subject) is
+	// total: inserting each subject among the first MaxOverrides so far
+	// keeps exactly the first MaxOverrides of the sorted list.
+	k := e.cfg.MaxOverrides
+	cands := e.cands[:0]
 	for _, j := range e.pressuredJ[r] {
-		cands = append(cands, cand{j, e.sub[r][j].pressured})
-	}
-	slices.SortFunc(cands, func(a, b cand) int {
-		if a.p != b.p {
-			return cmp.Compare(b.p, a.p)
+		c := demandCount{j, e.sub[r][j].pressured}
+		if len(cands) == k && (k == 0 || !c.before(cands[k-1])) {
+			continue
 		}
-		return cmp.Compare(a.j, b.j)
-	})
-	if len(cands) > e.cfg.MaxOverrides {
-		cands = cands[:e.cfg.MaxOverrides]
+		if len(cands) < k {
+			cands = append(cands, c)
+		}
+		i := len(cands) - 1
+		for ; i > 0 && c.before(cands[i-1]); i-- {
+			cands[i] = cands[i-1]
+		}
+		cands[i] = c
 	}
+	e.cands = cands
 	rep.subjects = make([]demand, len(cands))
 	for i, c := range cands {
 		rep.subjects[i] = demand{c.j, float64(c.p) / secs}
@@ -329,6 +329,18 @@ func (e *engine) collect(r int) *report {
 	e.interval[r]++
 	e.intOffered[r] = 0
 	return rep
+}
+
+// demandCount is a subject's pressured requests in a report interval.
+type demandCount struct {
+	j int32
+	p int64
+}
+
+// before says c comes before d in a report: more pressured, or as
+// pressured and a lower subject.
+func (c demandCount) before(d demandCount) bool {
+	return c.p > d.p || (c.p == d.p && c.j < d.j)
 }
 
 // nextStamp returns a fresh mark for e.stamp: subjects stamped with it

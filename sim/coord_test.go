@@ -2,8 +2,11 @@ package sim
 
 import (
 	"bytes"
+	"cmp"
 	"container/heap"
 	"encoding/json"
+	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -257,6 +260,35 @@ func TestPressureShortcutsMatchProbe(t *testing.T) {
 		}
 		if fast.Epochs < 4 {
 			t.Errorf("%s at %v: %d epochs: shares hardly moved", cfg.Scenario.Name, cfg.RebalanceInterval, fast.Epochs)
+		}
+	}
+}
+
+// TestReportKeepsTheMostPressured: a report holds the MaxOverrides most
+// pressured subjects of the interval, most pressured first and as
+// pressured in subject order, whatever order they were pressed in.
+func TestReportKeepsTheMostPressured(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	for _, k := range []int{1, 5, 32} {
+		e := testEngine(t, 1, 200, 10, 1, Config{MaxOverrides: k})
+		for round := 0; round < 20; round++ {
+			var want []demand
+			for _, j := range rng.Perm(200)[:rng.IntN(120)] {
+				p := int64(1 + rng.IntN(6)) // ties
+				e.sub[0][j].pressured = p
+				e.pressuredJ[0] = append(e.pressuredJ[0], int32(j))
+				want = append(want, demand{int32(j), float64(p)})
+			}
+			slices.SortFunc(want, func(a, b demand) int {
+				if a.v != b.v {
+					return cmp.Compare(b.v, a.v)
+				}
+				return cmp.Compare(a.j, b.j)
+			})
+			want = want[:min(k, len(want))]
+			if got := e.collect(0).subjects; !slices.Equal(got, want) {
+				t.Fatalf("max %d, round %d: report %v, want %v", k, round, got, want)
+			}
 		}
 	}
 }

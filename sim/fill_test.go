@@ -78,3 +78,87 @@ func TestScenarioStepsAndFirst(t *testing.T) {
 		t.Fatalf("%d arrivals, %v", n, err)
 	}
 }
+
+// TestLowShareIsLowestShare holds the cached lookup of the fill and
+// window rules to the history it stands for: at every admission of a run
+// whose shares move every second, lowShare of every subject in that
+// region equals lowestShare over the rule's span, for subjects with and
+// without overrides, and falls below the current share for some of them.
+func TestLowShareIsLowestShare(t *testing.T) {
+	for _, name := range []string{"hot-tenant", "window-shift"} {
+		sc, err := LoadScenario(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := Config{Scenario: sc, Seed: 1, Subjects: 100, Duration: 2 * time.Minute, RebalanceInterval: time.Second}.withDefaults()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var e *engine
+		var held, below, calls int
+		cfg.Admitted = func(a RegionAdmission) {
+			r := a.Region
+			from := e.now - e.refill
+			if e.windowed {
+				within, _ := e.prep.Limits().CountedFor(0)
+				from = e.now - within
+			}
+			for j := int32(0); j < int32(e.sc.Subjects); j++ {
+				got, want := e.lowShare(r, j, from), e.lowestShare(r, j, from)
+				if got != want {
+					t.Fatalf("%s at %v: region %d subject %d: lowShare %v, lowestShare %v", name, e.now, r, j, got, want)
+				}
+				calls++
+				if e.lows[r].held[j] > 0 {
+					held++
+				}
+				if want < e.applied[r].share(r, j) {
+					below++
+				}
+			}
+		}
+		if e, err = newEngine(cfg, nil, true); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.run(); err != nil {
+			t.Fatal(err)
+		}
+		if held == 0 || held == calls || below == 0 {
+			t.Errorf("%s: %d lookups, %d of subjects with an override, %d below the current share: the run does not exercise both", name, calls, held, below)
+		}
+	}
+}
+
+// TestLimitsConvertedOncePerShare: a region converts the bucket limits
+// at an override's share once while it holds it, not at every decision
+// of a subject whose override differs from the last one decided.
+func TestLimitsConvertedOncePerShare(t *testing.T) {
+	sc, err := LoadScenario("steady")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := Config{Scenario: sc, Seed: 1, Subjects: 10, NoBaselines: true}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := newEngine(cfg, nil, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.setApplied(0, &allocation{epoch: 1, def: []float64{0.3, 0.4, 0.3},
+		overrides: map[int32][]float64{1: {0.2, 0.4, 0.4}, 2: {0.25, 0.35, 0.4}}})
+	before := e.converted
+	for tick := int64(0); tick < 20; tick++ {
+		e.now = time.Duration(tick) * e.tick
+		e.nowUs = e.now.Microseconds()
+		for _, j := range []int32{1, 2, 3} {
+			e.decide(0, tick, j, 1)
+		}
+	}
+	if e.err != nil {
+		t.Fatal(e.err)
+	}
+	if got := e.converted - before; got != 3 {
+		t.Errorf("%d limits converted for the three shares region 0 holds", got)
+	}
+}

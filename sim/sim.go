@@ -446,13 +446,15 @@ type engine struct {
 	full     int64     // fullAfter for the scenario
 	// fallMin is per region, at g mod floorGens, the lowest default share
 	// since shareGen g (+Inf: none), for the last floorGens gens.
-	fallMin  [][floorGens]float64
-	defLim   []shareLimits
-	ovrLim   []shareLimits
-	sec, bin int      // the current second and series bin
-	stamp    []uint64 // per subject: marks of set membership (nextStamp)
-	stampSeq uint64
-	err      error
+	fallMin   [][floorGens]float64
+	defLim    []shareLimits
+	ovrLim    [][ovrSlots]shareLimits // per region: limits at override shares, by ovrSlot
+	sec, bin  int                     // the current second and series bin
+	stamp     []uint64                // per subject: marks of set membership (nextStamp)
+	stampSeq  uint64
+	err       error
+	warmSink  int64 // the sum of what warm read, so that its loads are kept
+	converted int64 // the limits setLimits converted (a test counts them)
 
 	// The coordinator: the planner's state while a leader leads (nil
 	// while none does), its rules, the scenario's policy and controls, and
@@ -480,6 +482,7 @@ type engine struct {
 	// bucket.Limits.CountedFor).
 	windowed   bool
 	shareHist  [][]appliedAt             // per region, oldest first
+	lows       []lowShares               // per region: what lowShare keeps
 	windowRule bool                      // apply the window rule (a test turns it off)
 	fillRule   bool                      // apply the fill rule (a test turns it off)
 	refill     time.Duration             // the full refill time C/r the fill rule looks back over
@@ -509,6 +512,7 @@ type engine struct {
 	sub        [][]subjectRegion // per region and subject
 	interval   []int64           // per region: the report interval, from 1
 	pressuredJ [][]int32         // per region: subjects with pressured requests this interval
+	cands      []demandCount     // collect's most pressured subjects (reused)
 
 	perSecondSys []int64
 	seriesRegion [][]float64
@@ -587,7 +591,7 @@ func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 		shareGen:   make([]uint32, n),
 		fallMin:    make([][floorGens]float64, n),
 		defLim:     make([]shareLimits, n),
-		ovrLim:     make([]shareLimits, n),
+		ovrLim:     make([][ovrSlots]shareLimits, n),
 		sub:        make([][]subjectRegion, n),
 		regs:       make([][]simNode, n),
 		names:      map[int32]string{},
@@ -653,8 +657,11 @@ func newEngine(cfg Config, base *baseRun, sys bool) (*engine, error) {
 	if sys {
 		e.sys = newModel(0, sc.Subjects, e.windowsW, e.windowsL, room)
 		e.shareHist = make([][]appliedAt, n)
+		e.lows = make([]lowShares, n)
 		for r := range e.shareHist {
 			e.shareHist[r] = []appliedAt{{at: 0, a: e.applied[r]}}
+			e.lows[r].held = make([]int32, sc.Subjects)
+			e.holdOverrides(r, e.applied[r], 1)
 		}
 		if e.windowed {
 			e.sys.windowed(n, sc.Subjects, width)
@@ -860,6 +867,7 @@ func (e *engine) run() error {
 				continue
 			}
 			fresh := e.stream.out[r]
+			e.warm(r, fresh, nil)
 			if e.maxRetry == 0 {
 				for _, b := range fresh {
 					e.decide(r, t, b.subject, b.n)
@@ -886,6 +894,7 @@ func (e *engine) run() error {
 			e.retryList[r] = list
 			slices.Sort(keys)
 			e.retryKeys = keys
+			e.warm(r, nil, keys)
 			for _, b := range fresh {
 				e.decide(r, t, b.subject, b.n)
 			}
@@ -898,6 +907,43 @@ func (e *engine) run() error {
 		}
 	}
 	return nil
+}
+
+// warm reads a word of each place that deciding the subjects of fresh
+// and of keys in region r writes: their records, window counters, pending
+// retries and retry counts, the baselines' buckets. Deciding one batch waits for
+// its subject's lines to come from memory (the arrays are larger than the
+// cache); warming a tick's subjects first, in loops of loads that depend
+// on nothing, lets the processor fetch many lines at once.
+func (e *engine) warm(r int, fresh []batch, keys []int32) {
+	var v int64
+	if e.sys != nil {
+		sub, win := e.sub[r], e.sys.win
+		for _, b := range fresh {
+			v += int64(sub[b.subject].lastAt) + win.counted(b.subject)
+		}
+		for _, j := range keys {
+			v += int64(sub[j].lastAt) + win.counted(j)
+		}
+	}
+	if e.maxRetry > 0 {
+		rows, w := e.retry[r], e.maxRetry+1
+		for _, b := range fresh {
+			v += rows[int(b.subject)*w] + int64(e.retryOf[b.subject])
+		}
+	}
+	if o := e.own; o != nil && o.ideal.states != nil {
+		for _, m := range [...]*model{o.ideal, o.independent, o.static} {
+			sts := m.states[min(r, len(m.states)-1)]
+			for _, b := range fresh {
+				if sts[b.subject].ShareGrew(&m.lim.lim) {
+					v++
+				}
+				v += m.win.counted(b.subject)
+			}
+		}
+	}
+	e.warmSink += v
 }
 
 // retries returns subject j's pending retries in region r by attempt
@@ -951,15 +997,17 @@ func (e *engine) decide(r int, t int64, j int32, fresh int64) {
 		e.perSecondSys[e.sec] += a
 		e.seriesRegion[r][e.bin] += float64(a)
 	} else if e.sys != nil {
-		share, lim := sr.ovr, &e.ovrLim[r]
+		share, lim := sr.ovr, &e.defLim[r]
 		if share != share { // NaN: the region's default
-			share, lim = e.defShare[r], &e.defLim[r]
+			share = e.defShare[r]
+		} else {
+			lim = &e.ovrLim[r][ovrSlot(share)]
 		}
 		// A bucket the region creates after a share of it grew starts at
 		// the lowest share it held over the last refill time.
 		below := false
 		if e.fillRule && e.limitsAt(lim, share) && !sr.st.Stored(e.nowUs, &lim.lim) && e.grewLately(r, j) {
-			if low := e.lowestShare(r, j, e.now-e.refill); low < share {
+			if low := e.lowShare(r, j, e.now-e.refill); low < share {
 				lim, below = e.fillLimits(r, share, low), true
 			}
 		}
@@ -977,13 +1025,13 @@ func (e *engine) decide(r int, t int64, j int32, fresh int64) {
 		e.seriesRegion[r][e.bin] += float64(a)
 		p = e.pressured(sr, r, lim, share, full, n, a)
 	}
-	if o := e.own; o != nil && e.windowed && (e.ownSel == ownAll || (e.retryOf[j] > 0) == (e.ownSel == ownRetrying)) {
+	if o := e.own; o != nil && e.windowed && e.ownDecides(j) {
 		b, _ := e.takeWindow(o.ideal, &o.ideal.wstates[0][j], 1, t, j, n)
 		o.perSecondIdeal[e.sec] += b
 		o.seriesIdeal[e.bin] += float64(b)
 		e.takeWindow(o.independent, &o.independent.wstates[r][j], 1, t, j, n)
 		e.takeWindow(o.static, &o.static.wstates[r][j], 1/float64(e.n), t, j, n)
-	} else if o := e.own; o != nil && (e.ownSel == ownAll || (e.retryOf[j] > 0) == (e.ownSel == ownRetrying)) {
+	} else if o := e.own; o != nil && e.ownDecides(j) {
 		b := e.take(o.ideal, &o.ideal.states[0][j], &o.ideal.lim, 1, t, j, n)
 		o.perSecondIdeal[e.sec] += b
 		o.seriesIdeal[e.bin] += float64(b)
@@ -1031,6 +1079,12 @@ func (e *engine) decide(r int, t int64, j int32, fresh int64) {
 	}
 }
 
+// ownDecides says the engine's own baselines decide subject j (ownSel).
+// Without a retrying group no subject retries: retryOf is not read.
+func (e *engine) ownDecides(j int32) bool {
+	return e.ownSel == ownAll || (e.maxRetry > 0 && e.retryOf[j] > 0) == (e.ownSel == ownRetrying)
+}
+
 // admitted reports a batch of a requests of subject j that the system
 // admitted in region r now to Config.Admitted (set: the caller checks,
 // so that a run without it pays no call).
@@ -1072,6 +1126,19 @@ func (e *engine) limitsAt(lim *shareLimits, share float64) bool {
 	return e.setLimits(lim, share)
 }
 
+// ovrSlots is the size of a region's cache of limits at the shares of
+// its overrides (engine.ovrLim): subjects with their own share decide
+// alternately, and each would otherwise convert its limits again.
+const ovrSlots = 1 << ovrSlotBits
+
+const ovrSlotBits = 6
+
+// ovrSlot is share's place in a cache of ovrSlots limits: the top bits of
+// a multiplicative hash of its bits.
+func ovrSlot(share float64) uint64 {
+	return math.Float64bits(share) * 0x9e3779b97f4a7c15 >> (64 - ovrSlotBits)
+}
+
 // setLimits is limitsAt's slow path, apart so that the fast one inlines.
 func (e *engine) setLimits(lim *shareLimits, share float64) bool {
 	if share <= 0 {
@@ -1081,6 +1148,7 @@ func (e *engine) setLimits(lim *shareLimits, share float64) bool {
 	if share == lim.share {
 		return true
 	}
+	e.converted++
 	return e.convert(lim, share, 0)
 }
 

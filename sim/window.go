@@ -21,23 +21,33 @@ type mark struct {
 // still inside it; moving time forward subtracts what leaves. Cost per
 // admission: O(windows), touching the queue's end, its pointers (both
 // sequential) and a subject's counters, one per window, side by side (one
-// cache line for the three windows of the simulator). Memory: the
-// admissions within the longest window, plus the counters.
+// cache line for the three windows of the simulator: a subject's counters
+// take a power of two of words, so that they never straddle two lines).
+// Memory: the admissions within the longest window, plus the counters.
 type windows struct {
-	width []int64   // window lengths in the time unit
-	limit []float64 // C + r·W
-	best  []int64   // largest count seen per window
-	count []int64   // [subject·len(width) + window]: admitted inside the window
-	queue []mark    // time order; queue[:head] have left every window
-	ptr   []int     // per window: first queue index inside it
-	head  int
-	last  int64
+	width  []int64   // window lengths in the time unit
+	limit  []float64 // C + r·W
+	best   []int64   // largest count seen per window
+	count  []int64   // [subject·stride + window]: admitted inside the window
+	stride int       // words per subject in count: len(width) up to a power of two
+	queue  []mark    // time order; queue[:head] have left every window
+	ptr    []int     // per window: first queue index inside it
+	head   int
+	last   int64
 }
 
 func newWindows(subjects int, widths []int64, limits []float64) *windows {
+	stride := 1
+	for stride < len(widths) {
+		stride *= 2
+	}
 	return &windows{width: widths, limit: limits, best: make([]int64, len(widths)),
-		count: make([]int64, subjects*len(widths)), ptr: make([]int, len(widths))}
+		count: make([]int64, subjects*stride), stride: stride, ptr: make([]int, len(widths))}
 }
+
+// counted returns subject j's count in the shortest window (engine.warm
+// reads it ahead of an add).
+func (w *windows) counted(j int32) int64 { return w.count[int(j)*w.stride] }
 
 // add records n > 0 admissions of subject j at t; t never decreases.
 func (w *windows) add(j int, t int64, n int64) {
@@ -46,7 +56,7 @@ func (w *windows) add(j int, t int64, n int64) {
 	}
 	w.queue = append(w.queue, mark{at: t, n: n, subject: int32(j)})
 	kn := len(w.best)
-	c := w.count[j*kn : j*kn+kn]
+	c := w.count[j*w.stride : j*w.stride+kn]
 	for k := range c {
 		v := c[k] + n
 		c[k] = v
@@ -60,11 +70,10 @@ func (w *windows) add(j int, t int64, n int64) {
 func (w *windows) advance(t int64) {
 	w.last = t
 	head := len(w.queue)
-	kn := len(w.width)
 	for k := range w.width {
 		p, from := w.ptr[k], t-w.width[k]
 		for ; p < len(w.queue) && w.queue[p].at < from; p++ {
-			w.count[int(w.queue[p].subject)*kn+k] -= w.queue[p].n
+			w.count[int(w.queue[p].subject)*w.stride+k] -= w.queue[p].n
 		}
 		w.ptr[k] = p
 		head = min(head, p)

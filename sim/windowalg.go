@@ -53,15 +53,18 @@ type appliedAt struct {
 // window algorithm (two windows), or the token bucket's refill time.
 func (e *engine) recordApplied(r int, a *allocation) {
 	h := append(e.shareHist[r], appliedAt{at: e.now, a: a})
+	e.holdOverrides(r, a, 1)
 	keep := e.now - max(2*time.Duration(e.sc.Window), e.refill) - time.Second
 	first := 0
 	for first+1 < len(h) && h[first+1].at <= keep {
+		e.holdOverrides(r, h[first].a, -1)
 		first++
 	}
 	if first > 0 {
 		h = append(h[:0], h[first:]...)
 	}
 	e.shareHist[r] = h
+	e.lows[r].valid = false
 }
 
 // windowShare is the share region r charges subject j's window count at:
@@ -75,7 +78,59 @@ func (e *engine) windowShare(r int, j int32) float64 {
 		return cur
 	}
 	within, _ := e.prep.Limits().CountedFor(0)
-	return e.lowestShare(r, j, e.now-within)
+	return e.lowShare(r, j, e.now-within)
+}
+
+// lowShares helps find lowestShare for a region's subjects fast. Most
+// subjects have no override in any allocation of the region's history:
+// their lowest share over a span is the lowest default share, one figure
+// for all of them. It changes only when an allocation is applied or the
+// span's start passes the next allocation's instant.
+type lowShares struct {
+	held       []int32 // per subject: allocations of the history with an override of its own
+	valid      bool
+	from, next time.Duration // def is for the span from from; it holds for starts before next
+	def        float64       // the lowest default share over the span
+}
+
+// holdOverrides adds d to the count of allocations in region r's history
+// that give each of a's subjects an override.
+func (e *engine) holdOverrides(r int, a *allocation, d int32) {
+	held := e.lows[r].held
+	for j := range a.overrides {
+		held[j] += d
+	}
+}
+
+// lowShare is lowestShare(r, j, from).
+func (e *engine) lowShare(r int, j int32, from time.Duration) float64 {
+	c := &e.lows[r]
+	if c.held[j] > 0 {
+		return e.lowestShare(r, j, from)
+	}
+	if !c.valid || from < c.from || from >= c.next {
+		e.lowDefault(c, r, from)
+	}
+	return c.def
+}
+
+// lowDefault sets c.def to the lowest default share of region r since
+// from, taken in lowestShare's order: the lowest share of a subject that
+// holds the default in every allocation of the span.
+func (e *engine) lowDefault(c *lowShares, r int, from time.Duration) {
+	h := e.shareHist[r]
+	c.valid, c.from, c.next, c.def = true, from, maxTime, math.Inf(1)
+	first := 0
+	for i := len(h) - 1; i >= 0; i-- {
+		c.def = math.Min(c.def, h[i].a.def[r])
+		if h[i].at <= from {
+			first = i
+			break
+		}
+	}
+	if first+1 < len(h) {
+		c.next = h[first+1].at
+	}
 }
 
 // lowestShare is the lowest share region r held for subject j from the
