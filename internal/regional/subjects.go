@@ -212,14 +212,22 @@ func (s *subjectSet) admit(subject string, now time.Time) (v subjectVerdict, fre
 			}
 			return subjectOwn, false
 		}
+		if at >= s.fullUntil.Load() {
+			// Expired, and live again: as dropped and added anew (its
+			// place counted, so within the bound), but in place, without
+			// a map deletion, an insertion and a new entry. The map does
+			// not grow, so no expired entry need make room.
+			e.expires = at + ttl + ttl/2
+			sh.unlink(e)
+			sh.pushBack(e)
+			return subjectOwn, true
+		}
 		sh.drop(e)
 	}
 	if at < s.fullUntil.Load() {
 		return subjectRefused, false
 	}
-	for i := 0; i < maxExpiredPerAdmit && sh.head != nil && at >= sh.head.expires; i++ {
-		sh.drop(sh.head)
-	}
+	sh.dropExpired(at)
 	if len(sh.m) >= s.per {
 		return subjectOverflow, false
 	}
@@ -227,6 +235,14 @@ func (s *subjectSet) admit(subject string, now time.Time) (v subjectVerdict, fre
 	sh.m[subject] = e
 	sh.pushBack(e)
 	return subjectOwn, true
+}
+
+// dropExpired drops at most maxExpiredPerAdmit entries expired at at, the
+// soonest to expire first.
+func (sh *subjectShard) dropExpired(at int64) {
+	for i := 0; i < maxExpiredPerAdmit && sh.head != nil && at >= sh.head.expires; i++ {
+		sh.drop(sh.head)
+	}
 }
 
 // refused records that the store refused to grow at now: new subjects are
