@@ -36,7 +36,7 @@ func TestExpiredSubjectLiveAgainInPlace(t *testing.T) {
 	if v, _ := s.admit("s7", later); v != subjectOverflow {
 		t.Fatalf("a fifth live subject under a bound of 4: %v, want overflow", v)
 	}
-	sh := s.shard("s0")
+	_, sh := s.shard("s0")
 	if n := len(sh.m); n != 4 {
 		t.Fatalf("%d entries, want the 4 live subjects (the expired ones dropped)", n)
 	}
@@ -47,5 +47,34 @@ func TestExpiredSubjectLiveAgainInPlace(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Errorf("checking an expired subject again allocated %.1f times, want 0", allocs)
+	}
+}
+
+// TestNewSubjectReusesExpiredPlace: a new subject that comes when an
+// entry has expired takes the expired entry's place in the shard's slab:
+// no allocation, and the shard holds no more entries than live subjects.
+func TestNewSubjectReusesExpiredPlace(t *testing.T) {
+	const ttl = time.Second
+	s := newSubjectSet(4, ttl)
+	now := time.Unix(1_700_000_000, 0)
+	subjects := make([]string, 200)
+	for i := range subjects {
+		subjects[i] = "n" + strconv.Itoa(i)
+	}
+	s.admit("first", now)
+	i := 0
+	allocs := testing.AllocsPerRun(100, func() {
+		i++
+		// Each new subject comes after the last one expired.
+		if v, fresh := s.admit(subjects[i], now.Add(time.Duration(i)*2*ttl)); v != subjectOwn || !fresh {
+			t.Fatalf("new subject %d: %v, fresh %v", i, v, fresh)
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("a new subject in an expired one's place allocated %.1f times, want 0", allocs)
+	}
+	_, sh := s.shard("first")
+	if len(sh.m) != 1 || len(sh.entries) > 2 {
+		t.Errorf("%d subjects listed in %d entries, want 1 in at most 2", len(sh.m), len(sh.entries))
 	}
 }
