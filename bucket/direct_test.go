@@ -123,3 +123,79 @@ func TestRedisDirectCallHonoursItsDeadline(t *testing.T) {
 		t.Fatalf("take waited %v past its 100 ms deadline", waited)
 	}
 }
+
+// gatedPipelines records, as pipelineContexts does, whether each pipeline
+// went out in a caller's context, and holds the first pipeline until gate
+// is closed (held is closed once it waits there).
+type gatedPipelines struct {
+	pipelineContexts
+	once       sync.Once
+	held, gate chan struct{}
+}
+
+func (p *gatedPipelines) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	inner := p.pipelineContexts.ProcessPipelineHook(next)
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		p.once.Do(func() {
+			close(p.held)
+			<-p.gate
+		})
+		return inner(ctx, cmds)
+	}
+}
+
+// TestRedisLoneCallQueuesUnderLoad: once a flusher's pipeline has carried
+// several calls (calls come concurrently), a call that finds no other in
+// the store is queued all the same, where the calls that follow it join
+// its pipeline, rather than sent alone on its caller's goroutine; after a
+// pipeline of one call, lone calls go direct again.
+func TestRedisLoneCallQueuesUnderLoad(t *testing.T) {
+	c := redistest.Client(t)
+	hook := &gatedPipelines{held: make(chan struct{}), gate: make(chan struct{})}
+	c.AddHook(hook)
+	r, err := bucket.NewRedis(bucket.RedisConfig{Client: c, Flushers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	lim := bucket.Limits{Capacity: 100, RefillPerSecond: 1, IdleTTL: time.Hour}
+	req := func(name string) bucket.Request {
+		k, _ := bucket.NewKey("lone", 1, redistest.Unique(t)+name)
+		return bucket.Request{Key: k, Limits: lim, Share: 1, Cost: 1}
+	}
+	// The flusher holds a first call at the gate while two more queue
+	// behind it: they go out together, in one pipeline.
+	ctx := context.Background()
+	first, err := bucket.QueueTake(r, ctx, req("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-hook.held
+	var waits []func() (bucket.Decision, error)
+	for _, name := range []string{"b", "c"} {
+		w, err := bucket.QueueTake(r, ctx, req(name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		waits = append(waits, w)
+	}
+	close(hook.gate)
+	for _, w := range append(waits, first) {
+		if d, err := w(); err != nil || !d.Allowed {
+			t.Fatalf("queued take: %+v, %v", d, err)
+		}
+	}
+	marked := context.WithValue(ctx, callerMark{}, true)
+	for i, want := range []bool{false, true, true} {
+		n := len(hook.sent())
+		if d, err := r.Take(marked, req("lone")); err != nil || !d.Allowed {
+			t.Fatalf("lone take %d: %+v, %v", i, d, err)
+		}
+		sent := hook.sent()
+		// A fresh server answers the first EVALSHA NOSCRIPT: the call then
+		// goes out again, in a second pipeline of the same context.
+		if len(sent) == n || sent[len(sent)-1] != want {
+			t.Fatalf("lone take %d went out in pipelines %v (caller's context: want %v)", i, sent[n:], want)
+		}
+	}
+}

@@ -1,5 +1,7 @@
 package bucket
 
+import "context"
+
 // SetRedisNow makes r pass now() (microseconds) to its scripts in place of
 // Redis TIME. Tests only: it drives the differential test.
 func SetRedisNow(r *Redis, now func() int64) { r.now = now }
@@ -20,3 +22,24 @@ var GroupClusterSlot = groupClusterSlot
 
 // OwnKey is ownKey, for tests of its cost.
 func OwnKey(k Key, g uint32) string { return ownKey(&k, g) }
+
+// QueueTake queues a take of req for the flushers, as a call that finds
+// others in the store does, and returns the wait for its decision.
+func QueueTake(r *Redis, ctx context.Context, req Request) (func() (Decision, error), error) {
+	if err := req.Validate(); err != nil {
+		return nil, err
+	}
+	ps := []params{paramsOf(&req)}
+	c := r.newCall(opTake, []Request{req}, ps)
+	if err := r.enqueue(ctx, c); err != nil {
+		return nil, err
+	}
+	return func() (Decision, error) {
+		if err := wait(ctx, c); err != nil {
+			return Decision{}, err
+		}
+		d := c.decision(0)
+		c.release()
+		return d, nil
+	}, nil
+}

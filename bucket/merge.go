@@ -106,6 +106,7 @@ func (r *Redis) flusher() {
 			if len(f.batch) == 0 {
 				continue
 			}
+			r.busy.Store(len(f.batch) > 1)
 			r.plan(f)
 			r.send(context.Background(), f)
 			f.reset()

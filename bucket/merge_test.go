@@ -252,10 +252,16 @@ func TestScriptRejectsBadArguments(t *testing.T) {
 		{"fill above the capacity", []any{"t", "", "tb", 1000, 0.1, 1000, 60000, "s", 1001, 0, 0}, "fill 1001 outside"},
 		{"fill not a number", []any{"t", "", "tb", 1000, 0.1, 1000, 60000, "s", "x", 0, 0}, "fill x outside"},
 		{"since negative", []any{"t", "", "tb", 1000, 0.1, 1000, 60000, "s", 1000, -5, 0}, "since -5 is not an instant"},
+		{"since not a number", []any{"t", "", "tb", 1000, 0.1, 1000, 60000, "s", 1000, "x", 0}, "since x is not an instant"},
+		{"second bucket's fill above its capacity", []any{"t", "", "tb", 1000, 0.1, 1000, 60000, "s", 1000, 0, 0, "tb", 1000, 0.1, 1000, 60000, "s2", 1001, 0, 0}, "fill 1001 outside"},
 		{"guard not 0 or 1", []any{"t", "", "tb", 1000, 0.1, 1000, 60000, "s", 1000, 0, "yes"}, "guard yes, want 0 or 1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := c.Eval(ctx, src, []string{key}, tc.argv...).Err()
+			keys := []string{key}
+			for len(keys) < (len(tc.argv)-2)/9 {
+				keys = append(keys, key)
+			}
+			err := c.Eval(ctx, src, keys, tc.argv...).Err()
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("err = %v, want one containing %q", err, tc.want)
 			}

@@ -135,9 +135,15 @@ type Redis struct {
 	single    bool
 	crossSlot atomic.Bool
 	// calls counts the single calls (Take, Refund, one-call TakeAll) in
-	// the store, sent or waiting: one that finds no other goes direct.
+	// the store, sent or waiting: one that finds no other goes direct
+	// while the store is lone.
 	calls atomic.Int64
-	args  argCache
+	// busy is true while calls come concurrently: the last pipeline a
+	// flusher sent carried more than one call. A lone call then goes
+	// through the queue all the same, where the calls that follow it
+	// within the flusher's yield join its pipeline (see direct).
+	busy atomic.Bool
+	args argCache
 	// guard is the boxed guard argument of every bucket: "1" with
 	// LossGuard, else "0" (see lua/take.lua).
 	guard any
@@ -355,11 +361,12 @@ func scriptSource(s *redis.Script) string {
 }
 
 // do sends c and waits for its answer: on the caller's goroutine when no
-// other call is in the store (see direct), else through the flushers'
-// queue, where it may share a pipeline and a script call with others.
+// other call is in the store and calls have not been coming concurrently
+// (see direct), else through the flushers' queue, where it may share a
+// pipeline and a script call with others.
 func (r *Redis) do(ctx context.Context, c *call) error {
 	defer r.calls.Add(-1)
-	if r.calls.Add(1) == 1 {
+	if r.calls.Add(1) == 1 && !r.busy.Load() {
 		return r.direct(ctx, c)
 	}
 	if err := r.enqueue(ctx, c); err != nil {
@@ -373,7 +380,13 @@ func (r *Redis) do(ctx context.Context, c *call) error {
 // hand-off to a flusher and back (two goroutine switches, and a yield in
 // the flusher, that only pay off when other calls can join the
 // pipeline). Calls that come while it is in flight go through the queue,
-// so merging still gathers concurrent calls. Like a queued call, a call
+// so merging still gathers concurrent calls. Under concurrent load a lone
+// call is only the first of a burst (the callers a pipeline's answers
+// woke, coming back one by one): sent direct, it would take a round trip
+// of its own, and Redis a script call of its own, that the burst's
+// pipeline would have carried; so once a flusher's pipeline has carried
+// several calls (busy), lone calls queue too, until a pipeline carries
+// one call again. Like a queued call, a call
 // whose context has ended is not sent; one whose context ends in flight
 // gets the context's error and may have been charged.
 func (r *Redis) direct(ctx context.Context, c *call) error {

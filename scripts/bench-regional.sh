@@ -72,13 +72,7 @@ redis-cli -p "$RP" ping >/dev/null
 # An Envoy rate limit service configuration: one descriptor key per
 # descriptor position, 100 requests per second per subject.
 mkdir "$work/policies"
-{
-	echo "domain: bench"
-	echo "descriptors:"
-	for k in tenant tenant0 tenant1 tenant2 tenant3 tenant4 tenant5 tenant6 tenant7 tenant8 tenant9; do
-		printf '  - key: %s\n    rate_limit:\n      unit: second\n      requests_per_unit: 100\n' "$k"
-	done
-} >"$work/policies/bench.yaml"
+envoy_bench_rules >"$work/policies/bench.yaml"
 # One rule with node leases for the hot-subject runs: a budget of 10^8 per
 # second that no run spends, so every check is decided from the lease.
 cat >"$work/policies/lease.yaml" <<'YAML'
@@ -112,14 +106,6 @@ ready() {
 ready "127.0.0.1:$GP"
 ready "127.0.0.1:$NP"
 
-# secs D: a duration such as 2s or 500ms in seconds.
-secs() {
-	case "$1" in
-	*ms) awk -v v="${1%ms}" 'BEGIN { print v / 1000 }' ;;
-	*s) echo "${1%s}" ;;
-	*) echo "bench-regional: duration $1: want a number of s or ms" >&2; exit 1 ;;
-	esac
-}
 secs "$DUR" >/dev/null
 secs "$WARM" >/dev/null
 

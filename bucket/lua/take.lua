@@ -66,8 +66,23 @@ end
 if op ~= 't' and op ~= 'i' and op ~= 'r' then
   return redis.error_reply('ERR bucket: unknown operation ' .. tostring(op))
 end
-local fs, lims, ps, costs, ttls, fields, fills, vals = {}, {}, {}, {}, {}, {}, {}, {}
-local sinces, guards = {}, {}
+-- num is ARGV[b + k] as a number, for argument k of bucket i (whose
+-- arguments start after ARGV[b]), stored in col: the previous bucket's
+-- when its argument k is the same string. A policy's numbers (capacity,
+-- refill, cost, TTL) repeat in every bucket of it that a merged call
+-- carries, and tonumber (strtod) costs more than the rest of a bucket's
+-- arguments.
+local function num(col, i, b, k)
+  local s = ARGV[b + k]
+  if i > 1 and s == ARGV[b + k - NARG] then
+    return col[i - 1]
+  end
+  return tonumber(s)
+end
+-- A bucket's since and guard are read only when it is absent (born); here
+-- they are validated, at the cost of a comparison in the common case
+-- (since '0', fill the capacity's string).
+local fs, lims, ps, costs, ttls, fields, fills = {}, {}, {}, {}, {}, {}, {}
 for i = 1, n do
   local b = 2 + (i - 1) * NARG
   local f = ALG[ARGV[b + 1]]
@@ -75,23 +90,28 @@ for i = 1, n do
     return redis.error_reply('ERR bucket: unknown algorithm ' .. tostring(ARGV[b + 1]))
   end
   fs[i] = f
-  lims[i] = tonumber(ARGV[b + 2])
-  ps[i] = tonumber(ARGV[b + 3])
-  costs[i] = tonumber(ARGV[b + 4])
-  ttls[i] = tonumber(ARGV[b + 5])
+  lims[i] = num(lims, i, b, 2)
+  ps[i] = num(ps, i, b, 3)
+  costs[i] = num(costs, i, b, 4)
+  ttls[i] = num(ttls, i, b, 5)
   fields[i] = ARGV[b + 6]
-  fills[i] = tonumber(ARGV[b + 7])
-  if not fills[i] or fills[i] < 0 or fills[i] > lims[i] then
-    return redis.error_reply('ERR bucket: fill ' .. tostring(ARGV[b + 7]) .. ' outside 0..capacity')
+  if ARGV[b + 7] == ARGV[b + 2] then
+    fills[i] = lims[i]
+  else
+    fills[i] = num(fills, i, b, 7)
+    if not fills[i] or fills[i] < 0 or fills[i] > lims[i] then
+      return redis.error_reply('ERR bucket: fill ' .. tostring(ARGV[b + 7]) .. ' outside 0..capacity')
+    end
   end
-  sinces[i] = tonumber(ARGV[b + 8])
-  if not sinces[i] or sinces[i] < 0 then
-    return redis.error_reply('ERR bucket: since ' .. tostring(ARGV[b + 8]) .. ' is not an instant')
+  if ARGV[b + 8] ~= '0' then
+    local since = tonumber(ARGV[b + 8])
+    if not since or since < 0 then
+      return redis.error_reply('ERR bucket: since ' .. tostring(ARGV[b + 8]) .. ' is not an instant')
+    end
   end
   if ARGV[b + 9] ~= '0' and ARGV[b + 9] ~= '1' then
     return redis.error_reply('ERR bucket: guard ' .. tostring(ARGV[b + 9]) .. ', want 0 or 1')
   end
-  guards[i] = ARGV[b + 9] == '1'
   if fields[i] ~= '' and not STALE[ARGV[b + 1]] then
     return redis.error_reply('ERR bucket: algorithm ' .. ARGV[b + 1] .. ' cannot live in a group hash')
   end
@@ -107,11 +127,13 @@ end
 -- born returns the instant at which bucket cur may have been lost (see
 -- Lost state above); markers caches the markers this call has read.
 local cur
-local markers = {}
+local markers
 local function born()
   local b = 0
-  if guards[cur] then
+  local a = 2 + (cur - 1) * NARG
+  if ARGV[a + 9] == '1' then
     local mk = 'rl:m:' .. (string.match(KEYS[cur], '{g%.%d+}') or KEYS[cur])
+    markers = markers or {}
     b = markers[mk]
     if not b then
       b = tonumber(redis.call('GET', mk) or '0') or 0
@@ -122,7 +144,8 @@ local function born()
       markers[mk] = b
     end
   end
-  if sinces[cur] > b then b = sinces[cur] end
+  local since = tonumber(ARGV[a + 8])
+  if since > b then b = since end
   return b
 end
 
@@ -135,52 +158,75 @@ local function prune(key, field, stale, ttl)
   end
 end
 
--- An all-or-nothing take reads every bucket first and charges only when
--- each would admit; the keys of one such call are distinct (TakeAll).
+-- reply holds six integers per bucket (see Reply above); answer sets
+-- bucket i's.
+local reply = {}
+local function answer(i, ok, rem, retry, reset)
+  local r = 6 * (i - 1)
+  local a = 0
+  if ok then a = 1 end
+  reply[r + 1] = a
+  reply[r + 2] = lims[i]
+  reply[r + 3] = rem
+  reply[r + 4] = retry
+  reply[r + 5] = reset
+  reply[r + 6] = now
+end
+
+-- An all-or-nothing take reads every bucket first and decides each as
+-- charged: whether a bucket admits does not depend on charging it. When
+-- every bucket admits, those decisions stand and are written as they are;
+-- when one denies, every bucket is decided again, uncharged. The keys of
+-- one such call are distinct (TakeAll).
 local charge, pre = true, op == 't' and n > 1
+local vals, outs
 if pre then
+  vals, outs = {}, {}
   for i = 1, n do
     vals[i] = read(i)
   end
   for i = 1, n do
     cur = i
-    local ok = fs[i](op, vals[i], now, lims[i], ps[i], costs[i], ttls[i] * 1000, false, fills[i], born)
+    local ok, rem, retry, reset, val = fs[i](op, vals[i], now, lims[i], ps[i], costs[i], ttls[i] * 1000, true, fills[i], born)
     if not ok then
       charge = false
       break
     end
+    answer(i, true, rem, retry, reset)
+    outs[i] = val
   end
 end
-local reply = {}
 for i = 1, n do
-  local v
-  if pre then v = vals[i] else v = read(i) end
-  cur = i
-  local ok, rem, retry, reset, val = fs[i](op, v, now, lims[i], ps[i], costs[i], ttls[i] * 1000, charge, fills[i], born)
+  local val
+  if pre and charge then
+    val = outs[i]
+  else
+    local v
+    if pre then v = vals[i] else v = read(i) end
+    cur = i
+    local ok, rem, retry, reset
+    ok, rem, retry, reset, val = fs[i](op, v, now, lims[i], ps[i], costs[i], ttls[i] * 1000, charge, fills[i], born)
+    answer(i, ok and charge, rem, retry, reset)
+  end
+  -- The TTL goes to Redis as the argument's string: a number would be
+  -- formatted (printf) on every write.
+  local b = 2 + (i - 1) * NARG
   if fields[i] == '' then
     if val == false then
       redis.call('DEL', KEYS[i])
     elseif val then
-      redis.call('SET', KEYS[i], val, 'PX', ttls[i])
+      redis.call('SET', KEYS[i], val, 'PX', ARGV[b + 5])
     end
   else
     if val == false then
       redis.call('HDEL', KEYS[i], fields[i])
     elseif val then
       local created = redis.call('HSET', KEYS[i], fields[i], val)
-      redis.call('PEXPIRE', KEYS[i], ttls[i])
+      redis.call('PEXPIRE', KEYS[i], ARGV[b + 5])
       if created == 1 then
-        prune(KEYS[i], fields[i], STALE[ARGV[2 + (i - 1) * NARG + 1]], ttls[i] * 1000)
+        prune(KEYS[i], fields[i], STALE[ARGV[b + 1]], ttls[i] * 1000)
       end
     end
   end
-  local a = 0
-  if ok and charge then a = 1 end
-  reply[#reply + 1] = a
-  reply[#reply + 1] = lims[i]
-  reply[#reply + 1] = rem
-  reply[#reply + 1] = retry
-  reply[#reply + 1] = reset
-  reply[#reply + 1] = now
 end
 return reply

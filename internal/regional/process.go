@@ -416,14 +416,7 @@ func Run(ctx context.Context, c DaemonConfig) error {
 
 	// The gRPC tracing handler only when tracing is on: even with a no-op
 	// provider it costs allocations and CPU on every call.
-	// Stream workers serve calls on reused goroutines (no new goroutine and
-	// stack per call); gRPC shares write buffers by default.
-	// Fixed flow-control windows turn off gRPC's bandwidth-delay probing:
-	// its PING went out in a write of its own while a check waited for
-	// Redis (about half a write syscall more per check at c=1, each one
-	// waking the client).
-	serverOpts := []grpc.ServerOption{grpc.NumStreamWorkers(uint32(4 * runtime.GOMAXPROCS(0))),
-		grpc.InitialWindowSize(GRPCWindow), grpc.InitialConnWindowSize(GRPCWindow)}
+	serverOpts := grpcServerOptions()
 	if c.OTLPEndpoint != "" {
 		serverOpts = append(serverOpts, grpc.StatsHandler(otelgrpc.NewServerHandler(
 			otelgrpc.WithTracerProvider(tp), otelgrpc.WithPropagators(propagation.TraceContext{}))))
@@ -515,3 +508,29 @@ func Run(ctx context.Context, c DaemonConfig) error {
 	log.Info("stopped")
 	return runErr
 }
+
+// grpcServerOptions are the options of the node's gRPC server that do not
+// depend on its configuration.
+//
+// Stream workers serve calls on reused goroutines, whose stacks have
+// grown to the check path's depth (about 16 KiB). A call that finds no
+// idle worker runs on a new goroutine, whose stack starts at the
+// runtime's average (a few KiB) and is grown, and copied, several times
+// on the way down: at 50 concurrent callers with 4 workers per P, stack
+// growth took about 8 µs of node CPU per check, a sixth of it. So there
+// are at least as many workers as concurrent calls a node usually holds
+// (streamWorkers); an idle one costs a small stack, which the garbage
+// collector shrinks. gRPC shares write buffers by default.
+//
+// Fixed flow-control windows turn off gRPC's bandwidth-delay probing: its
+// PING went out in a write of its own while a check waited for Redis
+// (about half a write syscall more per check at c=1, each one waking the
+// client).
+func grpcServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.NumStreamWorkers(uint32(max(streamWorkers, 4*runtime.GOMAXPROCS(0)))),
+		grpc.InitialWindowSize(GRPCWindow), grpc.InitialConnWindowSize(GRPCWindow)}
+}
+
+// streamWorkers is the least number of the gRPC server's stream workers
+// (see grpcServerOptions).
+const streamWorkers = 128

@@ -2,6 +2,7 @@ package regional
 
 import (
 	"hash/maphash"
+	"math"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -62,6 +63,13 @@ type policyKey struct {
 // subjectSet is one policy's live subjects, in shards by subject hash so
 // that checks of one hot policy do not queue on one lock. Each shard holds
 // at most per subjects, so the policy holds at most max.
+//
+// A subject is known by its 64-bit hash under the set's random seed (the
+// hash that also picks its shard). Two subjects whose hashes collide
+// (about one pair in 10^10 among 100,000 live subjects, and the seed is
+// not known outside the process) share one entry: the second is taken for
+// live and not counted, which leaves the bound holding, and charges
+// nothing to the other's bucket, whose key is the subject itself.
 type subjectSet struct {
 	seed   maphash.Seed
 	shards []subjectShard
@@ -74,53 +82,78 @@ type subjectSet struct {
 // subjectShard is a part of a policy's live subjects, soonest to expire
 // first. A subject stays listed at least ttl after its last check.
 //
-// The map points at the entries themselves, which carry their own list
-// links and their expiry in unix nanoseconds: a check of a live subject
-// reads the map and one entry (container/list took an element, its
-// boxed value and a time.Time to get there).
+// Entries live in a slab, linked by index in expiry order, and the map
+// holds the index of each subject's entry: neither holds a pointer, so
+// the garbage collector does not scan them, and a check of a live subject
+// reads one map slot and one entry (a string-keyed map also read the
+// subject's bytes, and its entries were objects of their own).
 type subjectShard struct {
-	mu sync.Mutex
-	m  map[string]*liveEntry
-	// head expires first, tail last.
-	head, tail *liveEntry
+	mu      sync.Mutex
+	m       map[uint64]int32
+	entries []liveEntry
+	// head expires first, tail last; free lists unused entries (via
+	// next). noEntry for none.
+	head, tail, free int32
 }
 
 type liveEntry struct {
-	subject    string
+	hash       uint64
 	expires    int64 // unix nanoseconds
-	prev, next *liveEntry
+	prev, next int32
 }
 
-// pushBack appends e, which is in no list, at the tail.
-func (sh *subjectShard) pushBack(e *liveEntry) {
-	e.prev, e.next = sh.tail, nil
-	if sh.tail != nil {
-		sh.tail.next = e
+// noEntry is the null index of a shard's entry links (int32: a shard
+// holds at most math.MaxInt32 entries, see newSubjectSet).
+const noEntry = -1
+
+// pushBack appends entry i, which is in no list, at the tail.
+func (sh *subjectShard) pushBack(i int32) {
+	e := &sh.entries[i]
+	e.prev, e.next = sh.tail, noEntry
+	if sh.tail != noEntry {
+		sh.entries[sh.tail].next = i
 	} else {
-		sh.head = e
+		sh.head = i
 	}
-	sh.tail = e
+	sh.tail = i
 }
 
-// unlink takes e out of the list.
-func (sh *subjectShard) unlink(e *liveEntry) {
-	if e.prev != nil {
-		e.prev.next = e.next
+// unlink takes entry i out of the list.
+func (sh *subjectShard) unlink(i int32) {
+	e := &sh.entries[i]
+	if e.prev != noEntry {
+		sh.entries[e.prev].next = e.next
 	} else {
 		sh.head = e.next
 	}
-	if e.next != nil {
-		e.next.prev = e.prev
+	if e.next != noEntry {
+		sh.entries[e.next].prev = e.prev
 	} else {
 		sh.tail = e.prev
 	}
-	e.prev, e.next = nil, nil
+	e.prev, e.next = noEntry, noEntry
 }
 
-// drop removes e from the shard.
-func (sh *subjectShard) drop(e *liveEntry) {
-	sh.unlink(e)
-	delete(sh.m, e.subject)
+// drop removes entry i from the shard.
+func (sh *subjectShard) drop(i int32) {
+	sh.unlink(i)
+	delete(sh.m, sh.entries[i].hash)
+	sh.entries[i].next = sh.free
+	sh.free = i
+}
+
+// add lists a new entry for hash, expiring at expires, at the tail.
+func (sh *subjectShard) add(hash uint64, expires int64) {
+	i := sh.free
+	if i != noEntry {
+		sh.free = sh.entries[i].next
+	} else {
+		sh.entries = append(sh.entries, liveEntry{})
+		i = int32(len(sh.entries) - 1)
+	}
+	sh.entries[i] = liveEntry{hash: hash, expires: expires}
+	sh.m[hash] = i
+	sh.pushBack(i)
 }
 
 // shardedFrom is the least bound split into subjectShards shards; a
@@ -160,9 +193,10 @@ func newSubjectSet(max int, ttl time.Duration) *subjectSet {
 	if max >= shardedFrom {
 		n = subjectShards
 	}
-	s := &subjectSet{seed: maphash.MakeSeed(), shards: make([]subjectShard, n), per: max / n, ttl: ttl}
+	s := &subjectSet{seed: maphash.MakeSeed(), shards: make([]subjectShard, n), per: min(max/n, math.MaxInt32), ttl: ttl}
 	for i := range s.shards {
-		s.shards[i].m = make(map[string]*liveEntry)
+		s.shards[i].m = make(map[uint64]int32)
+		s.shards[i].head, s.shards[i].tail, s.shards[i].free = noEntry, noEntry, noEntry
 	}
 	return s
 }
@@ -178,11 +212,10 @@ func (l *liveSubjects) forget(set *policy.Set) {
 	}
 }
 
-func (s *subjectSet) shard(subject string) *subjectShard {
-	if len(s.shards) == 1 {
-		return &s.shards[0]
-	}
-	return &s.shards[maphash.String(s.seed, subject)%uint64(len(s.shards))]
+// shard returns subject's hash and shard.
+func (s *subjectSet) shard(subject string) (uint64, *subjectShard) {
+	h := maphash.String(s.seed, subject)
+	return h, &s.shards[h%uint64(len(s.shards))]
 }
 
 // maxExpiredPerAdmit bounds the expired entries one admit drops, so that
@@ -194,11 +227,12 @@ const maxExpiredPerAdmit = 4
 // fresh is true when the check made the subject live (it held no bucket
 // this node knew of).
 func (s *subjectSet) admit(subject string, now time.Time) (v subjectVerdict, fresh bool) {
-	sh := s.shard(subject)
+	h, sh := s.shard(subject)
 	at, ttl := now.UnixNano(), int64(s.ttl)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if e, ok := sh.m[subject]; ok {
+	if i, ok := sh.m[h]; ok {
+		e := &sh.entries[i]
 		if at < e.expires {
 			// Moving an entry to the back on every check cost a list
 			// operation per check; an entry is moved once less than ttl
@@ -207,26 +241,39 @@ func (s *subjectSet) admit(subject string, now time.Time) (v subjectVerdict, fre
 			// the list stays in expiry order.
 			if e.expires-at < ttl {
 				e.expires = at + ttl + ttl/2
-				sh.unlink(e)
-				sh.pushBack(e)
+				sh.unlink(i)
+				sh.pushBack(i)
 			}
 			return subjectOwn, false
 		}
-		sh.drop(e)
+		if at >= s.fullUntil.Load() {
+			// Expired, and live again: as dropped and added anew (its
+			// place counted, so within the bound), but in place. The map
+			// does not grow, so no expired entry need make room.
+			e.expires = at + ttl + ttl/2
+			sh.unlink(i)
+			sh.pushBack(i)
+			return subjectOwn, true
+		}
+		sh.drop(i)
 	}
 	if at < s.fullUntil.Load() {
 		return subjectRefused, false
 	}
-	for i := 0; i < maxExpiredPerAdmit && sh.head != nil && at >= sh.head.expires; i++ {
-		sh.drop(sh.head)
-	}
+	sh.dropExpired(at)
 	if len(sh.m) >= s.per {
 		return subjectOverflow, false
 	}
-	e := &liveEntry{subject: subject, expires: at + ttl + ttl/2}
-	sh.m[subject] = e
-	sh.pushBack(e)
+	sh.add(h, at+ttl+ttl/2)
 	return subjectOwn, true
+}
+
+// dropExpired drops at most maxExpiredPerAdmit entries expired at at, the
+// soonest to expire first.
+func (sh *subjectShard) dropExpired(at int64) {
+	for i := 0; i < maxExpiredPerAdmit && sh.head != noEntry && at >= sh.entries[sh.head].expires; i++ {
+		sh.drop(sh.head)
+	}
 }
 
 // refused records that the store refused to grow at now: new subjects are
@@ -243,11 +290,11 @@ func (s *subjectSet) refused(subject string, fresh bool, now time.Time, cooldown
 	if !fresh {
 		return
 	}
-	sh := s.shard(subject)
+	h, sh := s.shard(subject)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if e, ok := sh.m[subject]; ok {
-		sh.drop(e)
+	if i, ok := sh.m[h]; ok {
+		sh.drop(i)
 	}
 }
 
