@@ -1,0 +1,121 @@
+package rebalance
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/quotacoord/quota/internal/coordinator/coordtest"
+	"github.com/quotacoord/quota/internal/etcdlayout"
+	"github.com/quotacoord/quota/internal/etcdtest"
+)
+
+// TestRoundPlansOnlyWhatChanged: once every policy has settled, the full
+// rounds after one policy's demand changed in one region plan that policy
+// alone; a node that registers makes the next full round plan every
+// policy; and what was published keeps the invariant.
+func TestRoundPlansOnlyWhatChanged(t *testing.T) {
+	const policies = 20
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	var ly etcdlayout.Layout
+	ctx := context.Background()
+	var doc strings.Builder
+	doc.WriteString("policies:\n")
+	for i := range policies {
+		fmt.Fprintf(&doc, "  - name: p%02d\n    capacity: 100\n    rate: 100/second\n", i)
+	}
+	if err := coordtest.PutPolicy(ctx, cli, ly, "many.yaml", []byte(doc.String())); err != nil {
+		t.Fatal(err)
+	}
+	regions := map[string]*coordtest.Region{}
+	report := func(hot string) {
+		t.Helper()
+		for name, r := range regions {
+			ds := map[string]etcdlayout.PolicyDemand{}
+			for i := range policies {
+				p := fmt.Sprintf("p%02d", i)
+				offered := 10.0
+				if p == hot && name == "a" {
+					offered = 40
+				}
+				ds[p] = etcdlayout.PolicyDemand{Offered: offered, Admitted: offered}
+			}
+			if err := r.Report(ctx, time.Second, ds); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, name := range []string{"a", "b"} {
+		r := coordtest.NewRegion(cli, ly, name)
+		if err := r.Register(ctx, time.Second); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(r.Kill)
+		autoAck(t, r)
+		regions[name] = r
+	}
+	report("")
+
+	rounds := make(chan []string, 1024)
+	l, _ := startLoop(t, Config{Client: cli, Name: "c1", Interval: 100 * time.Millisecond, SkewMargin: 100 * time.Millisecond, FullEvery: 1000},
+		func(l *Loop) {
+			l.afterPlan = func(kind roundKind, planned []string) {
+				if kind == roundChanged {
+					select {
+					case rounds <- planned:
+					default:
+					}
+				}
+			}
+		})
+	waitLeader(t, l)
+	// next returns the policies planned by the next full round on what
+	// changed that planned any (or none, when quiet).
+	next := func(what string, quiet bool) []string {
+		t.Helper()
+		deadline := time.After(15 * time.Second)
+		for {
+			select {
+			case p := <-rounds:
+				if quiet == (len(p) == 0) {
+					return p
+				}
+			case <-deadline:
+				t.Fatalf("timed out waiting for %s", what)
+			}
+		}
+	}
+	next("every policy to settle", true)
+
+	report("p07")
+	if got := next("a round after p07's demand changed", false); !slices.Equal(got, []string{"p07"}) {
+		t.Fatalf("after p07's demand changed in one region the round planned %d policies %v, want [p07]", len(got), got)
+	}
+	// Until quiet again, p07 alone: its smoothed demand settles and its
+	// growth follows its shrink.
+	for quiet := false; !quiet; {
+		select {
+		case got := <-rounds:
+			if quiet = len(got) == 0; !quiet && !slices.Equal(got, []string{"p07"}) {
+				t.Fatalf("while p07 settles a round planned %v, want [p07]", got)
+			}
+		case <-time.After(15 * time.Second):
+			t.Fatal("timed out waiting for p07 to settle")
+		}
+	}
+
+	n2 := coordtest.NewNode(cli, ly, "a", "n2")
+	if err := n2.Register(ctx, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(n2.Kill)
+	autoAck(t, n2)
+	if got := next("a round after a node registered", false); len(got) != policies {
+		t.Fatalf("after a node registered the round planned %d policies %v, want all %d", len(got), got, policies)
+	}
+	checkInvariant(t, &env{srv: srv, cli: cli, layout: ly})
+}
