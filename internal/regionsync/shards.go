@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"reflect"
 	"slices"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -97,7 +98,14 @@ func (w *ShardWriter[V]) Write(ctx context.Context, kv clientv3.KV, lease client
 }
 
 // ackChanged says an acknowledgement shard holds other epochs than old.
-func ackChanged(old, new etcdlayout.Ack) bool { return !maps.Equal(old.Epochs, new.Epochs) }
+// The same map (a table's shard that did not change, sharedShares) is
+// told at once, without comparing its epochs.
+func ackChanged(old, new etcdlayout.Ack) bool {
+	if len(old.Epochs) == len(new.Epochs) && reflect.ValueOf(old.Epochs).UnsafePointer() == reflect.ValueOf(new.Epochs).UnsafePointer() {
+		return false
+	}
+	return !maps.Equal(old.Epochs, new.Epochs)
+}
 
 // DemandTolerance is how far, relative to the larger of the two, a
 // reported rate may move before a node rewrites the demand shard that
