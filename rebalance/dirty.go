@@ -67,14 +67,16 @@ func (ds *dirtySet) everything() {
 	clear(ds.policies)
 }
 
-// demandChanged marks the policies whose demand differs between the old
-// and new value of each demand shard event (the watch carries the
-// previous value). An undecodable value counts as empty.
+// demandChanged marks the policies whose demand moved
+// (etcdlayout.DemandMoved) between the old and new value of each demand
+// shard event (the watch carries the previous value): a shard rewritten
+// because one of its policies moved leaves the others' jitter out. An
+// undecodable value counts as empty.
 func (ds *dirtySet) demandChanged(ly etcdlayout.Layout, evs []*clientv3.Event) {
 	eventsChanged(ds, evs, func(key string, value []byte) map[string]etcdlayout.PolicyDemand {
 		_, _, _, d, _ := ly.DecodeDemand(key, value)
 		return d.Policies
-	}, func(a, b etcdlayout.PolicyDemand) bool { return reflect.DeepEqual(a, b) })
+	}, func(a, b etcdlayout.PolicyDemand) bool { return !etcdlayout.DemandMoved(a, b) })
 }
 
 // acksChanged marks the policies whose acknowledged epoch differs between

@@ -2,6 +2,7 @@ package rebalance
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -11,6 +12,8 @@ import (
 	"github.com/quotacoord/quota/internal/coordinator/coordtest"
 	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/internal/etcdtest"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // TestRoundPlansOnlyWhatChanged: once every policy has settled, the full
@@ -118,4 +121,35 @@ func TestRoundPlansOnlyWhatChanged(t *testing.T) {
 		t.Fatalf("after a node registered the round planned %d policies %v, want all %d", len(got), got, policies)
 	}
 	checkInvariant(t, &env{srv: srv, cli: cli, layout: ly})
+}
+
+// TestDemandChangedLeavesJitterOut: a demand shard rewritten because one
+// policy's demand moved marks that policy, not a neighbour of its shard
+// whose rate moved within etcdlayout.DemandTolerance; a shard deleted
+// marks its policies.
+func TestDemandChangedLeavesJitterOut(t *testing.T) {
+	var ly etcdlayout.Layout
+	moving := "p0"
+	steady := ""
+	for i := 1; steady == ""; i++ {
+		if p := fmt.Sprintf("p%d", i); etcdlayout.PolicyShard(p) == etcdlayout.PolicyShard(moving) {
+			steady = p
+		}
+	}
+	shard := etcdlayout.PolicyShard(moving)
+	kv := func(rev int64, moved, jittered float64) *mvccpb.KeyValue {
+		v, _ := json.Marshal(etcdlayout.DemandReport{Region: "a", Node: "n", Policies: map[string]etcdlayout.PolicyDemand{
+			moving: {Offered: moved, Admitted: moved}, steady: {Offered: jittered, Admitted: jittered}}})
+		return &mvccpb.KeyValue{Key: []byte(ly.DemandShard("a", "n", shard)), Value: v, ModRevision: rev}
+	}
+	ds := newDirtySet()
+	ds.all = false
+	ds.demandChanged(ly, []*clientv3.Event{{Type: clientv3.EventTypePut, PrevKv: kv(1, 100, 100), Kv: kv(2, 150, 103)}})
+	if !ds.policies[moving] || ds.policies[steady] || len(ds.policies) != 1 {
+		t.Fatalf("after %s moved by half and %s by 3%%, marked %v, want only %s", moving, steady, ds.policies, moving)
+	}
+	ds.demandChanged(ly, []*clientv3.Event{{Type: clientv3.EventTypeDelete, PrevKv: kv(2, 150, 103), Kv: &mvccpb.KeyValue{Key: kv(3, 0, 0).Key}}})
+	if !ds.policies[steady] {
+		t.Fatalf("a deleted shard left %s unmarked: %v", steady, ds.policies)
+	}
 }
