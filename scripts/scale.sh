@@ -13,7 +13,7 @@
 # needs far more than a shared 2-core machine (docs/scale.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-P=${SCALE_POLICIES:-250} R=${SCALE_REGIONS:-3} N=${SCALE_NODES:-2} D=${SCALE_DURATION:-30s}
+P=${SCALE_POLICIES:-500} R=${SCALE_REGIONS:-3} N=${SCALE_NODES:-2} D=${SCALE_DURATION:-30s}
 M=${SCALE_MOVING:-$((P / 10))}
 mkdir -p out bin
 go build -o bin/scale ./cmd/scale

@@ -38,13 +38,21 @@ type Params struct {
 	// Pressured is the number of pressured subjects each node reports per
 	// policy (at most the recorder's top-K).
 	Pressured int
+	// Records is how many times per report interval each node records
+	// its demand. Default 40.
+	Records int
 	// Moving is how many policies' demand turns to the next region every
 	// three rebalance intervals; the others keep theirs. 0: every policy.
 	Moving int
 	// ReportInterval and RebalanceInterval are the protocol's intervals.
 	ReportInterval, RebalanceInterval time.Duration
-	// Duration is how long the run measures after every node is ready.
+	// Duration is how long the run measures after every node is ready
+	// and the warm-up.
 	Duration time.Duration
+	// Warmup is how long the run waits, once every node is ready, before
+	// it measures: the first allocation of every policy and its first
+	// moves are then behind. Default ten rebalance intervals.
+	Warmup time.Duration
 	// NodesPerClient is how many nodes share one etcd client (a client
 	// per node would mostly measure gRPC connections). Default 25.
 	NodesPerClient int
@@ -75,6 +83,12 @@ func (p Params) withDefaults() (Params, error) {
 	if p.Sampled == 0 {
 		p.Sampled = 10
 	}
+	if p.Records == 0 {
+		p.Records = 40
+	}
+	if p.Warmup == 0 {
+		p.Warmup = 10 * p.RebalanceInterval
+	}
 	if p.Logger == nil {
 		p.Logger = hclog.NewNullLogger()
 	}
@@ -86,6 +100,8 @@ func (p Params) withDefaults() (Params, error) {
 	case p.NodesPerRegion < 1 || p.Regions*p.NodesPerRegion > MaxNodes || p.NodesPerRegion > rebalance.MaxNodesPerRegion:
 		return p, fmt.Errorf("scale: %d nodes per region × %d regions, want at most %d per region and %d in all",
 			p.NodesPerRegion, p.Regions, rebalance.MaxNodesPerRegion, MaxNodes)
+	case p.Records < 1 || p.Records > 1000:
+		return p, fmt.Errorf("scale: %d records per report interval, want 1 to 1000", p.Records)
 	case p.Moving < 0 || p.Moving > p.Policies:
 		return p, fmt.Errorf("scale: %d moving policies, want 0 to %d", p.Moving, p.Policies)
 	case p.Pressured < 0 || p.Pressured > demand.MaxTopK:
@@ -172,7 +188,7 @@ func Run(ctx context.Context, p Params, log io.Writer) (Result, error) {
 		c, err := coordinator.Start(ctx, coordinator.Config{
 			EtcdEndpoints: endpoints, DataDir: p.DataDir + "/" + name, TokenFile: p.DataDir + "/" + name + "-tokens",
 			GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Logger: p.Logger.Named(name),
-			Rebalance: rebalance.Config{Name: name, Interval: p.RebalanceInterval, ReportInterval: p.ReportInterval,
+			Rebalance: rebalance.Config{Name: name, Interval: p.RebalanceInterval, ReportInterval: time.Hour,
 				SessionTTL: sessionTTL, RegionLeaseTTL: 10 * time.Second},
 		})
 		if err != nil {
@@ -249,20 +265,28 @@ func Run(ctx context.Context, p Params, log io.Writer) (Result, error) {
 			go func() { defer wg.Done(); _ = nd.sync.Run(ctx) }()
 		}
 	}
-	// Demand: twenty times a report interval each node records, for each
-	// policy, a rate that favours one region, the favoured region turning
-	// every three rebalance intervals so that shares keep moving. A report
-	// interval's demand is then steady to about a twentieth (where its
-	// ends fall between records).
+	// Demand: Records times a report interval each node records, for
+	// each policy, a rate that favours one region, the favoured region of
+	// the moving policies turning every three rebalance intervals so that
+	// their shares keep moving. The harness drives the reports itself
+	// (the coordinator publishes an interval of an hour, which keeps the
+	// nodes' own timers quiet): right after each report interval's last
+	// record every node writes its report, so that a report holds the
+	// rates recorded up to the instant it is taken, and a steady policy's
+	// report stays within the nodes' 5% tolerance (unwritten, unplanned).
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		t := time.NewTicker(p.ReportInterval / 20)
+		t := time.NewTicker(p.ReportInterval / time.Duration(p.Records))
 		defer t.Stop()
-		for {
+		for tick := 1; ; tick++ {
 			phase := int(time.Since(start) / (3 * p.RebalanceInterval))
-			for _, nd := range nodes {
-				nd.record(phase, p, time.Now())
+			if tick%p.Records == 0 {
+				report(ctx, nodes, phase, p)
+			} else {
+				for _, nd := range nodes {
+					nd.record(phase, p, time.Now())
+				}
 			}
 			select {
 			case <-ctx.Done():
@@ -280,7 +304,12 @@ func Run(ctx context.Context, p Params, log io.Writer) (Result, error) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
-	fmt.Fprintf(log, "scale: every node ready after %v; measuring for %v\n", time.Since(ready).Round(time.Millisecond), p.Duration)
+	fmt.Fprintf(log, "scale: every node ready after %v; warming up for %v, then measuring for %v\n", time.Since(ready).Round(time.Millisecond), p.Warmup, p.Duration)
+	select {
+	case <-ctx.Done():
+		return res, ctx.Err()
+	case <-time.After(p.Warmup):
+	}
 
 	before, err := scrape(coord.HTTPAddr)
 	if err != nil {
@@ -332,6 +361,30 @@ func Run(ctx context.Context, p Params, log io.Writer) (Result, error) {
 	res.HeapPerNode = float64(ms.HeapInuse) / float64(len(nodes))
 	res.Wall = time.Since(start)
 	return res, nil
+}
+
+// report records every node's demand up to now and at once writes its
+// report, p.NodesPerClient nodes at a time; it returns when all are
+// written (or failed: a node without a lease drops its report, as its own
+// timer would).
+func report(ctx context.Context, nodes []*node, phase int, p Params) {
+	var wg sync.WaitGroup
+	next := make(chan *node)
+	for range p.NodesPerClient {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for nd := range next {
+				nd.record(phase, p, time.Now())
+				_ = nd.sync.Flush(ctx)
+			}
+		}()
+	}
+	for _, nd := range nodes {
+		next <- nd
+	}
+	close(next)
+	wg.Wait()
 }
 
 // putPolicies stores n token-bucket policies, 200 to a document.
