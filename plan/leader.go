@@ -119,7 +119,9 @@ type Behind map[string]map[string]uint64
 
 // Node is one registered node as a round sees it.
 type Node struct {
-	// Acked maps policy to the latest epoch the node acknowledged.
+	// Acked maps policy to the latest epoch the node acknowledged. A
+	// Leader keeps the map a View hands it (Track): the caller must not
+	// change it afterwards (a new View brings new maps).
 	Acked map[string]uint64
 	// Fingerprint identifies what decides a subject's bucket on the node:
 	// its policies and their versions, its subject naming (salt, plain
@@ -329,7 +331,10 @@ func (l *Leader) Track(now time.Time, v *View, allocs map[string]*Allocation) {
 	clear(l.nodes)
 	for r, nodes := range v.Regions {
 		for n, node := range nodes {
-			l.nodes[nodeKey{r, n}] = maps.Clone(node.Acked)
+			// Kept, not copied: a view's Acked maps are not changed
+			// once handed over (View), and copying every node's epochs
+			// would cost nodes × policies each round.
+			l.nodes[nodeKey{r, n}] = node.Acked
 			if _, ok := l.behind[r][n]; ok {
 				delete(l.behind[r], n)
 				l.nbehind--
