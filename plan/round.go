@@ -372,8 +372,10 @@ func (l *Leader) held(now time.Time, v *View, policy string, cur *Allocation) ma
 	out := make(map[string]float64, len(cur.Safe))
 	for r, s := range cur.Safe {
 		out[r] = s
-		if !l.acknowledged(now, v, policy, r, cur.Epoch) {
-			out[r] = max(s, cur.Held[r])
+		// Only a region held above its safe share needs its nodes'
+		// acknowledgements looked at (nodes × policies lookups a round).
+		if h := cur.Held[r]; h > s && !l.acknowledged(now, v, policy, r, cur.Epoch) {
+			out[r] = h
 		}
 	}
 	return out
