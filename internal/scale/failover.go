@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -25,6 +24,8 @@ type Failover struct {
 	// round ended, and RoundTime that round's duration (an upper bucket
 	// bound of the standby's round histogram).
 	Leading, FirstRound, RoundTime time.Duration
+	// Err says why the takeover was not measured ("" when it was).
+	Err string
 	// Invariant is the replay of the sampled policies' allocations,
 	// every node's acknowledgements and registrations from etcd's first
 	// revision to a few intervals after the new leader's first round.
@@ -85,67 +86,71 @@ type invariantWatch struct {
 	layout  etcdlayout.Layout
 	sampled map[string]bool
 	shards  map[int]bool
-
-	mu   sync.Mutex
-	h    *invariant.History
-	err  error
-	done chan struct{}
+	h       *invariant.History
 }
 
-func startInvariantWatch(ctx context.Context, cli *clientv3.Client, l etcdlayout.Layout, sampled map[string]bool) *invariantWatch {
-	w := &invariantWatch{layout: l, sampled: sampled, shards: map[int]bool{}, h: invariant.NewHistory(l), done: make(chan struct{})}
+// replayInvariant replays the history up to the current revision (see
+// invariantWatch). It runs after the takeover, so that reading the whole
+// history does not compete with what is measured.
+func replayInvariant(ctx context.Context, cli *clientv3.Client, l etcdlayout.Layout, sampled map[string]bool) (invariant.Report, error) {
+	w := &invariantWatch{layout: l, sampled: sampled, shards: map[int]bool{}, h: invariant.NewHistory(l)}
 	for p := range sampled {
 		w.shards[etcdlayout.PolicyShard(p)] = true
 	}
-	go func() {
-		defer close(w.done)
-		err := w.run(ctx, cli)
-		w.mu.Lock()
-		w.err = err
-		w.mu.Unlock()
-	}()
-	return w
-}
-
-// stop ends the replay (cancel is the context it runs under) and returns
-// its report.
-func (w *invariantWatch) stop(cancel context.CancelFunc) (invariant.Report, error) {
-	cancel()
-	<-w.done
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.h.Report(), w.err
-}
-
-func (w *invariantWatch) run(ctx context.Context, cli *clientv3.Client) error {
+	head, err := cli.Get(ctx, l.Settings(), clientv3.WithCountOnly())
+	if err != nil {
+		return invariant.Report{}, fmt.Errorf("scale: invariant replay: %w", err)
+	}
+	end := head.Header.Revision
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	wch := cli.Watch(wctx, l.Root(), clientv3.WithPrefix(), clientv3.WithRev(1))
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
 	var cur int64
 	check := false
-	for wr := range cli.Watch(ctx, w.layout.Root(), clientv3.WithPrefix(), clientv3.WithRev(1)) {
-		if err := wr.Err(); err != nil {
-			return fmt.Errorf("scale: invariant replay: %w", err)
+	for {
+		var wr clientv3.WatchResponse
+		var ok bool
+		select {
+		case <-ctx.Done():
+			return w.h.Report(), ctx.Err()
+		case <-tick.C:
+			// A progress notification says the watch caught up even when
+			// the last revisions touched none of the keys replayed.
+			_ = cli.RequestProgress(wctx)
+			continue
+		case wr, ok = <-wch:
 		}
-		w.mu.Lock()
+		if !ok {
+			return w.h.Report(), fmt.Errorf("scale: invariant replay: watch closed before revision %d", end)
+		}
+		if err := wr.Err(); err != nil {
+			return w.h.Report(), fmt.Errorf("scale: invariant replay: %w", err)
+		}
 		for _, ev := range wr.Events {
 			if rev := ev.Kv.ModRevision; rev != cur {
 				if check {
 					w.h.Check(cur)
 				}
+				if rev > end {
+					return w.h.Report(), nil
+				}
 				cur, check = rev, false
 			}
 			relevant, err := w.apply(ev)
 			if err != nil {
-				w.mu.Unlock()
-				return err
+				return w.h.Report(), err
 			}
 			check = check || relevant
 		}
-		if check {
-			w.h.Check(cur)
-			check = false
+		if cur >= end || wr.IsProgressNotify() && wr.Header.Revision >= end {
+			if check {
+				w.h.Check(cur)
+			}
+			return w.h.Report(), nil
 		}
-		w.mu.Unlock()
 	}
-	return nil
 }
 
 // apply feeds one event to the history, and reports whether it calls
@@ -210,6 +215,10 @@ const FailoverHeader = "| policies | regions | nodes | cut off → standby leads
 // FailoverRow is a run's failover as a markdown row, with its command.
 func FailoverRow(r Result, command string) string {
 	fo := r.Failover
+	if fo.Err != "" {
+		return fmt.Sprintf("| %d | %d | %d | %s | | | %v | | `%s` |", r.Params.Policies, r.Params.Regions, r.Params.Regions*r.Params.NodesPerRegion,
+			fo.Err, r.Params.RebalanceInterval, command)
+	}
 	inv := fmt.Sprintf("%d violations, max Σ %.3f over %d checks, %d epochs", len(fo.Invariant.Violations), fo.Invariant.MaxSum, fo.Invariant.Revisions, fo.Invariant.Epochs)
 	return fmt.Sprintf("| %d | %d | %d | %v | %v | %v | %v | %s | `%s` |",
 		r.Params.Policies, r.Params.Regions, r.Params.Regions*r.Params.NodesPerRegion,

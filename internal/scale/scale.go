@@ -316,12 +316,6 @@ func Run(ctx context.Context, p Params, log io.Writer) (Result, error) {
 		return res, err
 	}
 	w := newWatcher(admin, layout, nodes, p.Sampled)
-	var inv *invariantWatch
-	ictx, icancel := context.WithCancel(ctx)
-	defer icancel()
-	if p.Failover {
-		inv = startInvariantWatch(ictx, admin, layout, w.sampled)
-	}
 	mctx, mcancel := context.WithTimeout(ctx, p.Duration)
 	defer mcancel()
 	if err := w.run(mctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
@@ -345,15 +339,17 @@ func Run(ctx context.Context, p Params, log io.Writer) (Result, error) {
 		res.Planned = (after.histSum("quota_coordinator_round_policies_planned", "full") - before.histSum("quota_coordinator_round_policies_planned", "full")) / n
 	}
 	if p.Failover {
-		if res.Failover, err = kill(ctx, proxy, standby); err != nil {
-			return res, err
+		fo, err := kill(ctx, proxy, standby)
+		if err != nil {
+			fo.Err = err.Error()
 		}
 		// Let the new leader publish and the nodes acknowledge before the
-		// replay ends.
+		// replay's end.
 		time.Sleep(2 * p.RebalanceInterval)
-		if res.Failover.Invariant, err = inv.stop(icancel); err != nil {
+		if fo.Invariant, err = replayInvariant(ctx, admin, layout, w.sampled); err != nil {
 			return res, err
 		}
+		res.Failover = fo
 	}
 	runtime.GC()
 	var ms runtime.MemStats
