@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -151,5 +152,40 @@ func TestDemandChangedLeavesJitterOut(t *testing.T) {
 	ds.demandChanged(ly, []*clientv3.Event{{Type: clientv3.EventTypeDelete, PrevKv: kv(2, 150, 103), Kv: &mvccpb.KeyValue{Key: kv(3, 0, 0).Key}}})
 	if !ds.policies[steady] {
 		t.Fatalf("a deleted shard left %s unmarked: %v", steady, ds.policies)
+	}
+}
+
+// TestAcknowledgementsCoalesce: twenty acknowledgements that arrive
+// while a round runs are read by one round, not one round each.
+func TestAcknowledgementsCoalesce(t *testing.T) {
+	e := newEnv(t, "a", "b")
+	ctx := context.Background()
+	var slow atomic.Bool
+	var acks atomic.Int32
+	l, _ := startLoop(t, Config{Client: e.cli, Name: "c1"}, func(l *Loop) {
+		l.afterRead = func() {
+			if slow.Load() {
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
+		l.afterPlan = func(kind roundKind, _ []string) {
+			if kind == roundAcks {
+				acks.Add(1)
+			}
+		}
+	})
+	waitLeader(t, l)
+	roundStable(t, e, l)
+	slow.Store(true)
+	acks.Store(0)
+	for i := range 20 {
+		if err := e.regions["a"].Ack(ctx, "exports", uint64(100+i)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(2 * time.Second)
+	if n := acks.Load(); n == 0 || n > 5 {
+		t.Fatalf("20 acknowledgements written 10 ms apart, rounds of 100 ms: %d acknowledgement rounds, want 1 to 5", n)
 	}
 }

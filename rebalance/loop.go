@@ -275,10 +275,20 @@ func (l *Loop) lead(ctx context.Context, sess *concurrency.Session, f fence) err
 			res, err = l.round(lctx, f, ds, kind)
 			req.reply <- roundReply{res, err}
 		case wr, ok := <-wacks:
-			if end, err := watchEnded(ctx, "acknowledgements", wr, ok); end {
-				return err
+			// One round for every acknowledgement already delivered:
+			// hundreds of nodes acknowledging one publish would otherwise
+			// cost a read of everything each.
+			for more := true; more; {
+				if end, err := watchEnded(ctx, "acknowledgements", wr, ok); end {
+					return err
+				}
+				ds.acksChanged(l.layout, wr.Events)
+				select {
+				case wr, ok = <-wacks:
+				default:
+					more = false
+				}
 			}
-			ds.acksChanged(l.layout, wr.Events)
 			res, err = l.round(lctx, f, ds, kind)
 		case wr, ok := <-wregs:
 			if end, err := watchEnded(ctx, "registrations", wr, ok); end {
