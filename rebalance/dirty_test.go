@@ -155,17 +155,20 @@ func TestDemandChangedLeavesJitterOut(t *testing.T) {
 	}
 }
 
-// TestAcknowledgementsCoalesce: twenty acknowledgements that arrive
+// TestAcknowledgementsCoalesce: nineteen acknowledgements that arrive
 // while a round runs are read by one round, not one round each.
 func TestAcknowledgementsCoalesce(t *testing.T) {
 	e := newEnv(t, "a", "b")
 	ctx := context.Background()
-	var slow atomic.Bool
+	var hold atomic.Bool
+	held := make(chan struct{})
+	release := make(chan struct{})
 	var acks atomic.Int32
 	l, _ := startLoop(t, Config{Client: e.cli, Name: "c1"}, func(l *Loop) {
 		l.afterRead = func() {
-			if slow.Load() {
-				time.Sleep(100 * time.Millisecond)
+			if hold.CompareAndSwap(true, false) {
+				close(held)
+				<-release
 			}
 		}
 		l.afterPlan = func(kind roundKind, _ []string) {
@@ -176,16 +179,22 @@ func TestAcknowledgementsCoalesce(t *testing.T) {
 	})
 	waitLeader(t, l)
 	roundStable(t, e, l)
-	slow.Store(true)
+	time.Sleep(200 * time.Millisecond) // the first allocation's acknowledgements
 	acks.Store(0)
-	for i := range 20 {
-		if err := e.regions["a"].Ack(ctx, "exports", uint64(100+i)); err != nil {
+	hold.Store(true)
+	if err := e.regions["a"].Ack(ctx, "exports", 100); err != nil {
+		t.Fatal(err)
+	}
+	<-held // a round runs and waits
+	for i := range 19 {
+		if err := e.regions["a"].Ack(ctx, "exports", uint64(101+i)); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(10 * time.Millisecond)
 	}
-	time.Sleep(2 * time.Second)
-	if n := acks.Load(); n == 0 || n > 5 {
-		t.Fatalf("20 acknowledgements written 10 ms apart, rounds of 100 ms: %d acknowledgement rounds, want 1 to 5", n)
+	time.Sleep(300 * time.Millisecond) // delivered to the loop's watch
+	close(release)
+	time.Sleep(time.Second)
+	if n := acks.Load(); n < 2 || n > 4 {
+		t.Fatalf("20 acknowledgements, 19 of them written while a round ran: %d acknowledgement rounds, want 2 to 4", n)
 	}
 }

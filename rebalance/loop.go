@@ -275,26 +275,17 @@ func (l *Loop) lead(ctx context.Context, sess *concurrency.Session, f fence) err
 			res, err = l.round(lctx, f, ds, kind)
 			req.reply <- roundReply{res, err}
 		case wr, ok := <-wacks:
-			// One round for every acknowledgement already delivered:
-			// hundreds of nodes acknowledging one publish would otherwise
-			// cost a read of everything each.
-			for more := true; more; {
-				if end, err := watchEnded(ctx, "acknowledgements", wr, ok); end {
-					return err
-				}
-				ds.acksChanged(l.layout, wr.Events)
-				select {
-				case wr, ok = <-wacks:
-				default:
-					more = false
-				}
+			// One round for every response already delivered: hundreds of
+			// nodes acknowledging one publish, or registering at once,
+			// would otherwise cost a read of everything each.
+			if end, err := drain(ctx, "acknowledgements", wacks, wr, ok, func(evs []*clientv3.Event) { ds.acksChanged(l.layout, evs) }); end {
+				return err
 			}
 			res, err = l.round(lctx, f, ds, kind)
 		case wr, ok := <-wregs:
-			if end, err := watchEnded(ctx, "registrations", wr, ok); end {
+			if end, err := drain(ctx, "registrations", wregs, wr, ok, l.notedGone); end {
 				return err
 			}
-			l.notedGone(wr.Events)
 			res, err = l.round(lctx, f, ds, kind)
 		case wr, ok := <-wdemand:
 			if end, err := watchEnded(ctx, "demand reports", wr, ok); end {
@@ -315,6 +306,23 @@ func (l *Loop) lead(ctx context.Context, sess *concurrency.Session, f fence) err
 		}
 		if err != nil {
 			l.cfg.Logger.Warn("rebalance round failed", "error", err)
+		}
+	}
+}
+
+// drain applies the events of wr (received with ok from ch) and of every
+// response ch already holds. When one of them ends the watch of what, it
+// reports end and the lead's error (watchEnded).
+func drain(ctx context.Context, what string, ch clientv3.WatchChan, wr clientv3.WatchResponse, ok bool, apply func([]*clientv3.Event)) (end bool, err error) {
+	for {
+		if end, err := watchEnded(ctx, what, wr, ok); end {
+			return true, err
+		}
+		apply(wr.Events)
+		select {
+		case wr, ok = <-ch:
+		default:
+			return false, nil
 		}
 	}
 }
