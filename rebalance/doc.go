@@ -60,7 +60,8 @@
 // keeps such nodes under etcdlayout.Layout.BehindPrefix, fenced, before
 // publishing, and a new leader reads them back. Acknowledgements
 // and registrations are watched, so the growth follows the last
-// acknowledgement at once. Pure growth is published in one step. The naive
+// acknowledgement at once; the changes already delivered when a round
+// starts are read by that one round. Pure growth is published in one step. The naive
 // protocol (ProtocolNaive) publishes new shares in one step, for
 // comparison only.
 //

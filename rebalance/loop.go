@@ -143,8 +143,8 @@ func (l *Loop) Leader(ctx context.Context) (string, error) {
 }
 
 // Run campaigns for leadership and, while leading, runs a round every
-// Interval, on RebalanceNow, whenever an acknowledgement or registration
-// changes, when a region that came back from having no registered node
+// Interval, on RebalanceNow, whenever acknowledgements or registrations
+// change (one round for all the changes already delivered), when a region that came back from having no registered node
 // writes its first demand report, and right after the growth that ends a
 // shrink a full round had to wait on. It blocks until ctx is done, then
 // resigns and returns nil. It starts goroutines that end before it
