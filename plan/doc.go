@@ -47,6 +47,11 @@
 // shrink within the deadline (plus the skew margin) since the leader
 // first saw it counts at its safe share, to which it fell back.
 //
+// A caller that plans only the policies whose inputs changed (package
+// rebalance at scale) observes them with ObserveSome, and must also plan
+// the policies not Settled (their smoothed demand still moves on the same
+// reports) and those a round that is not full acts on (not Idle).
+//
 // ReportArrived tells a caller that watches demand reports that a region
 // back from having no node just reported: a full round at once spares it
 // an interval at its minimum.

@@ -119,7 +119,9 @@ type Behind map[string]map[string]uint64
 
 // Node is one registered node as a round sees it.
 type Node struct {
-	// Acked maps policy to the latest epoch the node acknowledged.
+	// Acked maps policy to the latest epoch the node acknowledged. A
+	// Leader keeps the map a View hands it (Track): the caller must not
+	// change it afterwards (a new View brings new maps).
 	Acked map[string]uint64
 	// Fingerprint identifies what decides a subject's bucket on the node:
 	// its policies and their versions, its subject naming (salt, plain
@@ -240,6 +242,11 @@ type Leader struct {
 	// a round asks it once, not once per policy.
 	tracked    *View
 	mismatched []string
+	// moving are the policies whose last observation moved their
+	// smoothed demand by more than settleTolerance, or left a pressured
+	// subject fading out: their next full round may plan differently on
+	// the same reports (Settled).
+	moving map[string]bool
 }
 
 // seenEpoch is an epoch and when the leader first saw it.
@@ -264,6 +271,7 @@ func NewLeader(p Params, since time.Time) (*Leader, error) {
 		leadSince:    since,
 		returned:     make(map[string]bool),
 		shrinkSeen:   make(map[string]seenEpoch),
+		moving:       make(map[string]bool),
 	}, nil
 }
 
@@ -292,6 +300,7 @@ func (l *Leader) Clone() *Leader {
 	maps.Copy(c.nodeGone, l.nodeGone)
 	maps.Copy(c.returned, l.returned)
 	maps.Copy(c.shrinkSeen, l.shrinkSeen)
+	maps.Copy(c.moving, l.moving)
 	c.owed = l.owed
 	return c
 }
@@ -322,7 +331,10 @@ func (l *Leader) Track(now time.Time, v *View, allocs map[string]*Allocation) {
 	clear(l.nodes)
 	for r, nodes := range v.Regions {
 		for n, node := range nodes {
-			l.nodes[nodeKey{r, n}] = maps.Clone(node.Acked)
+			// Kept, not copied: a view's Acked maps are not changed
+			// once handed over (View), and copying every node's epochs
+			// would cost nodes × policies each round.
+			l.nodes[nodeKey{r, n}] = node.Acked
 			if _, ok := l.behind[r][n]; ok {
 				delete(l.behind[r], n)
 				l.nbehind--
@@ -496,27 +508,65 @@ func (l *Leader) Settle(full, deferred, published bool) (fullRoundNow bool) {
 // and at most MaxOverrides subjects of a report, 4·MaxOverrides of a round
 // and 2·MaxOverrides kept per policy.
 func (l *Leader) Observe(v *View, policies []Policy) {
+	l.ObserveSome(v, policies)
+	keep := make(map[string]bool, len(policies))
+	for i := range policies {
+		keep[policies[i].Name] = true
+	}
+	for p := range l.demand {
+		if !keep[p] {
+			delete(l.demand, p)
+			delete(l.subjects, p)
+			delete(l.moving, p)
+		}
+	}
+}
+
+// ObserveSome is Observe for the listed policies only, forgetting none:
+// a round that plans only the policies whose inputs changed (a caller
+// that watches them) observes those. A policy left out keeps its smoothed
+// demand; the caller must list it again while it is not Settled.
+func (l *Leader) ObserveSome(v *View, policies []Policy) {
 	for r := range l.returned {
 		if _, ok := v.Demand[r]; ok {
 			delete(l.returned, r)
 		}
 	}
 	regions := slices.Sorted(maps.Keys(v.Demand))
-	keep := make(map[string]bool, len(policies))
 	for i := range policies {
-		keep[policies[i].Name] = true
-		l.observePolicy(v, regions, &policies[i])
-	}
-	for p := range l.demand {
-		if !keep[p] {
-			delete(l.demand, p)
-			delete(l.subjects, p)
+		if l.observePolicy(v, regions, &policies[i]) {
+			l.moving[policies[i].Name] = true // bounded by the policies
+		} else {
+			delete(l.moving, policies[i].Name)
 		}
 	}
 }
 
-func (l *Leader) observePolicy(v *View, reported []string, p *Policy) {
+// Settled says that observing policy again on the same reports would
+// move none of its smoothed demand by more than a tenth of the dead band
+// (times Alpha, so that all the smoothing left adds up to less) and that
+// none of its pressured subjects is fading out: a full round on unchanged
+// reports, acknowledgements, controls and registrations would plan it as
+// the last one did. A policy never observed is settled.
+func (l *Leader) Settled(policy string) bool { return !l.moving[policy] }
+
+// settleTolerance is the change of a smoothed demand under which an
+// observation counts as settled (Settled).
+func (l *Leader) settleTolerance() float64 {
+	return max(l.params.Alpha*l.params.DeadBand/10, 1e-9)
+}
+
+// observePolicy observes p and reports whether its smoothed demand moved
+// by more than settleTolerance or a subject of it is fading out.
+func (l *Leader) observePolicy(v *View, reported []string, p *Policy) (moving bool) {
 	a, maxOvr := l.params.Alpha, l.params.MaxOverrides
+	tol := l.settleTolerance()
+	set := func(m map[string]float64, r string, d float64) {
+		if prev, ok := m[r]; !ok || math.Abs(d-prev) > tol {
+			moving = true
+		}
+		m[r] = d
+	}
 	total := 0.0
 	offered := make(map[string]float64)
 	// The round's observations of pressured subjects, by subject in the
@@ -565,15 +615,16 @@ func (l *Leader) observePolicy(v *View, reported []string, p *Policy) {
 	for r := range dm {
 		if _, ok := v.Regions[r]; !ok {
 			delete(dm, r)
+			moving = true
 		}
 	}
 	if total > 0 {
 		for r := range v.Regions {
 			obs := offered[r] / total
 			if prev, ok := dm[r]; ok {
-				dm[r] = allocator.Smooth(prev, obs, a)
+				set(dm, r, allocator.Smooth(prev, obs, a))
 			} else if _, reported := v.Demand[r]; reported {
-				dm[r] = obs
+				set(dm, r, obs)
 			}
 		}
 	}
@@ -587,6 +638,7 @@ func (l *Leader) observePolicy(v *View, reported []string, p *Policy) {
 			continue
 		}
 		sd.idle++
+		moving = true
 		for r, d := range sd.demand {
 			sd.demand[r] = allocator.Smooth(d, 0, a)
 		}
@@ -607,6 +659,7 @@ func (l *Leader) observePolicy(v *View, reported []string, p *Policy) {
 				sd.demand[o.region] = o.demand
 			}
 			sm[s] = sd
+			moving = true
 			continue
 		}
 		sd.idle = 0
@@ -617,9 +670,10 @@ func (l *Leader) observePolicy(v *View, reported []string, p *Policy) {
 					d = o.demand
 				}
 			}
-			sd.demand[r] = allocator.Smooth(sd.demand[r], d, a)
+			set(sd.demand, r, allocator.Smooth(sd.demand[r], d, a))
 		}
 	}
+	return moving
 }
 
 // Demand returns the smoothed demand of policy per region (a copy), and

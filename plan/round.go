@@ -159,6 +159,14 @@ func (l *Leader) Plan(now time.Time, v *View, p Policy, cur *Allocation, ctl Con
 	return d
 }
 
+// Idle says a round that is not full leaves a policy whose allocation in
+// force is cur as it is (Plan returns no allocation and no note): cur is
+// a stable epoch with a share for every live region. A caller may skip
+// such policies in rounds that are not full.
+func Idle(v *View, cur *Allocation) bool {
+	return cur != nil && cur.Phase != PhaseShrink && coversLive(cur, v)
+}
+
 // coversLive says every live region has a share in a.
 func coversLive(a *Allocation, v *View) bool {
 	for r := range v.Regions {
@@ -364,8 +372,10 @@ func (l *Leader) held(now time.Time, v *View, policy string, cur *Allocation) ma
 	out := make(map[string]float64, len(cur.Safe))
 	for r, s := range cur.Safe {
 		out[r] = s
-		if !l.acknowledged(now, v, policy, r, cur.Epoch) {
-			out[r] = max(s, cur.Held[r])
+		// Only a region held above its safe share needs its nodes'
+		// acknowledgements looked at (nodes × policies lookups a round).
+		if h := cur.Held[r]; h > s && !l.acknowledged(now, v, policy, r, cur.Epoch) {
+			out[r] = h
 		}
 	}
 	return out

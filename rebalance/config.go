@@ -98,6 +98,15 @@ type Config struct {
 	// OverrideRounds is how many rounds a subject keeps its override after
 	// the last report of pressure. Default 3.
 	OverrideRounds int
+	// FullEvery is how often a full round plans every policy: every
+	// FullEvery-th full round does, the others plan only the policies
+	// whose demand, acknowledgements, controls, definition or allocation
+	// changed since the last full round, those the planner is not done
+	// with (smoothed demand still moving, a shrink pending, a live region
+	// without a share), and every policy for a skew margin plus an
+	// Interval after registrations change. Default 10; 1 plans every
+	// policy every round.
+	FullEvery int
 	// Logger defaults to hclog.NewNullLogger().
 	Logger hclog.Logger
 	// Registerer receives the metrics; nil registers nowhere.
@@ -170,6 +179,12 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.MaxOverrides < 0 || c.MaxOverrides > MaxOverridesLimit {
 		return c, fmt.Errorf("%w: MaxOverrides %d not in [0, %d]", ErrConfig, c.MaxOverrides, MaxOverridesLimit)
+	}
+	switch {
+	case c.FullEvery < 0:
+		return c, fmt.Errorf("%w: FullEvery %d is negative", ErrConfig, c.FullEvery)
+	case c.FullEvery == 0:
+		c.FullEvery = 10
 	}
 	if c.OverrideRounds <= 0 {
 		c.OverrideRounds = 3

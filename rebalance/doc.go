@@ -23,6 +23,19 @@
 // the operator's dry run use; Loop turns an etcd snapshot into a plan.View
 // and does the I/O around it.
 //
+// A full round plans only the policies whose inputs changed since the
+// last full round: their demand or acknowledgements (the watches carry
+// each record's previous value, so the policies that moved are known
+// without keeping the records), their operator controls, definition or
+// allocation; plus those the planner is not done with (smoothed demand
+// still moving, plan.Leader.Settled; a pending shrink or a live region
+// without a share, plan.Idle). A change of registrations or retired
+// regions, a new leader, RebalanceNow and a region back from an outage
+// plan every policy, as does every Config.FullEvery-th full round, a
+// safety net for anything the changes missed. The others are left as
+// they are: on unchanged inputs the planner would publish nothing for
+// them.
+//
 // # Two-step publish
 //
 // When any share (default or override) shrinks, the leader first publishes
@@ -47,7 +60,8 @@
 // keeps such nodes under etcdlayout.Layout.BehindPrefix, fenced, before
 // publishing, and a new leader reads them back. Acknowledgements
 // and registrations are watched, so the growth follows the last
-// acknowledgement at once. Pure growth is published in one step. The naive
+// acknowledgement at once; the changes already delivered when a round
+// starts are read by that one round. Pure growth is published in one step. The naive
 // protocol (ProtocolNaive) publishes new shares in one step, for
 // comparison only.
 //

@@ -81,8 +81,32 @@ type Loop struct {
 	ld *plan.Leader
 
 	// afterRead, when a test sets it before Run, runs in doRound between
-	// the read and the publishes.
+	// the read and the publishes; afterPlan with the kind of round and
+	// the policies it planned.
 	afterRead func()
+	afterPlan func(kind roundKind, planned []string)
+}
+
+// roundKind says what a round plans.
+type roundKind int
+
+const (
+	// roundAcks finishes pending shrinks and gives new regions a share
+	// (a round that is not full, plan.Leader.Plan).
+	roundAcks roundKind = iota
+	// roundChanged is a full round over what changed (dirtySet), or over
+	// every policy each Config.FullEvery of them.
+	roundChanged
+	// roundEvery is a full round over every policy.
+	roundEvery
+)
+
+// label is the kind's label in the metrics: "acks" or "full".
+func (k roundKind) label() string {
+	if k == roundAcks {
+		return "acks"
+	}
+	return "full"
 }
 
 // New validates cfg and returns a Loop; Run starts it.
@@ -119,8 +143,8 @@ func (l *Loop) Leader(ctx context.Context) (string, error) {
 }
 
 // Run campaigns for leadership and, while leading, runs a round every
-// Interval, on RebalanceNow, whenever an acknowledgement or registration
-// changes, when a region that came back from having no registered node
+// Interval, on RebalanceNow, whenever acknowledgements or registrations
+// change (one round for all the changes already delivered), when a region that came back from having no registered node
 // writes its first demand report, and right after the growth that ends a
 // shrink a full round had to wait on. It blocks until ctx is done, then
 // resigns and returns nil. It starts goroutines that end before it
@@ -208,9 +232,12 @@ func (l *Loop) lead(ctx context.Context, sess *concurrency.Session, f fence) err
 	// No learning period: the first round observes the latest reports.
 	l.ld, _ = plan.NewLeader(l.cfg.params(), l.cfg.Clock.Now()) // validated in New
 	l.mu.Unlock()
-	wacks := l.cfg.Client.Watch(lctx, l.layout.AcksPrefix(), clientv3.WithPrefix())
+	// The watches carry each record's previous value, so that the
+	// policies whose demand or acknowledgements changed are known without
+	// keeping the records (dirtySet).
+	wacks := l.cfg.Client.Watch(lctx, l.layout.AcksPrefix(), clientv3.WithPrefix(), clientv3.WithPrevKV())
 	wregs := l.cfg.Client.Watch(lctx, l.layout.RegionsPrefix(), clientv3.WithPrefix())
-	wdemand := l.cfg.Client.Watch(lctx, l.layout.DemandPrefix(), clientv3.WithPrefix(), clientv3.WithFilterDelete())
+	wdemand := l.cfg.Client.Watch(lctx, l.layout.DemandPrefix(), clientv3.WithPrefix(), clientv3.WithPrevKV())
 	tick := time.NewTicker(l.cfg.Interval)
 	defer tick.Stop()
 	// recheck re-runs an acknowledgement round while growth waits (a
@@ -219,60 +246,83 @@ func (l *Loop) lead(ctx context.Context, sess *concurrency.Session, f fence) err
 	recheck.Stop()
 	defer recheck.Stop()
 	recheckEvery := min(l.cfg.Interval, max(l.cfg.SkewMargin/4, 50*time.Millisecond))
-	res, err := l.round(lctx, f, true)
+	ds := newDirtySet()
+	// A new leader holds growth for a skew margin (plan.Leader.ackWait).
+	ds.allUntil = l.cfg.Clock.Now().Add(l.cfg.SkewMargin + l.cfg.Interval)
+	res, err := l.round(lctx, f, ds, roundEvery)
 	if errors.Is(err, ErrNotLeader) {
 		return err
 	}
-	l.settle(true, res, err)
+	l.settle(roundEvery, res, err)
 	for {
 		if len(res.Waiting) > 0 {
 			recheck.Reset(recheckEvery)
 		}
 		res, err = Result{}, nil
-		full := false
+		kind := roundAcks
 		select {
 		case <-recheck.C:
-			res, err = l.round(lctx, f, false)
+			res, err = l.round(lctx, f, ds, kind)
 		case <-ctx.Done():
 			return nil
 		case <-sess.Done():
 			return fmt.Errorf("%w: election session expired", ErrNotLeader)
 		case <-tick.C:
-			full = true
-			res, err = l.round(lctx, f, true)
+			kind = roundChanged
+			res, err = l.round(lctx, f, ds, kind)
 		case req := <-l.reqs:
-			full = true
-			res, err = l.round(lctx, f, true)
+			kind = roundEvery
+			res, err = l.round(lctx, f, ds, kind)
 			req.reply <- roundReply{res, err}
 		case wr, ok := <-wacks:
-			if end, err := watchEnded(ctx, "acknowledgements", wr, ok); end {
+			// One round for every response already delivered: hundreds of
+			// nodes acknowledging one publish, or registering at once,
+			// would otherwise cost a read of everything each.
+			if end, err := drain(ctx, "acknowledgements", wacks, wr, ok, func(evs []*clientv3.Event) { ds.acksChanged(l.layout, evs) }); end {
 				return err
 			}
-			res, err = l.round(lctx, f, false)
+			res, err = l.round(lctx, f, ds, kind)
 		case wr, ok := <-wregs:
-			if end, err := watchEnded(ctx, "registrations", wr, ok); end {
+			if end, err := drain(ctx, "registrations", wregs, wr, ok, l.notedGone); end {
 				return err
 			}
-			l.notedGone(wr.Events)
-			res, err = l.round(lctx, f, false)
+			res, err = l.round(lctx, f, ds, kind)
 		case wr, ok := <-wdemand:
 			if end, err := watchEnded(ctx, "demand reports", wr, ok); end {
 				return err
 			}
+			ds.demandChanged(l.layout, wr.Events)
 			if l.reportedBack(wr.Events) {
-				full = true
-				res, err = l.round(lctx, f, true)
+				kind = roundEvery
+				res, err = l.round(lctx, f, ds, kind)
 			}
 		}
-		if l.settle(full, res, err) {
-			res, err = l.round(lctx, f, true)
-			l.settle(true, res, err)
+		if l.settle(kind, res, err) {
+			res, err = l.round(lctx, f, ds, roundChanged)
+			l.settle(roundChanged, res, err)
 		}
 		if errors.Is(err, ErrNotLeader) {
 			return err
 		}
 		if err != nil {
 			l.cfg.Logger.Warn("rebalance round failed", "error", err)
+		}
+	}
+}
+
+// drain applies the events of wr (received with ok from ch) and of every
+// response ch already holds. When one of them ends the watch of what, it
+// reports end and the lead's error (watchEnded).
+func drain(ctx context.Context, what string, ch clientv3.WatchChan, wr clientv3.WatchResponse, ok bool, apply func([]*clientv3.Event)) (end bool, err error) {
+	for {
+		if end, err := watchEnded(ctx, what, wr, ok); end {
+			return true, err
+		}
+		apply(wr.Events)
+		select {
+		case wr, ok = <-ch:
+		default:
+			return false, nil
 		}
 	}
 }
@@ -318,6 +368,9 @@ func (l *Loop) reportedBack(evs []*clientv3.Event) bool {
 	defer l.mu.Unlock()
 	back := false
 	for _, ev := range evs {
+		if ev.Type != clientv3.EventTypePut {
+			continue
+		}
 		if region, _, _, err := etcdlayout.ShardOf(l.layout.DemandPrefix(), string(ev.Kv.Key)); err == nil && l.ld.ReportArrived(region) {
 			back = true
 		}
@@ -327,13 +380,13 @@ func (l *Loop) reportedBack(evs []*clientv3.Event) bool {
 
 // settle tells the planner how a round ended and reports whether a full
 // round is owed at once (plan.Leader.Settle).
-func (l *Loop) settle(full bool, res Result, err error) bool {
+func (l *Loop) settle(kind roundKind, res Result, err error) bool {
 	if err != nil {
 		return false
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.ld.Settle(full, res.deferred, len(res.Published) > 0)
+	return l.ld.Settle(kind != roundAcks, res.deferred, len(res.Published) > 0)
 }
 
 // RebalanceNow runs a full round in the loop's goroutine and returns what
@@ -390,15 +443,12 @@ func (l *Loop) DryRun(ctx context.Context, policyName string) (Proposal, error) 
 	return out, nil
 }
 
-// round reads, plans and publishes. Only the Run goroutine calls it.
-func (l *Loop) round(ctx context.Context, f fence, full bool) (Result, error) {
+// round reads, plans and publishes; ds is what changed since the last
+// full round. Only the Run goroutine calls it.
+func (l *Loop) round(ctx context.Context, f fence, ds *dirtySet, kind roundKind) (Result, error) {
 	start := time.Now()
-	kind := "acks"
-	if full {
-		kind = "full"
-	}
-	res, err := l.doRound(ctx, f, full)
-	l.cfg.Logger.Debug("round", "kind", kind, "published", res.Published, "waiting", res.Waiting, "error", err)
+	res, err := l.doRound(ctx, f, ds, kind)
+	l.cfg.Logger.Debug("round", "kind", kind.label(), "published", res.Published, "waiting", res.Waiting, "error", err)
 	l.m.duration.Observe(time.Since(start).Seconds())
 	result := "ok"
 	switch {
@@ -408,11 +458,11 @@ func (l *Loop) round(ctx context.Context, f fence, full bool) (Result, error) {
 	case err != nil:
 		result = "error"
 	}
-	l.m.rounds.WithLabelValues(kind, result).Inc()
+	l.m.rounds.WithLabelValues(kind.label(), result).Inc()
 	return res, err
 }
 
-func (l *Loop) doRound(ctx context.Context, f fence, full bool) (Result, error) {
+func (l *Loop) doRound(ctx context.Context, f fence, ds *dirtySet, kind roundKind) (Result, error) {
 	snap, err := l.read(ctx)
 	if err != nil {
 		return Result{}, err
@@ -424,10 +474,41 @@ func (l *Loop) doRound(ctx context.Context, f fence, full bool) (Result, error) 
 		l.afterRead()
 	}
 	now := l.cfg.Clock.Now()
+	pols := snap.planPolicies()
+	ds.diff(now, l.cfg.SkewMargin+l.cfg.Interval, snap, pols)
+	full := kind != roundAcks
 	l.mu.Lock()
-	plans := planRound(now, snap, l.ld, full)
+	var pick func(string) bool
+	if kind == roundChanged {
+		pick = ds.pick(now, ds.full+1 >= l.cfg.FullEvery, l.ld, snap.view, snap.allocs)
+	}
+	plans, planned := planRound(now, snap, pols, l.ld, full, pick)
 	behind := l.ld.Behind()
 	l.mu.Unlock()
+	if full {
+		ds.planned(pick == nil)
+	}
+	l.m.planned.WithLabelValues(kind.label()).Observe(float64(len(planned)))
+	if l.afterPlan != nil {
+		names := make([]string, len(planned))
+		for i, p := range planned {
+			names[i] = p.Name
+		}
+		l.afterPlan(kind, names)
+	}
+	res, err := l.publishPlans(ctx, f, snap, plans, behind)
+	if err != nil {
+		// What was planned and not published must be planned again.
+		ds.everything()
+		return res, err
+	}
+	l.m.observe(snap)
+	return res, nil
+}
+
+// publishPlans keeps the vanished nodes behind, then publishes the
+// allocations of plans over snap.
+func (l *Loop) publishPlans(ctx context.Context, f fence, snap *snapshot, plans []plan.Decision, behind map[string]plan.Behind) (Result, error) {
 	// Before any epoch that counts on them: a new leader must read back
 	// the vanished nodes this round's plans held reservations for.
 	if err := l.keepBehind(ctx, f, snap.storedBehind, behind); err != nil {
@@ -468,11 +549,7 @@ func (l *Loop) doRound(ctx context.Context, f fence, full bool) (Result, error) 
 		l.m.epochs.WithLabelValues(d.Policy, string(d.Publish.Phase)).Inc()
 		l.cfg.Logger.Info("published epoch", "policy", d.Policy, "epoch", d.Publish.Epoch, "phase", d.Publish.Phase, "why", d.Publish.Reason)
 	}
-	if err != nil {
-		return res, err
-	}
-	l.m.observe(snap)
-	return res, nil
+	return res, err
 }
 
 // publication is one allocation to publish over the one in force, which
@@ -822,6 +899,8 @@ func (l *Loop) read(ctx context.Context) (*snapshot, error) {
 				snap.controls[name] = v
 			case 4:
 				docs[name] = kv.Value
+				snap.docsRev = max(snap.docsRev, kv.ModRevision)
+				snap.docs++
 			case 5:
 				v := &etcdlayout.Allocation{}
 				derr = json.Unmarshal(kv.Value, v)

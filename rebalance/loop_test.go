@@ -91,6 +91,23 @@ func startLoop(t *testing.T, cfg Config, setup ...func(*Loop)) (*Loop, context.C
 	return l, cancel
 }
 
+// autoAck makes rs acknowledge every allocation as soon as it is
+// published, until the test ends.
+func autoAck(t *testing.T, rs ...*coordtest.Region) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var waits []func()
+	for _, r := range rs {
+		waits = append(waits, r.AutoAck(ctx))
+	}
+	t.Cleanup(func() {
+		cancel()
+		for _, wait := range waits {
+			wait()
+		}
+	})
+}
+
 type testWriter struct{ t *testing.T }
 
 func (w testWriter) Write(p []byte) (int, error) {

@@ -7,6 +7,7 @@ type metrics struct {
 	leader      prometheus.Gauge
 	rounds      *prometheus.CounterVec
 	duration    prometheus.Histogram
+	planned     *prometheus.HistogramVec
 	epochs      *prometheus.CounterVec
 	share       *prometheus.GaugeVec
 	regions     prometheus.Gauge
@@ -29,6 +30,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "quota_coordinator_rebalance_round_seconds", Help: "Duration of a rebalance round.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
 		}),
+		planned: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "quota_coordinator_round_policies_planned", Help: "Policies a rebalance round planned, by kind (full: on changed inputs, or every policy every FullEvery rounds; acks: the policies a shrink or a new region involves).",
+			Buckets: prometheus.ExponentialBuckets(1, 4, 9),
+		}, []string{"kind"}),
 		epochs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "quota_coordinator_epochs_published_total", Help: "Allocations published, by policy and phase.",
 		}, []string{"policy", "phase"}),
@@ -57,7 +62,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.leader, m.rounds, m.duration, m.epochs, m.share, m.regions, m.ackLag, m.publishErr, m.publishTxns, m.acksMissed, m.mismatch} {
+	for _, c := range []prometheus.Collector{m.leader, m.rounds, m.duration, m.planned, m.epochs, m.share, m.regions, m.ackLag, m.publishErr, m.publishTxns, m.acksMissed, m.mismatch} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -1,6 +1,7 @@
 package rebalance
 
 import (
+	"slices"
 	"time"
 
 	"github.com/quotacoord/quota/internal/etcdlayout"
@@ -26,6 +27,10 @@ type snapshot struct {
 	// keptAcks are the unregistered nodes whose acknowledgements are
 	// still kept, per region.
 	keptAcks map[string][]string
+	// docsRev is the highest mod revision of the policy documents and
+	// docs their number: the policies changed when either did.
+	docsRev int64
+	docs    int
 }
 
 // planPolicies are the policies of snap the planner allocates (unlimited
@@ -62,20 +67,28 @@ func rate(p *policy.Policy) float64 {
 	return float64(p.Limits.Capacity)
 }
 
-// planRound runs the planner over every policy of snap. Full rounds
-// observe demand first. It changes only ld.
-func planRound(now time.Time, snap *snapshot, ld *plan.Leader, full bool) []plan.Decision {
+// planRound runs the planner over the policies of snap (pols, their
+// planPolicies) and returns its decisions and the policies it planned. A full round observes demand first and plans the policies pick
+// selects (every one when pick is nil); a round that is not full plans
+// only the policies it may act on (not plan.Idle). It changes only ld.
+func planRound(now time.Time, snap *snapshot, pols []plan.Policy, ld *plan.Leader, full bool, pick func(string) bool) ([]plan.Decision, []plan.Policy) {
 	ld.Track(now, snap.view, snap.allocs)
-	pols := snap.planPolicies()
-	if full {
+	picked := pols
+	switch {
+	case !full:
+		picked = slices.DeleteFunc(slices.Clone(pols), func(p plan.Policy) bool { return plan.Idle(snap.view, snap.allocs[p.Name]) })
+	case pick == nil:
 		ld.Observe(snap.view, pols)
+	default:
+		picked = slices.DeleteFunc(slices.Clone(pols), func(p plan.Policy) bool { return !pick(p.Name) })
+		ld.ObserveSome(snap.view, picked)
 	}
 	var out []plan.Decision
-	for _, p := range pols {
+	for _, p := range picked {
 		d := ld.Plan(now, snap.view, p, snap.allocs[p.Name], snap.controls[p.Name], full)
 		if d.Publish != nil || d.Note != "" || d.Proposal != nil {
 			out = append(out, d)
 		}
 	}
-	return out
+	return out, picked
 }

@@ -17,17 +17,8 @@ import (
 // retires it (retired/{region}), the round leaves it out and publishes.
 func TestRetiredRegionReadFromEtcd(t *testing.T) {
 	e := newEnv(t, "a", "b", "old")
-	ctx, cancel := context.WithCancel(context.Background())
-	var acking []func()
-	defer func() {
-		cancel()
-		for _, wait := range acking {
-			wait()
-		}
-	}()
-	for _, n := range []string{"a", "b"} {
-		acking = append(acking, e.regions[n].AutoAck(ctx))
-	}
+	ctx := context.Background()
+	autoAck(t, e.regions["a"], e.regions["b"])
 	l, _ := startLoop(t, Config{Client: e.cli, Name: "c1", SkewMargin: 100 * time.Millisecond})
 	waitLeader(t, l)
 	if a := roundStable(t, e, l); len(a.Default) != 3 {

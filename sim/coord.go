@@ -159,8 +159,8 @@ func (e *engine) instant(at time.Duration) time.Time { return time.Unix(0, 0).Ad
 // view is what the coordinator reads from etcd now: the registered nodes
 // with their acknowledgements and the latest demand report of every
 // region with a registered node (a report lives under its node's lease).
-// The view is kept between rounds and updated in place: the planner keeps
-// nothing of it.
+// The view is kept between rounds and updated in place, except the nodes'
+// Acked maps, which the planner keeps (plan.Node): a changed one is new.
 func (e *engine) view() *plan.View {
 	v := e.v
 	if v == nil {
@@ -177,7 +177,11 @@ func (e *engine) view() *plan.View {
 			}
 			registered++
 			if n, ok := nodes[nd.id]; ok {
-				n.Acked[e.policy.Name] = nd.acked
+				// A new map, not the old one changed: the planner keeps
+				// the Acked maps of the views it tracked (plan.Node).
+				if n.Acked[e.policy.Name] != nd.acked {
+					nodes[nd.id] = plan.Node{Acked: map[string]uint64{e.policy.Name: nd.acked}}
+				}
 				continue
 			}
 			if nodes == nil {

@@ -7,6 +7,7 @@
 // in-process store.
 //
 //	scale -policies 1000 -regions 3 -nodes 10 -duration 30s
+//	scale -policies 1000 -regions 3 -nodes 10 -duration 30s -failover
 //	scale -node -policies 10000 -subjects 1000000
 package main
 
@@ -43,13 +44,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&p.Policies, "policies", 100, "token-bucket policies")
 	fs.IntVar(&p.Regions, "regions", 3, "regions")
 	fs.IntVar(&p.NodesPerRegion, "nodes", 2, "nodes per region")
+	fs.IntVar(&p.Moving, "moving", 0, "policies whose demand turns to the next region every three rebalance intervals (0: all); the others keep theirs")
+	fs.IntVar(&p.Records, "records", 40, "times per report interval each node records its demand (a report's rates are steady to about 1/records)")
 	fs.IntVar(&p.Pressured, "pressured", 4, "pressured subjects each node reports per policy")
 	fs.DurationVar(&p.ReportInterval, "report-interval", time.Second, "demand report interval")
 	fs.DurationVar(&p.RebalanceInterval, "rebalance-interval", time.Second, "rebalance interval")
-	fs.DurationVar(&p.Duration, "duration", 20*time.Second, "how long to measure once every node is ready")
+	fs.DurationVar(&p.Duration, "duration", 20*time.Second, "how long to measure once every node is ready and warmed up")
+	fs.DurationVar(&p.Warmup, "warmup", 0, "how long to wait once every node is ready before measuring (default ten rebalance intervals)")
 	fs.StringVar(&p.DataDir, "data-dir", "", "embedded etcd data directory (default a new temporary directory, removed at the end)")
 	fs.BoolVar(&header, "header", false, "print the table header first")
 	fs.BoolVar(&verbose, "v", false, "log the coordinator's rounds to stderr")
+	fs.BoolVar(&p.Failover, "failover", false, "after measuring, cut the leader off from etcd and measure the standby's takeover (a second table)")
 	fs.BoolVar(&node, "node", false, "measure one regional node's memory (with -policies and -subjects) instead of a deployment")
 	fs.IntVar(&subjects, "subjects", 100000, "with -node: live subjects, checked once each")
 	if err := fs.Parse(args); err != nil {
@@ -88,6 +93,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stdout, scale.TableHeader)
 	}
 	fmt.Fprintln(stdout, scale.TableRow(res, command(args)))
+	if p.Failover {
+		fmt.Fprintln(stdout)
+		if header {
+			fmt.Fprintln(stdout, scale.FailoverHeader)
+		}
+		fmt.Fprintln(stdout, scale.FailoverRow(res, command(args)))
+	}
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"strconv"
 	"strings"
 )
@@ -181,4 +182,35 @@ func SplitDemand(d DemandReport) map[int]DemandReport {
 		out[s] = sh
 	}
 	return out
+}
+
+// DemandTolerance is how far, relative to the larger of the two, a
+// reported rate may move before it counts as moved (DemandMoved): a node
+// rewrites the demand shard that holds it, and the leader plans its
+// policy again. The leader then plans on rates at most 5% off what the
+// node measured, about the noise of a rate counted over one report
+// interval (and halved again by the planner's smoothing); in exchange the
+// bytes a node writes and the policies a round plans follow the policies
+// whose demand moved, not all of them.
+const DemandTolerance = 0.05
+
+// DemandMoved says one policy's demand moved past DemandTolerance from
+// old to new: a pressured subject came, went or changed whether it was
+// denied, or a rate moved by more than the tolerance.
+func DemandMoved(old, new PolicyDemand) bool {
+	if moved(old.Offered, new.Offered) || moved(old.Admitted, new.Admitted) || len(old.Pressured) != len(new.Pressured) {
+		return true
+	}
+	for i, ns := range new.Pressured {
+		os := old.Pressured[i]
+		if os.Subject != ns.Subject || os.Denied != ns.Denied || moved(os.Offered, ns.Offered) || moved(os.Admitted, ns.Admitted) {
+			return true
+		}
+	}
+	return false
+}
+
+// moved says rate b is more than DemandTolerance away from a.
+func moved(a, b float64) bool {
+	return math.Abs(a-b) > DemandTolerance*math.Max(math.Abs(a), math.Abs(b)) || math.IsNaN(a) != math.IsNaN(b)
 }

@@ -52,7 +52,7 @@ type span struct{ from, to time.Duration }
 // as Share does.
 func (s *Syncer) LowestShare(policy, subject string, within time.Duration) float64 {
 	t := s.current()
-	ps := t.allocs[policy]
+	ps := t.shares.get(policy)
 	low := s.shareOf(ps, t.lost, policy, subject)
 	if within <= 0 {
 		return low

@@ -60,7 +60,7 @@ func TestShareHistoryIsBounded(t *testing.T) {
 	clk := clock.NewManual(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
 	s := syncerWithTable(t, 0, clk)
 	s.allocsRead = true
-	prev := s.allocs["p"]
+	prev := s.shares.get("p")
 	for e := uint64(2); e < 40; e++ {
 		clk.Advance(time.Minute)
 		share := 0.5
@@ -74,8 +74,8 @@ func TestShareHistoryIsBounded(t *testing.T) {
 	if n := len(prev.hist); n != maxShareHistory {
 		t.Fatalf("%d versions kept, want %d", n, maxShareHistory)
 	}
-	s.allocs = map[string]*policyShares{"p": prev}
-	s.tab.Store(build(false, s.allocs, nil))
+	s.shares = sharesOf(map[string]*policyShares{"p": prev})
+	s.tab.Store(build(false, s.shares, nil))
 	s.lastOK.Store(int64(s.monoNow())) // a lease just renewed
 	if got := s.LowestShare("p", "x", 2*time.Hour); got != 0.01 {
 		t.Fatalf("LowestShare over the whole history = %v, want the merged 0.01", got)

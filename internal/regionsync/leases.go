@@ -29,10 +29,12 @@ func (s *Syncer) leasesEnded(ctx context.Context, t *table) bool {
 	logged := false
 	for {
 		var until time.Time
-		for p := range t.epochs {
-			u := s.cfg.Leases.HeldAbove(p, func(subject string) float64 { return s.shareIn(t, p, subject) })
-			if u.After(until) {
-				until = u
+		for _, epochs := range t.shares.epochs {
+			for p := range epochs {
+				u := s.cfg.Leases.HeldAbove(p, func(subject string) float64 { return s.shareIn(t, p, subject) })
+				if u.After(until) {
+					until = u
+				}
 			}
 		}
 		wait := until.Sub(s.now())

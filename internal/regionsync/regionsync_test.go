@@ -256,7 +256,7 @@ func TestCompileShares(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			s.tab.Store(build(tt.lost, map[string]*policyShares{"p": ps}, nil))
+			s.tab.Store(build(tt.lost, sharesOf(map[string]*policyShares{"p": ps}), nil))
 			s.lastOK.Store(int64(s.monoNow())) // a lease just renewed
 			if got := s.Share("p", tt.subject); got != tt.want {
 				t.Fatalf("Share = %v, want %v", got, tt.want)

@@ -6,7 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"math"
+	"reflect"
 	"slices"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -128,39 +128,30 @@ func (w *ShardWriter[V]) Write(ctx context.Context, kv clientv3.KV, owner Owner,
 }
 
 // ackChanged says an acknowledgement shard holds other epochs than old.
-func ackChanged(old, new etcdlayout.Ack) bool { return !maps.Equal(old.Epochs, new.Epochs) }
+// The same map (a table's shard that did not change, sharedShares) is
+// told at once, without comparing its epochs.
+func ackChanged(old, new etcdlayout.Ack) bool {
+	if len(old.Epochs) == len(new.Epochs) && reflect.ValueOf(old.Epochs).UnsafePointer() == reflect.ValueOf(new.Epochs).UnsafePointer() {
+		return false
+	}
+	return !maps.Equal(old.Epochs, new.Epochs)
+}
 
 // DemandTolerance is how far, relative to the larger of the two, a
 // reported rate may move before a node rewrites the demand shard that
-// holds it. The leader then plans on rates at most 5% off what the node
-// measured, about the noise of a rate counted over one report interval
-// (and halved again by the planner's smoothing); in exchange the bytes a
-// node writes follow the policies whose demand moved, not all it sees.
-const DemandTolerance = 0.05
+// holds it (etcdlayout.DemandTolerance).
+const DemandTolerance = etcdlayout.DemandTolerance
 
 // demandChanged says a demand shard moved past DemandTolerance: a policy
-// came or went, a pressured subject came, went or changed whether it was
-// denied, or a rate moved by more than the tolerance.
+// came or went, or one moved (etcdlayout.DemandMoved).
 func demandChanged(old, new etcdlayout.DemandReport) bool {
 	if len(old.Policies) != len(new.Policies) {
 		return true
 	}
 	for p, n := range new.Policies {
-		o, ok := old.Policies[p]
-		if !ok || moved(o.Offered, n.Offered) || moved(o.Admitted, n.Admitted) || len(o.Pressured) != len(n.Pressured) {
+		if o, ok := old.Policies[p]; !ok || etcdlayout.DemandMoved(o, n) {
 			return true
-		}
-		for i, ns := range n.Pressured {
-			os := o.Pressured[i]
-			if os.Subject != ns.Subject || os.Denied != ns.Denied || moved(os.Offered, ns.Offered) || moved(os.Admitted, ns.Admitted) {
-				return true
-			}
 		}
 	}
 	return false
-}
-
-// moved says rate b is more than DemandTolerance away from a.
-func moved(a, b float64) bool {
-	return math.Abs(a-b) > DemandTolerance*math.Max(math.Abs(a), math.Abs(b)) || math.IsNaN(a) != math.IsNaN(b)
 }

@@ -8,6 +8,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/quotacoord/quota/internal/clock"
+	"github.com/quotacoord/quota/internal/etcdlayout"
 )
 
 // syncerWithTable returns an unstarted Syncer on clk (clock.Real when
@@ -32,10 +33,20 @@ func syncerWithTable(tb testing.TB, n int, clk ...clock.Clock) *Syncer {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	s.lost, s.allocs = false, map[string]*policyShares{"p": ps}
-	s.tab.Store(build(false, s.allocs, nil))
+	s.lost, s.shares = false, sharesOf(map[string]*policyShares{"p": ps})
+	s.tab.Store(build(false, s.shares, nil))
 	s.lastOK.Store(int64(s.monoNow())) // a lease just renewed
 	return s
+}
+
+// sharesOf holds allocs as a table does.
+func sharesOf(allocs map[string]*policyShares) sharedShares {
+	var sh sharedShares
+	var copied [etcdlayout.Shards]bool
+	for p, ps := range allocs {
+		sh.set(p, ps, &copied)
+	}
+	return sh
 }
 
 func TestShareDoesNotAllocate(t *testing.T) {

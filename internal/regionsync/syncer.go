@@ -44,7 +44,7 @@ type Syncer struct {
 	// mu guards the writer's state below and serializes table publishes.
 	mu     sync.Mutex
 	lost   bool
-	allocs map[string]*policyShares
+	shares sharedShares
 	// retired are replaced tables that checks still pin. Each holds at
 	// least one pin, so there are never more than checks in flight.
 	retired []*table
@@ -127,14 +127,13 @@ func New(cfg Config) (*Syncer, error) {
 		followTTL:  followTTL,
 		log:        cfg.Logger.Named("regionsync").With("region", cfg.Region, "node", cfg.Node),
 		lost:       true,
-		allocs:     map[string]*policyShares{},
 		ackCh:      make(chan struct{}, 1),
 		settingsCh: make(chan struct{}, 1),
 		resyncCh:   make(chan chan struct{}),
 	}
 	s.demands = &nodeDemands{s: s}
 	s.ttl.Store(int64(cfg.LeaseTTL))
-	s.tab.Store(build(true, s.allocs, nil))
+	s.tab.Store(build(true, s.shares, nil))
 	return s, nil
 }
 
@@ -207,7 +206,7 @@ func (p Pin) Share(policy, subject string) float64 { return p.s.shareIn(p.t, pol
 func (p Pin) End() { p.t.inflight.Add(-1) }
 
 func (s *Syncer) shareIn(t *table, policy, subject string) float64 {
-	return s.shareOf(t.allocs[policy], t.lost, policy, subject)
+	return s.shareOf(t.shares.get(policy), t.lost, policy, subject)
 }
 
 // shareOf is the share of subject under policy whose allocation for this
@@ -270,17 +269,15 @@ func (s *Syncer) Losses() uint64 { return s.losses.Load() }
 
 // Epoch returns the epoch of policy's allocation as applied, if any.
 func (s *Syncer) Epoch(policy string) (uint64, bool) {
-	e, ok := s.tab.Load().epochs[policy]
+	e, ok := s.tab.Load().shares.epochs[etcdlayout.PolicyShard(policy)][policy]
 	return e, ok
 }
 
 // Policies returns the names of the policies with an allocation.
 func (s *Syncer) Policies() []string {
 	t := s.tab.Load()
-	out := make([]string, 0, len(t.allocs))
-	for k := range t.allocs {
-		out = append(out, k)
-	}
+	out := make([]string, 0, t.shares.n)
+	t.shares.each(func(p string, _ *policyShares) { out = append(out, p) })
 	return out
 }
 
@@ -293,7 +290,7 @@ func (s *Syncer) monoNow() time.Duration { return s.mono.Mono() }
 // table it replaces is kept, while checks pin it, so that the ack loop can
 // wait for them.
 func (s *Syncer) publishLocked() {
-	old := s.tab.Swap(build(s.lost, s.allocs, s.lostSpans))
+	old := s.tab.Swap(build(s.lost, s.shares, s.lostSpans))
 	kept := s.retired[:0]
 	for _, t := range s.retired {
 		if t.inflight.Load() > 0 {
@@ -726,47 +723,47 @@ func (s *Syncer) applyAllocSnapshot(kvs []*mvccpb.KeyValue) {
 	prefix := s.cfg.Layout.AllocPrefix()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	next := make(map[string]*policyShares, len(kvs))
+	var next sharedShares
+	var copied [etcdlayout.Shards]bool
 	for _, kv := range kvs {
 		name := etcdlayout.Name(prefix, string(kv.Key))
 		if name == "" {
 			continue
 		}
-		if len(next) >= s.cfg.MaxPolicies {
+		if next.n >= s.cfg.MaxPolicies {
 			s.log.Error("too many allocations; ignoring the rest", "max", s.cfg.MaxPolicies)
 			break
 		}
-		next[name] = s.compileLogged(name, kv.Value, s.allocs[name])
+		next.set(name, s.compileLogged(name, kv.Value, s.shares.get(name)), &copied)
 	}
-	s.allocs = next
+	s.shares = next
 	s.allocsRead = true
 	s.publishLocked()
 }
 
+// applyAllocEvents applies a watch's allocation events, copying only the
+// shards they touch (sharedShares).
 func (s *Syncer) applyAllocEvents(evs []*clientv3.Event) {
 	prefix := s.cfg.Layout.AllocPrefix()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	next := make(map[string]*policyShares, len(s.allocs)+1)
-	for k, v := range s.allocs {
-		next[k] = v
-	}
+	var copied [etcdlayout.Shards]bool
 	for _, ev := range evs {
 		name := etcdlayout.Name(prefix, string(ev.Kv.Key))
 		if name == "" {
 			continue
 		}
+		prev := s.shares.get(name)
 		if ev.Type == clientv3.EventTypeDelete {
-			delete(next, name)
+			s.shares.set(name, nil, &copied)
 			continue
 		}
-		if _, ok := next[name]; !ok && len(next) >= s.cfg.MaxPolicies {
+		if prev == nil && s.shares.n >= s.cfg.MaxPolicies {
 			s.log.Error("too many allocations; ignoring one", "policy", name, "max", s.cfg.MaxPolicies)
 			continue
 		}
-		next[name] = s.compileLogged(name, ev.Kv.Value, next[name])
+		s.shares.set(name, s.compileLogged(name, ev.Kv.Value, prev), &copied)
 	}
-	s.allocs = next
 	s.publishLocked()
 }
 

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"sync/atomic"
 
@@ -21,13 +22,68 @@ type table struct {
 	inflight atomic.Int64
 	// lost: no lease, or no fresh read of the allocations under the
 	// current lease; every share is the safe share.
-	lost   bool
-	allocs map[string]*policyShares
+	lost bool
+	// shares are the allocations applied, and the epochs an Ack carries.
+	shares sharedShares
 	// lostSpans are the past periods without a lease (LowestShare).
 	lostSpans []span
-	// epochs is what an Ack carries: the epoch of every allocation applied
-	// as published.
-	epochs map[string]uint64
+}
+
+// sharedShares are the policies' shares as a region applies them, split
+// by etcdlayout.PolicyShard: allocs holds each policy's shares, epochs
+// the epoch of every allocation applied as published (what an Ack
+// carries, shard by shard). A shard's maps are never changed once a table
+// holds them: a change copies the maps of the shard it touches (set), so
+// that applying one policy's allocation costs a shard's policies (about
+// 1/etcdlayout.Shards of them), and the acknowledgement shards left alone
+// are the same maps as before (ackChanged tells them apart at once).
+type sharedShares struct {
+	allocs [etcdlayout.Shards]map[string]*policyShares
+	epochs [etcdlayout.Shards]map[string]uint64
+	// n counts the policies.
+	n int
+}
+
+// get returns policy's shares, nil when none.
+func (sh *sharedShares) get(policy string) *policyShares {
+	return sh.allocs[etcdlayout.PolicyShard(policy)][policy]
+}
+
+// set makes ps policy's shares (nil: none), copying the shard's maps the
+// first time a batch touches them (copied records which it did).
+func (sh *sharedShares) set(policy string, ps *policyShares, copied *[etcdlayout.Shards]bool) {
+	i := etcdlayout.PolicyShard(policy)
+	if !copied[i] {
+		sh.allocs[i] = maps.Clone(sh.allocs[i])
+		sh.epochs[i] = maps.Clone(sh.epochs[i])
+		if sh.allocs[i] == nil {
+			sh.allocs[i] = map[string]*policyShares{}
+			sh.epochs[i] = map[string]uint64{}
+		}
+		copied[i] = true
+	}
+	if _, ok := sh.allocs[i][policy]; ok {
+		sh.n--
+	}
+	delete(sh.allocs[i], policy)
+	delete(sh.epochs[i], policy)
+	if ps == nil {
+		return
+	}
+	sh.n++
+	sh.allocs[i][policy] = ps
+	if ps.ackable {
+		sh.epochs[i][policy] = ps.epoch
+	}
+}
+
+// each calls fn for every policy's shares.
+func (sh *sharedShares) each(fn func(policy string, ps *policyShares)) {
+	for _, m := range sh.allocs {
+		for p, ps := range m {
+			fn(p, ps)
+		}
+	}
 }
 
 // policyShares is one policy's allocation as it concerns this region.
@@ -108,15 +164,8 @@ func invalid(prev *policyShares) *policyShares {
 
 func finite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
 
-// build makes the immutable table from the writer's state.
-func build(lost bool, allocs map[string]*policyShares, lostSpans []span) *table {
-	t := &table{lost: lost, allocs: make(map[string]*policyShares, len(allocs)), epochs: make(map[string]uint64, len(allocs)),
-		lostSpans: lostSpans}
-	for k, v := range allocs {
-		t.allocs[k] = v
-		if v.ackable {
-			t.epochs[k] = v.epoch
-		}
-	}
-	return t
+// build makes the immutable table from the writer's state; the shard
+// maps are shared, never copied (sharedShares).
+func build(lost bool, shares sharedShares, lostSpans []span) *table {
+	return &table{lost: lost, shares: shares, lostSpans: lostSpans}
 }

@@ -46,12 +46,11 @@ func (s *Syncer) ackLoop(ctx context.Context) {
 			// the Syncer stops.
 			continue
 		}
-		a := etcdlayout.Ack{Region: s.cfg.Region, Node: s.cfg.Node, Epochs: t.epochs, At: s.now()}
 		err := s.writeShards(ctx, id, func(ctx context.Context) error {
 			owner := Owner{Lease: id, Registration: s.cfg.Layout.Node(s.cfg.Region, s.cfg.Node)}
 			_, err := s.acks.Write(ctx, s.cfg.Client, owner, func(shard int) string {
 				return s.cfg.Layout.AckShard(s.cfg.Region, s.cfg.Node, shard)
-			}, etcdlayout.SplitAck(a), ackChanged)
+			}, s.ackShards(t), ackChanged)
 			return err
 		})
 		if err != nil {
@@ -67,6 +66,20 @@ func (s *Syncer) ackLoop(ctx context.Context) {
 		}
 		bo.reset()
 	}
+}
+
+// ackShards is the acknowledgement of t's epochs, by shard: each shard's
+// Epochs is t's own map (never changed), so a shard no epoch of which
+// moved since the last write is the same map (ackChanged).
+func (s *Syncer) ackShards(t *table) map[int]etcdlayout.Ack {
+	out := make(map[int]etcdlayout.Ack)
+	at := s.now()
+	for i, epochs := range t.shares.epochs {
+		if len(epochs) > 0 {
+			out[i] = etcdlayout.Ack{Region: s.cfg.Region, Node: s.cfg.Node, Epochs: epochs, At: at}
+		}
+	}
+	return out
 }
 
 // reportLoop writes a demand report every report interval.

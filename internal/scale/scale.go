@@ -26,6 +26,7 @@ import (
 	"github.com/quotacoord/quota/internal/coordinator"
 	"github.com/quotacoord/quota/internal/demand"
 	"github.com/quotacoord/quota/internal/etcdlayout"
+	"github.com/quotacoord/quota/internal/faultproxy"
 	"github.com/quotacoord/quota/internal/regionsync"
 	"github.com/quotacoord/quota/rebalance"
 )
@@ -37,10 +38,21 @@ type Params struct {
 	// Pressured is the number of pressured subjects each node reports per
 	// policy (at most the recorder's top-K).
 	Pressured int
+	// Records is how many times per report interval each node records
+	// its demand. Default 40.
+	Records int
+	// Moving is how many policies' demand turns to the next region every
+	// three rebalance intervals; the others keep theirs. 0: every policy.
+	Moving int
 	// ReportInterval and RebalanceInterval are the protocol's intervals.
 	ReportInterval, RebalanceInterval time.Duration
-	// Duration is how long the run measures after every node is ready.
+	// Duration is how long the run measures after every node is ready
+	// and the warm-up.
 	Duration time.Duration
+	// Warmup is how long the run waits, once every node is ready, before
+	// it measures: the first allocation of every policy and its first
+	// moves are then behind. Default ten rebalance intervals.
+	Warmup time.Duration
 	// NodesPerClient is how many nodes share one etcd client (a client
 	// per node would mostly measure gRPC connections). Default 25.
 	NodesPerClient int
@@ -49,6 +61,10 @@ type Params struct {
 	Sampled int
 	// DataDir holds the embedded etcd. Required.
 	DataDir string
+	// Failover, after the measurement, cuts the leader off from etcd and
+	// measures how soon a standby coordinator leads and ends its first
+	// round, replaying the invariant over the whole run (Result.Failover).
+	Failover bool
 	// Logger receives the coordinator's log; default none.
 	Logger hclog.Logger
 }
@@ -67,6 +83,12 @@ func (p Params) withDefaults() (Params, error) {
 	if p.Sampled == 0 {
 		p.Sampled = 10
 	}
+	if p.Records == 0 {
+		p.Records = 40
+	}
+	if p.Warmup == 0 {
+		p.Warmup = 10 * p.RebalanceInterval
+	}
 	if p.Logger == nil {
 		p.Logger = hclog.NewNullLogger()
 	}
@@ -78,6 +100,10 @@ func (p Params) withDefaults() (Params, error) {
 	case p.NodesPerRegion < 1 || p.Regions*p.NodesPerRegion > MaxNodes || p.NodesPerRegion > rebalance.MaxNodesPerRegion:
 		return p, fmt.Errorf("scale: %d nodes per region × %d regions, want at most %d per region and %d in all",
 			p.NodesPerRegion, p.Regions, rebalance.MaxNodesPerRegion, MaxNodes)
+	case p.Records < 1 || p.Records > 1000:
+		return p, fmt.Errorf("scale: %d records per report interval, want 1 to 1000", p.Records)
+	case p.Moving < 0 || p.Moving > p.Policies:
+		return p, fmt.Errorf("scale: %d moving policies, want 0 to %d", p.Moving, p.Policies)
 	case p.Pressured < 0 || p.Pressured > demand.MaxTopK:
 		return p, fmt.Errorf("scale: %d pressured subjects, want 0 to %d", p.Pressured, demand.MaxTopK)
 	case p.ReportInterval < regionsync.MinReportInterval || p.RebalanceInterval <= 0 || p.Duration <= 0:
@@ -116,6 +142,10 @@ type Result struct {
 	// process (the nodes' share tables, watches and recorders; the
 	// coordinator and etcd are in the same process and included).
 	HeapPerNode float64
+	// Planned is the mean number of policies a full round planned.
+	Planned float64
+	// Failover is set when Params.Failover is.
+	Failover Failover
 	// Wall is the whole run's time, set-up included.
 	Wall time.Duration
 }
@@ -135,19 +165,63 @@ func Run(ctx context.Context, p Params, log io.Writer) (Result, error) {
 	if err != nil {
 		return res, err
 	}
-	coord, err := coordinator.Start(ctx, coordinator.Config{
+	// The etcd host is a coordinator with the embedded etcd whose own
+	// loop leads an empty prefix: the coordinators measured connect to
+	// its etcd like to an external one, so that the leader can be killed
+	// (cut off behind a proxy) while etcd lives on.
+	host, err := coordinator.Start(ctx, coordinator.Config{
 		DataDir: p.DataDir, EmbeddedEtcdAddr: etcdAddr, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
-		Logger: p.Logger,
-		Rebalance: rebalance.Config{Interval: p.RebalanceInterval, ReportInterval: p.ReportInterval,
-			SessionTTL: 2 * time.Second, RegionLeaseTTL: 10 * time.Second},
+		Logger: hclog.NewNullLogger(), Rebalance: rebalance.Config{Prefix: "/scale-etcd-host/", Interval: time.Hour},
 	})
 	if err != nil {
-		return res, fmt.Errorf("scale: start coordinator: %w", err)
+		return res, fmt.Errorf("scale: start etcd: %w", err)
 	}
+	var coords []*coordinator.Coordinator
 	defer func() {
 		cancel()
-		_ = coord.Wait()
+		for _, c := range coords {
+			_ = c.Wait()
+		}
+		_ = host.Wait()
 	}()
+	start1 := func(name string, endpoints []string) (*coordinator.Coordinator, error) {
+		c, err := coordinator.Start(ctx, coordinator.Config{
+			EtcdEndpoints: endpoints, DataDir: p.DataDir + "/" + name, TokenFile: p.DataDir + "/" + name + "-tokens",
+			GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Logger: p.Logger.Named(name),
+			Rebalance: rebalance.Config{Name: name, Interval: p.RebalanceInterval, ReportInterval: time.Hour,
+				SessionTTL: sessionTTL, RegionLeaseTTL: 10 * time.Second},
+		})
+		if err != nil {
+			return nil, fmt.Errorf("scale: start coordinator %s: %w", name, err)
+		}
+		coords = append(coords, c)
+		return c, nil
+	}
+	endpoints := host.EtcdEndpoints
+	var proxy *faultproxy.Proxy
+	if p.Failover {
+		if proxy, err = faultproxy.Start(faultproxy.Config{Target: etcdAddr}); err != nil {
+			return res, fmt.Errorf("scale: %w", err)
+		}
+		defer proxy.Close()
+		endpoints = []string{"http://" + proxy.Addr()}
+	}
+	coord, err := start1("leader", endpoints)
+	if err != nil {
+		return res, err
+	}
+	for !coord.Loop.IsLeader() {
+		if ctx.Err() != nil || time.Since(start) > time.Minute {
+			return res, errors.New("scale: the coordinator did not lead within a minute")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	var standby *coordinator.Coordinator
+	if p.Failover {
+		if standby, err = start1("standby", host.EtcdEndpoints); err != nil {
+			return res, err
+		}
+	}
 	clients := make([]*clientv3.Client, 0, p.Regions*p.NodesPerRegion/p.NodesPerClient+1)
 	defer func() {
 		for _, c := range clients {
@@ -155,7 +229,7 @@ func Run(ctx context.Context, p Params, log io.Writer) (Result, error) {
 		}
 	}()
 	dial := func() (*clientv3.Client, error) {
-		c, err := regionsync.Dial(coord.EtcdEndpoints)
+		c, err := regionsync.Dial(host.EtcdEndpoints)
 		if err == nil {
 			clients = append(clients, c)
 		}
@@ -191,20 +265,28 @@ func Run(ctx context.Context, p Params, log io.Writer) (Result, error) {
 			go func() { defer wg.Done(); _ = nd.sync.Run(ctx) }()
 		}
 	}
-	// Demand: twenty times a report interval each node records, for each
-	// policy, a rate that favours one region, the favoured region turning
-	// every three rebalance intervals so that shares keep moving. A report
-	// interval's demand is then steady to about a twentieth (where its
-	// ends fall between records).
+	// Demand: Records times a report interval each node records, for
+	// each policy, a rate that favours one region, the favoured region of
+	// the moving policies turning every three rebalance intervals so that
+	// their shares keep moving. The harness drives the reports itself
+	// (the coordinator publishes an interval of an hour, which keeps the
+	// nodes' own timers quiet): right after each report interval's last
+	// record every node writes its report, so that a report holds the
+	// rates recorded up to the instant it is taken, and a steady policy's
+	// report stays within the nodes' 5% tolerance (unwritten, unplanned).
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		t := time.NewTicker(p.ReportInterval / 20)
+		t := time.NewTicker(p.ReportInterval / time.Duration(p.Records))
 		defer t.Stop()
-		for {
+		for tick := 1; ; tick++ {
 			phase := int(time.Since(start) / (3 * p.RebalanceInterval))
-			for _, nd := range nodes {
-				nd.record(phase, p, time.Now())
+			if tick%p.Records == 0 {
+				report(ctx, nodes, phase, p)
+			} else {
+				for _, nd := range nodes {
+					nd.record(phase, p, time.Now())
+				}
 			}
 			select {
 			case <-ctx.Done():
@@ -222,7 +304,12 @@ func Run(ctx context.Context, p Params, log io.Writer) (Result, error) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
-	fmt.Fprintf(log, "scale: every node ready after %v; measuring for %v\n", time.Since(ready).Round(time.Millisecond), p.Duration)
+	fmt.Fprintf(log, "scale: every node ready after %v; warming up for %v, then measuring for %v\n", time.Since(ready).Round(time.Millisecond), p.Warmup, p.Duration)
+	select {
+	case <-ctx.Done():
+		return res, ctx.Err()
+	case <-time.After(p.Warmup):
+	}
 
 	before, err := scrape(coord.HTTPAddr)
 	if err != nil {
@@ -248,12 +335,52 @@ func Run(ctx context.Context, p Params, log io.Writer) (Result, error) {
 	res.LargestValue, res.LargestKind = w.largest, w.largestKind
 	res.VisibleP50, res.VisibleP99 = percentile(w.delays, 0.5), percentile(w.delays, 0.99)
 	res.Visible, res.Missed = len(w.delays), w.missed()
+	if n := after.histCount("quota_coordinator_round_policies_planned", "full") - before.histCount("quota_coordinator_round_policies_planned", "full"); n > 0 {
+		res.Planned = (after.histSum("quota_coordinator_round_policies_planned", "full") - before.histSum("quota_coordinator_round_policies_planned", "full")) / n
+	}
+	if p.Failover {
+		fo, err := kill(ctx, proxy, standby)
+		if err != nil {
+			fo.Err = err.Error()
+		}
+		// Let the new leader publish and the nodes acknowledge before the
+		// replay's end.
+		time.Sleep(2 * p.RebalanceInterval)
+		if fo.Invariant, err = replayInvariant(ctx, admin, layout, w.sampled); err != nil {
+			return res, err
+		}
+		res.Failover = fo
+	}
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	res.HeapPerNode = float64(ms.HeapInuse) / float64(len(nodes))
 	res.Wall = time.Since(start)
 	return res, nil
+}
+
+// report records every node's demand up to now and at once writes its
+// report, p.NodesPerClient nodes at a time; it returns when all are
+// written (or failed: a node without a lease drops its report, as its own
+// timer would).
+func report(ctx context.Context, nodes []*node, phase int, p Params) {
+	var wg sync.WaitGroup
+	next := make(chan *node)
+	for range p.NodesPerClient {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for nd := range next {
+				nd.record(phase, p, time.Now())
+				_ = nd.sync.Flush(ctx)
+			}
+		}()
+	}
+	for _, nd := range nodes {
+		next <- nd
+	}
+	close(next)
+	wg.Wait()
 }
 
 // putPolicies stores n token-bucket policies, 200 to a document.
@@ -280,10 +407,10 @@ type node struct {
 	index  int
 	rec    *demand.Recorder
 	sync   *regionsync.Syncer
-	// last is when record last ran; carry and subjectCarry the fractions
-	// of cost it owes.
-	last                time.Time
-	carry, subjectCarry float64
+	// last is when record last ran; favoured, other and subjectCarry the
+	// fractions of cost it owes.
+	last                          time.Time
+	favoured, other, subjectCarry float64
 }
 
 func newNode(cli *clientv3.Client, l etcdlayout.Layout, region, n int, p Params) (*node, error) {
@@ -314,8 +441,10 @@ const (
 )
 
 // record adds the demand since the node's last record at now: favouredRate
-// for every policy in the favoured region (phase modulo regions),
-// otherRate elsewhere, and the pressured subjects' denials. Costs follow
+// for every policy in its favoured region, otherRate elsewhere, and the
+// pressured subjects' denials. The first p.Moving policies (all when 0)
+// favour region phase modulo regions, the others always the same region
+// (their index modulo regions): their demand stays put. Costs follow
 // the time passed, so a report holds the same rates however the ticks fall.
 func (nd *node) record(phase int, p Params, now time.Time) {
 	if nd.last.IsZero() {
@@ -324,17 +453,26 @@ func (nd *node) record(phase int, p Params, now time.Time) {
 	}
 	dt := now.Sub(nd.last).Seconds()
 	nd.last = now
-	rate := float64(otherRate)
-	if nd.index == phase%p.Regions {
-		rate = favouredRate
-	}
-	nd.carry += rate * dt
+	nd.favoured += favouredRate * dt
+	nd.other += otherRate * dt
 	nd.subjectCarry += subjectRate * dt
-	cost, denied := int64(nd.carry), int64(nd.subjectCarry)
-	nd.carry -= float64(cost)
+	favoured, other, denied := int64(nd.favoured), int64(nd.other), int64(nd.subjectCarry)
+	nd.favoured -= float64(favoured)
+	nd.other -= float64(other)
 	nd.subjectCarry -= float64(denied)
+	moving := p.Moving
+	if moving == 0 {
+		moving = p.Policies
+	}
 	for i := 0; i < p.Policies; i++ {
 		pol := policyName(i)
+		cost, turn := other, i
+		if i < moving {
+			turn = phase
+		}
+		if nd.index == turn%p.Regions {
+			cost = favoured
+		}
 		if cost > 0 {
 			nd.rec.Record(pol, "", cost, true, false)
 		}
@@ -544,6 +682,34 @@ func (m metrics) quantile(before metrics, family string, q float64) time.Duratio
 // (16.4 s): the round took longer than the histogram can tell.
 const Overflow = time.Duration(math.MaxInt64)
 
+// histCount and histSum are the count and sum of the family's histogram
+// whose label kind is kind.
+func (m metrics) histCount(family, kind string) float64 {
+	if h := m.labelled(family, kind); h != nil {
+		return float64(h.GetSampleCount())
+	}
+	return 0
+}
+
+func (m metrics) histSum(family, kind string) float64 {
+	if h := m.labelled(family, kind); h != nil {
+		return h.GetSampleSum()
+	}
+	return 0
+}
+
+func (m metrics) labelled(family, kind string) *dto.Histogram {
+	if m == nil || m[family] == nil {
+		return nil
+	}
+	for _, c := range m[family].Metric {
+		if slices.ContainsFunc(c.Label, func(l *dto.LabelPair) bool { return l.GetName() == "kind" && l.GetValue() == kind }) {
+			return c.GetHistogram()
+		}
+	}
+	return nil
+}
+
 func histogram(m metrics, family string) *dto.Histogram {
 	if m == nil || m[family] == nil || len(m[family].Metric) == 0 {
 		return nil
@@ -561,14 +727,14 @@ func freeAddr() (string, error) {
 }
 
 // TableHeader is the markdown header of TableRow.
-const TableHeader = "| policies | regions | nodes | rounds | round p50 | round p99 | epochs | etcd bytes/round (alloc, ack, demand, other) | largest value | share visible p50 | p99 | missed | heap/node | command |\n" +
-	"|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+const TableHeader = "| policies | regions | nodes | rounds | planned/round | round p50 | round p99 | epochs | etcd bytes/round (alloc, ack, demand, other) | largest value | share visible p50 | p99 | missed | heap/node | command |\n" +
+	"|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 
 // TableRow is one run as a markdown row, with the command that made it.
 func TableRow(r Result, command string) string {
 	b := r.BytesPerRound
-	return fmt.Sprintf("| %d | %d | %d | %d | %v | %v | %d | %s (%s, %s, %s, %s) | %s (%s) | %v | %v | %d of %d | %s | `%s` |",
-		r.Params.Policies, r.Params.Regions, r.Params.Regions*r.Params.NodesPerRegion, r.Rounds, roundTime(r.RoundP50), roundTime(r.RoundP99), r.Epochs,
+	return fmt.Sprintf("| %d | %d | %d | %d | %.0f | %v | %v | %d | %s (%s, %s, %s, %s) | %s (%s) | %v | %v | %d of %d | %s | `%s` |",
+		r.Params.Policies, r.Params.Regions, r.Params.Regions*r.Params.NodesPerRegion, r.Rounds, r.Planned, roundTime(r.RoundP50), roundTime(r.RoundP99), r.Epochs,
 		size(b["alloc"]+b["ack"]+b["demand"]+b["registration"]+b["other"]), size(b["alloc"]), size(b["ack"]), size(b["demand"]), size(b["registration"]+b["other"]),
 		size(float64(r.LargestValue)), r.LargestKind, r.VisibleP50.Round(time.Millisecond), r.VisibleP99.Round(time.Millisecond),
 		r.Missed, r.Visible+r.Missed, size(r.HeapPerNode), command)

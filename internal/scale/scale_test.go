@@ -39,6 +39,30 @@ func TestRunSmall(t *testing.T) {
 	}
 }
 
+// TestRunFailoverSmall: with the leader cut off from etcd after the
+// measurement, the standby leads once the session expires, ends a first
+// round, and the replay of the sampled policies finds no violation.
+func TestRunFailoverSmall(t *testing.T) {
+	res, err := Run(context.Background(), Params{
+		Policies: 12, Regions: 2, NodesPerRegion: 2, Pressured: 2,
+		ReportInterval: 200 * time.Millisecond, RebalanceInterval: 300 * time.Millisecond,
+		Duration: 2 * time.Second, Sampled: 4, DataDir: t.TempDir(), Failover: true,
+	}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fo := res.Failover
+	if fo.Leading < sessionTTL/2 || fo.FirstRound <= 0 || fo.RoundTime <= 0 {
+		t.Fatalf("failover %+v: the standby led before the session could expire, or never rounded", fo)
+	}
+	if !fo.Invariant.OK() || fo.Invariant.Epochs == 0 || fo.Invariant.Revisions == 0 {
+		t.Fatalf("invariant replay: %d epochs, %d checks, violations %v", fo.Invariant.Epochs, fo.Invariant.Revisions, fo.Invariant.Violations)
+	}
+	if row := FailoverRow(res, "scale -failover"); strings.Count(row, "|") != strings.Count(strings.SplitN(FailoverHeader, "\n", 2)[0], "|") {
+		t.Fatalf("row %q does not fit the header", row)
+	}
+}
+
 func TestParamsBounds(t *testing.T) {
 	ok := Params{Policies: 1, Regions: 1, NodesPerRegion: 1, ReportInterval: time.Second, RebalanceInterval: time.Second, Duration: time.Second, DataDir: "d"}
 	if _, err := ok.withDefaults(); err != nil {
@@ -49,6 +73,7 @@ func TestParamsBounds(t *testing.T) {
 		"too many policies": func(p *Params) { p.Policies = MaxPolicies + 1 },
 		"too many nodes":    func(p *Params) { p.Regions, p.NodesPerRegion = 64, 65 },
 		"pressured":         func(p *Params) { p.Pressured = -1 },
+		"moving":            func(p *Params) { p.Moving = 2 },
 		"report interval":   func(p *Params) { p.ReportInterval = time.Millisecond },
 		"no data dir":       func(p *Params) { p.DataDir = "" },
 	} {
