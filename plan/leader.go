@@ -388,11 +388,7 @@ func (l *Leader) recall(v *View) {
 			}
 			if _, folded := l.behind[r][""]; folded && n != "" {
 				// Fold into the region's lowest epochs, as fellBehind does.
-				low := maps.Clone(l.behind[r][""])
-				for p, e := range low {
-					low[p] = min(e, acked[p])
-				}
-				l.behind[r][""] = low
+				l.behind[r][""] = LowerEpochs(l.behind[r][""], acked)
 				continue
 			}
 			l.fellBehind(nodeKey{r, n}, maps.Clone(acked))
@@ -408,6 +404,19 @@ func (l *Leader) Behind() map[string]Behind {
 	for r, ns := range l.behind {
 		if len(ns) > 0 {
 			out[r] = maps.Clone(ns)
+		}
+	}
+	return out
+}
+
+// LowerEpochs is the lower epoch per policy of a and b: what both of two
+// nodes have acknowledged. A policy one of them lacks (never
+// acknowledged) is left out, which reads as 0.
+func LowerEpochs(a, b map[string]uint64) map[string]uint64 {
+	out := make(map[string]uint64, min(len(a), len(b)))
+	for p, e := range a {
+		if o, ok := b[p]; ok {
+			out[p] = min(e, o)
 		}
 	}
 	return out
@@ -432,16 +441,16 @@ func (l *Leader) fellBehind(k nodeKey, acked map[string]uint64) {
 	// epoch per policy (a policy some node never acknowledged is 0).
 	l.nbehind = 0
 	for _, ns := range l.behind {
-		low := map[string]uint64{}
-		first := true
+		var low map[string]uint64
 		for _, acked := range ns {
-			for p, e := range low {
-				low[p] = min(e, acked[p])
+			if low == nil {
+				low = maps.Clone(acked)
+			} else {
+				low = LowerEpochs(low, acked)
 			}
-			if first {
-				maps.Copy(low, acked)
-				first = false
-			}
+		}
+		if low == nil {
+			low = map[string]uint64{}
 		}
 		clear(ns)
 		ns[""] = low

@@ -742,24 +742,12 @@ func (snap *snapshot) keepVanished(acks map[string]map[string]*etcdlayout.Ack) {
 				snap.view.Behind[r] = b
 			}
 			if was, ok := b[n]; ok {
-				b[n] = lowerEpochs(was, ns[n].Epochs)
+				b[n] = plan.LowerEpochs(was, ns[n].Epochs)
 			} else {
 				b[n] = maps.Clone(ns[n].Epochs)
 			}
 		}
 	}
-}
-
-// lowerEpochs is the lower epoch per policy of a and b; a policy one of
-// them lacks (never acknowledged) is left out, which reads as 0.
-func lowerEpochs(a, b map[string]uint64) map[string]uint64 {
-	out := make(map[string]uint64, min(len(a), len(b)))
-	for p, e := range a {
-		if o, ok := b[p]; ok {
-			out[p] = min(e, o)
-		}
-	}
-	return out
 }
 
 // dropKeptAcks deletes the kept acknowledgements of vanished nodes that
