@@ -235,8 +235,8 @@ func (l *Loop) lead(ctx context.Context, sess *concurrency.Session, f fence) err
 	// The watches carry each record's previous value, so that the
 	// policies whose demand or acknowledgements changed are known without
 	// keeping the records (dirtySet).
-	wacks := l.cfg.Client.Watch(lctx, l.layout.AcksPrefix(), clientv3.WithPrefix(), clientv3.WithPrevKV())
-	wregs := l.cfg.Client.Watch(lctx, l.layout.RegionsPrefix(), clientv3.WithPrefix())
+	qacks := queueWatch(l.cfg.Client.Watch(lctx, l.layout.AcksPrefix(), clientv3.WithPrefix(), clientv3.WithPrevKV()))
+	qregs := queueWatch(l.cfg.Client.Watch(lctx, l.layout.RegionsPrefix(), clientv3.WithPrefix()))
 	wdemand := l.cfg.Client.Watch(lctx, l.layout.DemandPrefix(), clientv3.WithPrefix(), clientv3.WithPrevKV())
 	tick := time.NewTicker(l.cfg.Interval)
 	defer tick.Stop()
@@ -274,17 +274,25 @@ func (l *Loop) lead(ctx context.Context, sess *concurrency.Session, f fence) err
 			kind = roundEvery
 			res, err = l.round(lctx, f, ds, kind)
 			req.reply <- roundReply{res, err}
-		case wr, ok := <-wacks:
-			// One round for every response already delivered: hundreds of
-			// nodes acknowledging one publish, or registering at once,
-			// would otherwise cost a read of everything each.
-			if end, err := drain(ctx, "acknowledgements", wacks, wr, ok, func(evs []*clientv3.Event) { ds.acksChanged(l.layout, evs) }); end {
+		case <-qacks.ready:
+			// One round for every response queued: hundreds of nodes
+			// acknowledging one publish, or registering at once, would
+			// otherwise cost a read of everything each.
+			some, end, err := qacks.drain(ctx, "acknowledgements", func(evs []*clientv3.Event) { ds.acksChanged(l.layout, evs) })
+			if end {
 				return err
 			}
+			if !some {
+				continue
+			}
 			res, err = l.round(lctx, f, ds, kind)
-		case wr, ok := <-wregs:
-			if end, err := drain(ctx, "registrations", wregs, wr, ok, l.notedGone); end {
+		case <-qregs.ready:
+			some, end, err := qregs.drain(ctx, "registrations", l.notedGone)
+			if end {
 				return err
+			}
+			if !some {
+				continue
 			}
 			res, err = l.round(lctx, f, ds, kind)
 		case wr, ok := <-wdemand:
@@ -310,21 +318,60 @@ func (l *Loop) lead(ctx context.Context, sess *concurrency.Session, f fence) err
 	}
 }
 
-// drain applies the events of wr (received with ok from ch) and of every
-// response ch already holds. When one of them ends the watch of what, it
-// reports end and the lead's error (watchEnded).
-func drain(ctx context.Context, what string, ch clientv3.WatchChan, wr clientv3.WatchResponse, ok bool, apply func([]*clientv3.Event)) (end bool, err error) {
-	for {
-		if end, err := watchEnded(ctx, what, wr, ok); end {
-			return true, err
-		}
-		apply(wr.Events)
+// watchQueue holds the responses of one watch until the lead loop takes
+// them all at once: those that arrive while a round runs are read by the
+// next round together, however the client paces their delivery.
+type watchQueue struct {
+	// ready has a value when responses, or the watch's end, wait.
+	ready  chan struct{}
+	mu     sync.Mutex
+	resps  []clientv3.WatchResponse
+	closed bool
+}
+
+// queueWatch queues ch's responses until ch closes (its context ends).
+func queueWatch(ch clientv3.WatchChan) *watchQueue {
+	q := &watchQueue{ready: make(chan struct{}, 1)}
+	signal := func() {
 		select {
-		case wr, ok = <-ch:
+		case q.ready <- struct{}{}:
 		default:
-			return false, nil
 		}
 	}
+	go func() {
+		for wr := range ch {
+			q.mu.Lock()
+			q.resps = append(q.resps, wr)
+			q.mu.Unlock()
+			signal()
+		}
+		q.mu.Lock()
+		q.closed = true
+		q.mu.Unlock()
+		signal()
+	}()
+	return q
+}
+
+// drain applies the events of every queued response. some says there
+// were any; when a response or the watch's close ends the lead (of a
+// watch of what), it reports end and the lead's error (watchEnded).
+func (q *watchQueue) drain(ctx context.Context, what string, apply func([]*clientv3.Event)) (some, end bool, err error) {
+	q.mu.Lock()
+	resps, closed := q.resps, q.closed
+	q.resps = nil
+	q.mu.Unlock()
+	for _, wr := range resps {
+		if end, err := watchEnded(ctx, what, wr, true); end {
+			return true, true, err
+		}
+		apply(wr.Events)
+	}
+	if closed {
+		end, err := watchEnded(ctx, what, clientv3.WatchResponse{}, false)
+		return true, end, err
+	}
+	return len(resps) > 0, false, nil
 }
 
 // watchEnded reports whether a watch of what that delivered (wr, ok) ends
