@@ -278,18 +278,18 @@ func (l *Loop) lead(ctx context.Context, sess *concurrency.Session, f fence) err
 			// One round for every response queued: hundreds of nodes
 			// acknowledging one publish, or registering at once, would
 			// otherwise cost a read of everything each.
-			some, end, err := qacks.drain(ctx, "acknowledgements", func(evs []*clientv3.Event) { ds.acksChanged(l.layout, evs) })
+			some, end, werr := qacks.drain(ctx, "acknowledgements", func(evs []*clientv3.Event) { ds.acksChanged(l.layout, evs) })
 			if end {
-				return err
+				return werr
 			}
 			if !some {
 				continue
 			}
 			res, err = l.round(lctx, f, ds, kind)
 		case <-qregs.ready:
-			some, end, err := qregs.drain(ctx, "registrations", l.notedGone)
+			some, end, werr := qregs.drain(ctx, "registrations", l.notedGone)
 			if end {
-				return err
+				return werr
 			}
 			if !some {
 				continue
