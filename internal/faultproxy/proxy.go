@@ -219,14 +219,19 @@ func (p *Proxy) Close() error {
 }
 
 // waitWhileBlackholed blocks while the mode is Blackhole. It returns false
-// when the proxy or the link (stop) closed meanwhile.
+// when the proxy or the link (stop) closed meanwhile, or when the mode
+// became Drop or Reset: what a partition held is lost with its cut, never
+// forwarded in the moment before SetMode shuts the link.
 func (p *Proxy) waitWhileBlackholed(stop <-chan struct{}) bool {
 	for {
 		p.mu.Lock()
 		ch := p.changed
 		m := p.Mode()
 		p.mu.Unlock()
-		if m != Blackhole {
+		switch m {
+		case Drop, Reset:
+			return false
+		case Pass:
 			return true
 		}
 		select {

@@ -180,6 +180,41 @@ func TestBlackholeHoldsThenDelivers(t *testing.T) {
 	}
 }
 
+// TestDropLosesWhatTheBlackholeHeld: a partition that ends in a cut
+// loses what it held; no byte of it reaches either side, however the
+// cut races the goroutines that hold the bytes.
+func TestDropLosesWhatTheBlackholeHeld(t *testing.T) {
+	target := echo(t)
+	for _, mode := range []Mode{Drop, Reset} {
+		for i := 0; i < 50; i++ {
+			p := start(t, Config{Target: target})
+			c, r := dial(t, p.Addr())
+			if _, err := roundTrip(c, r, "before", 5*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.SetMode(Blackhole); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.Write([]byte("held\n")); err != nil {
+				t.Fatal(err)
+			}
+			// Let the proxy read the line into its queue.
+			time.Sleep(2 * time.Millisecond)
+			if err := p.SetMode(mode); err != nil {
+				t.Fatal(err)
+			}
+			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			if got, err := r.ReadString('\n'); got != "" || err == nil {
+				t.Fatalf("%v after a blackhole: read %q, %v; want nothing and an error", mode, got, err)
+			}
+			if s := p.Stats(); s.Forwarded != 2*int64(len("before\n")) {
+				t.Fatalf("%v after a blackhole forwarded %d bytes, want only the first round trip's %d", mode, s.Forwarded, 2*len("before\n"))
+			}
+			_ = p.Close()
+		}
+	}
+}
+
 func TestDropAndReset(t *testing.T) {
 	for _, tc := range []struct {
 		mode  Mode
