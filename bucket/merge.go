@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 
@@ -23,8 +24,8 @@ const DefaultMerge = 32
 // A wire is one script call in a pipeline: a queued call as it is, or the
 // single-bucket calls of several callers merged into one call of
 // independent takes (or refunds) in queue order (op 'i' or 'r' in
-// lua/take.lua). Its reply holds replyPerBucket numbers per bucket, in the
-// order of calls.
+// lua/take.lua). Its reply holds the instant of the decisions, then
+// replyPerBucket numbers per bucket, in the order of calls.
 type wire struct {
 	// first is the batch index of the wire's first call and n its number
 	// of calls, while plan lays the batch out.
@@ -47,8 +48,12 @@ type flush struct {
 	// open maps a merge class (operation and cluster slot) to the wire
 	// still taking calls of that class.
 	open map[uint32]int
-	// argvs are the command lines of merged wires, reused.
+	// argvs are the command lines of merged wires, reused; sets and set
+	// are lay's scratch: a wire's distinct parameter sets and each call's
+	// set number.
 	argvs [][]any
+	sets  []params
+	set   []int
 	retry []int
 }
 
@@ -190,9 +195,11 @@ func (r *Redis) plan(f *flush) {
 }
 
 // lay sets the command line of wire w: a lone call's own, or for merged
-// calls one line with every call's key and arguments, in order:
-// "evalsha", the script's hash, the key count, the keys, the operation,
-// the test time, then argsPerBucket arguments per bucket (lua/take.lua).
+// calls one line with every call's key, parameter set and field, in
+// order: "evalsha", the script's hash, the key count, the keys, the
+// operation, the test time, the guard, the number of parameter sets, the
+// distinct parameter sets of the calls (calls with equal params share
+// one), then each bucket's set number and field (lua/take.lua).
 func (r *Redis) lay(f *flush, w int) {
 	wr := &f.wires[w]
 	if len(wr.calls) == 1 {
@@ -222,9 +229,24 @@ func (r *Redis) lay(f *flush, w int) {
 	if first.op == opTake {
 		op = argOpTakeEach
 	}
-	argv = append(argv, op, first.argv[5])
+	// A merged call has one bucket: its set is argv[8:15], its set
+	// number and field the last two arguments.
+	const set = 3 + 1 + argsHead
+	argv = append(argv, op, first.argv[5], first.argv[6], nil)
+	m := len(argv) - 1
+	f.sets, f.set = f.sets[:0], f.set[:0]
 	for _, c := range wr.calls {
-		argv = append(argv, c.argv[6:6+argsPerBucket]...)
+		j := slices.Index(f.sets, c.sets[0])
+		if j < 0 {
+			j = len(f.sets)
+			f.sets = append(f.sets, c.sets[0])
+			argv = append(argv, c.argv[set:set+argsPerSet]...)
+		}
+		f.set = append(f.set, j+1)
+	}
+	argv[m] = len(f.sets)
+	for i, c := range wr.calls {
+		argv = append(argv, f.set[i], c.argv[len(c.argv)-1])
 	}
 	f.argvs[w] = argv
 	wr.argv = argv
@@ -286,20 +308,20 @@ func (r *Redis) send(ctx context.Context, f *flush) {
 		}
 		res, err := wr.cmd.Result()
 		err = storeFull(err)
-		want := 0
+		want := replyHead
 		for _, c := range wr.calls {
 			want += replyPerBucket * c.n
 		}
 		if err == nil && len(res) != want {
 			err = fmt.Errorf("bucket: script replied %d numbers, want %d", len(res), want)
 		}
-		off := 0
+		off := replyHead
 		for _, c := range wr.calls {
 			if err != nil {
 				c.res, c.err = nil, err
 			} else {
 				end := off + replyPerBucket*c.n
-				c.res, c.err = res[off:end:end], nil
+				c.at, c.res, c.err = res[0], res[off:end:end], nil
 				off = end
 			}
 			c.done <- struct{}{}

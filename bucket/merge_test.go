@@ -108,6 +108,61 @@ func TestRedisMergedTakesAreExact(t *testing.T) {
 	}
 }
 
+// TestRedisMergedParameterSets: merged takes of one policy at several
+// costs and shares (several parameter sets in one script call) each
+// charge their own cost and report their own capacity.
+func TestRedisMergedParameterSets(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	r, err := bucket.NewRedis(bucket.RedisConfig{Client: c, Flushers: 1, Merge: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	ctx := context.Background()
+	lim := bucket.Limits{Capacity: 100, IdleTTL: time.Minute}
+	shares := []float64{1, 0.5}
+	keys := make([]bucket.Key, len(shares))
+	for b := range keys {
+		keys[b], _ = bucket.NewKey("mergesets", 1, fmt.Sprintf("s%d", b))
+	}
+	var mu sync.Mutex
+	spent := make([]int64, len(keys))
+	const per = 20
+	before := redistest.ScriptCalls(t, c)
+	concurrently(t, 64, func(g int) error {
+		b, cost := g%2, int64(1+g/2%2)
+		req := bucket.Request{Key: keys[b], Limits: lim, Share: shares[b], Cost: cost}
+		for range per {
+			d, err := r.Take(ctx, req)
+			if err != nil {
+				return err
+			}
+			if d.Limit != shares[b]*100 {
+				return fmt.Errorf("%s at share %v: limit %v", keys[b], shares[b], d.Limit)
+			}
+			if d.Allowed {
+				mu.Lock()
+				spent[b] += cost
+				mu.Unlock()
+			}
+		}
+		return nil
+	})
+	if calls := redistest.ScriptCalls(t, c) - before; calls >= 64*per {
+		t.Fatalf("%d takes went out in %d script calls: none merged", 64*per, calls)
+	}
+	for b, k := range keys {
+		d, err := r.Take(ctx, bucket.Request{Key: k, Limits: lim, Share: shares[b]})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := shares[b]*100 - d.Remaining; got != float64(spent[b]) || d.Remaining > 1 {
+			t.Errorf("%s: %v units gone, admitted takes cost %d (remaining %v)", k, got, spent[b], d.Remaining)
+		}
+	}
+}
+
 // TestRedisMergedRefunds: concurrent refunds of one bucket, merged, each
 // add their cost.
 func TestRedisMergedRefunds(t *testing.T) {
@@ -234,6 +289,22 @@ func TestRedisMergedCrossSlotFallback(t *testing.T) {
 	}
 }
 
+// set is one parameter set of the take script (lua/take.lua): a token
+// bucket of capacity lim and cost in units, refill 0.1 unit/µs, TTL 60 s,
+// full fill, no since.
+func set(lim, cost int) []any { return []any{"tb", lim, 0.1, cost, 60000, lim, 0} }
+
+// scriptArgs is a take script call's ARGV: operation, test time, guard,
+// the number of sets, the sets, then tail (each bucket's set number and
+// field).
+func scriptArgs(op, guard string, sets [][]any, tail ...any) []any {
+	argv := []any{op, "", guard, len(sets)}
+	for _, s := range sets {
+		argv = append(argv, s...)
+	}
+	return append(argv, tail...)
+}
+
 // TestScriptRejectsBadArguments: the script answers malformed calls with
 // an error and writes nothing.
 func TestScriptRejectsBadArguments(t *testing.T) {
@@ -241,25 +312,38 @@ func TestScriptRejectsBadArguments(t *testing.T) {
 	ctx := context.Background()
 	key := "rl:v1:{g." + redistest.Unique(t) + "}:p"
 	src := bucket.TokenBucketScript()
+	one := [][]any{set(1000, 1000)}
+	two := [][]any{set(1000, 1000), set(2000, 1000)}
 	for _, tc := range []struct {
 		name string
+		keys int
 		argv []any
 		want string
 	}{
-		{"missing arguments", []any{"t", ""}, "want 11 arguments, got 2"},
-		{"unknown operation", []any{"x", "", "tb", 1000, 0.1, 1000, 60000, "s", 1000, 0, 0}, "unknown operation x"},
-		{"unknown algorithm", []any{"i", "", "zz", 1000, 0.1, 1000, 60000, "s", 1000, 0, 0}, "unknown algorithm zz"},
-		{"fill above the capacity", []any{"t", "", "tb", 1000, 0.1, 1000, 60000, "s", 1001, 0, 0}, "fill 1001 outside"},
-		{"fill not a number", []any{"t", "", "tb", 1000, 0.1, 1000, 60000, "s", "x", 0, 0}, "fill x outside"},
-		{"since negative", []any{"t", "", "tb", 1000, 0.1, 1000, 60000, "s", 1000, -5, 0}, "since -5 is not an instant"},
-		{"since not a number", []any{"t", "", "tb", 1000, 0.1, 1000, 60000, "s", 1000, "x", 0}, "since x is not an instant"},
-		{"second bucket's fill above its capacity", []any{"t", "", "tb", 1000, 0.1, 1000, 60000, "s", 1000, 0, 0, "tb", 1000, 0.1, 1000, 60000, "s2", 1001, 0, 0}, "fill 1001 outside"},
-		{"guard not 0 or 1", []any{"t", "", "tb", 1000, 0.1, 1000, 60000, "s", 1000, 0, "yes"}, "guard yes, want 0 or 1"},
+		{"missing arguments", 1, []any{"t", "", "0", 1}, "want 13 arguments for 1 keys and 1 parameter sets, got 4"},
+		{"an extra argument", 1, scriptArgs("t", "0", one, 1, "s", "x"), "want 13 arguments for 1 keys and 1 parameter sets, got 14"},
+		{"a bucket's field missing", 2, scriptArgs("t", "0", one, 1, "s", 1), "want 15 arguments for 2 keys and 1 parameter sets, got 14"},
+		{"no parameter set", 1, scriptArgs("t", "0", nil, 1, "s"), "0 parameter sets for 1 keys, want 1 to 1"},
+		{"more sets than keys", 1, scriptArgs("t", "0", two, 1, "s"), "2 parameter sets for 1 keys, want 1 to 1"},
+		{"set count not a number", 1, []any{"t", "", "0", "x", "tb", 1000, 0.1, 1000, 60000, 1000, 0, 1, "s"}, "x parameter sets"},
+		{"no keys", 0, []any{"t", "", "0", 1}, "1 parameter sets for 0 keys"},
+		{"set number 0", 1, scriptArgs("t", "0", one, 0, "s"), "key 1 names parameter set 0, want 1 to 1"},
+		{"set number past the sets", 2, scriptArgs("i", "0", two, 1, "s", 3, "s2"), "key 2 names parameter set 3, want 1 to 2"},
+		{"set number not decimal", 2, scriptArgs("i", "0", two, 1, "s", "02", "s2"), "key 2 names parameter set 02, want 1 to 2"},
+		{"set number not a number", 1, scriptArgs("t", "0", one, "x", "s"), "key 1 names parameter set x"},
+		{"unknown operation", 1, scriptArgs("x", "0", one, 1, "s"), "unknown operation x"},
+		{"unknown algorithm", 1, scriptArgs("i", "0", [][]any{{"zz", 1000, 0.1, 1000, 60000, 1000, 0}}, 1, "s"), "unknown algorithm zz"},
+		{"fill above the capacity", 1, scriptArgs("t", "0", [][]any{{"tb", 1000, 0.1, 1000, 60000, 1001, 0}}, 1, "s"), "fill 1001 outside"},
+		{"fill not a number", 1, scriptArgs("t", "0", [][]any{{"tb", 1000, 0.1, 1000, 60000, "x", 0}}, 1, "s"), "fill x outside"},
+		{"since negative", 1, scriptArgs("t", "0", [][]any{{"tb", 1000, 0.1, 1000, 60000, 1000, -5}}, 1, "s"), "since -5 is not an instant"},
+		{"since not a number", 1, scriptArgs("t", "0", [][]any{{"tb", 1000, 0.1, 1000, 60000, 1000, "x"}}, 1, "s"), "since x is not an instant"},
+		{"second set's fill above its capacity", 2, scriptArgs("t", "0", [][]any{set(1000, 1000), {"tb", 1000, 0.1, 1000, 60000, 1001, 0}}, 1, "s", 2, "s2"), "fill 1001 outside"},
+		{"guard not 0 or 1", 1, scriptArgs("t", "yes", one, 1, "s"), "guard yes, want 0 or 1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			keys := []string{key}
-			for len(keys) < (len(tc.argv)-2)/9 {
-				keys = append(keys, key)
+			keys := make([]string, tc.keys)
+			for i := range keys {
+				keys[i] = key
 			}
 			err := c.Eval(ctx, src, keys, tc.argv...).Err()
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -269,5 +353,48 @@ func TestScriptRejectsBadArguments(t *testing.T) {
 				t.Fatalf("the refused call wrote %s: %d, %v", key, n, err)
 			}
 		})
+	}
+}
+
+// TestScriptParameterSets: in one call of several parameter sets, each
+// bucket is decided with the set it names, whatever the order: its
+// numbers are those of a call of that bucket alone.
+func TestScriptParameterSets(t *testing.T) {
+	c := redistest.Client(t)
+	ctx := context.Background()
+	src := bucket.TokenBucketScript()
+	u := redistest.Unique(t)
+	sets := [][]any{set(5000, 1000), set(1000, 400), {"tb", 3000, 0.1, 2000, 60000, 500, 0}}
+	// Buckets: the set (1-based) of each; the same set appears twice, not
+	// next to each other, and the sets are named out of order.
+	of := []int{2, 3, 1, 2}
+	eval := func(keys []string, argv ...any) []int64 {
+		t.Helper()
+		res, err := c.Eval(ctx, src, keys, argv...).Int64Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	const now = "1700000000000000"
+	keys := make([]string, len(of))
+	var tail []any
+	for i, j := range of {
+		keys[i] = "rl:v1:{g." + u + "}:together"
+		tail = append(tail, j, fmt.Sprintf("s%d", i))
+	}
+	argv := scriptArgs("i", "0", sets, tail...)
+	argv[1] = now
+	got := eval(keys, argv...)
+	if len(got) != 1+4*len(of) || fmt.Sprint(got[0]) != now {
+		t.Fatalf("reply %v: want the instant %s, then 4 numbers per bucket", got, now)
+	}
+	for i, j := range of {
+		argv := scriptArgs("i", "0", sets[j-1:j], 1, fmt.Sprintf("s%d", i))
+		argv[1] = now
+		want := eval([]string{"rl:v1:{g." + u + "}:alone"}, argv...)
+		if fmt.Sprint(got[1+4*i:5+4*i]) != fmt.Sprint(want[1:]) {
+			t.Errorf("bucket %d (set %d): %v in the shared call, %v alone", i, j, got[1+4*i:5+4*i], want[1:])
+		}
 	}
 }

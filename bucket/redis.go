@@ -144,7 +144,7 @@ type Redis struct {
 	// within the flusher's yield join its pipeline (see direct).
 	busy atomic.Bool
 	args argCache
-	// guard is the boxed guard argument of every bucket: "1" with
+	// guard is the boxed guard argument of every call: "1" with
 	// LossGuard, else "0" (see lua/take.lua).
 	guard any
 
@@ -169,8 +169,15 @@ type call struct {
 	// argv is the command: "evalsha", the script's hash, len(keys), the
 	// keys, then the arguments (see lua/take.lua).
 	argv []any
-	res  []int64
-	err  error
+	// sets are the call's distinct parameter sets, in the order argv
+	// carries them, and set[i] is bucket i's (an index into sets).
+	sets []params
+	set  []int
+	// at is the instant of the decisions (microseconds since the Unix
+	// epoch) and res the replyPerBucket numbers of each bucket.
+	at  int64
+	res []int64
+	err error
 	// done receives one value per use, when res and err are set.
 	done chan struct{}
 }
@@ -207,7 +214,7 @@ const maxArgCache = 1 << 14
 // and group). Building them cost five allocations and about half a
 // microsecond per bucket. Lookups take no lock.
 type argCache struct {
-	nums sync.Map // params -> [5]any
+	nums sync.Map // params -> [6]any: the numbers of its parameter set
 	n    atomic.Int64
 	// keys is a direct-mapped table of group keys: slot groupSlot(id)
 	// holds the last key built for an id that maps there.
@@ -227,24 +234,26 @@ type groupKeyID struct {
 	g       uint32
 }
 
-func (a *argCache) get(p *params) [6]any {
-	if v, ok := a.nums.Load(*p); ok {
-		return v.([6]any)
+// appendSet appends p's parameter set (see lua/take.lua) to argv.
+func (a *argCache) appendSet(argv []any, p *params) []any {
+	v, ok := a.nums.Load(*p)
+	if !ok {
+		v = [6]any{
+			strconv.FormatFloat(p.lim, 'f', -1, 64),
+			strconv.FormatFloat(p.p, 'g', -1, 64),
+			strconv.FormatFloat(p.cost, 'f', -1, 64),
+			strconv.FormatInt(p.ttl, 10),
+			strconv.FormatFloat(p.fill, 'f', -1, 64),
+			strconv.FormatFloat(p.since, 'f', -1, 64),
+		}
+		if a.n.Add(1) > maxArgCache {
+			a.nums.Clear()
+			a.n.Store(0)
+		}
+		a.nums.Store(*p, v)
 	}
-	v := [6]any{
-		strconv.FormatFloat(p.lim, 'f', -1, 64),
-		strconv.FormatFloat(p.p, 'g', -1, 64),
-		strconv.FormatFloat(p.cost, 'f', -1, 64),
-		strconv.FormatInt(p.ttl, 10),
-		strconv.FormatFloat(p.fill, 'f', -1, 64),
-		strconv.FormatFloat(p.since, 'f', -1, 64),
-	}
-	if a.n.Add(1) > maxArgCache {
-		a.nums.Clear()
-		a.n.Store(0)
-	}
-	a.nums.Store(*p, v)
-	return v
+	n := v.([6]any)
+	return append(argv, argAlg[p.alg], n[0], n[1], n[2], n[3], n[4], n[5])
 }
 
 // groupKey is groupKey(k, g), boxed.
@@ -459,26 +468,37 @@ func wait(ctx context.Context, c *call) error {
 	}
 }
 
-// Script arguments and reply numbers per bucket (see lua/take.lua).
+// The script's arguments (see lua/take.lua): argsHead before the
+// parameter sets (operation, test time, guard, number of sets),
+// argsPerSet per parameter set, argsPerBucket per bucket (its set's
+// number and its field); the reply's numbers: replyHead (the instant),
+// then replyPerBucket per bucket.
 const (
-	argsPerBucket  = 9
-	replyPerBucket = 6
+	argsHead       = 4
+	argsPerSet     = 7
+	argsPerBucket  = 2
+	replyHead      = 1
+	replyPerBucket = 4
 )
 
 // newCall builds the script call for reqs, from the pool. All of reqs
 // must share one hash slot (one group, or any groups on a single server).
+// Buckets with equal params share one parameter set.
 func (r *Redis) newCall(op byte, reqs []Request, ps []params) *call {
 	c := callPool.Get().(*call)
 	c.n, c.op, c.res, c.err = len(reqs), op, nil, nil
-	argv := c.argv[:0]
-	if cap(argv) < 5+(1+argsPerBucket)*len(reqs) {
-		argv = make([]any, 0, 5+(1+argsPerBucket)*len(reqs))
-	}
+	c.sets, c.set = c.sets[:0], c.set[:0]
 	alg := ps[0].alg
 	for i := range ps {
 		if ps[i].alg != alg {
 			alg = -1
 		}
+		c.set = append(c.set, c.setOf(&ps[i]))
+	}
+	size := 3 + len(reqs) + argsHead + argsPerSet*len(c.sets) + argsPerBucket*len(reqs)
+	argv := c.argv[:0]
+	if cap(argv) < size {
+		argv = make([]any, 0, size)
 	}
 	if alg >= 0 {
 		c.script = scriptByAlg[alg]
@@ -509,29 +529,45 @@ func (r *Redis) newCall(op byte, reqs []Request, ps []params) *call {
 	} else {
 		argv = append(argv, argEmpty)
 	}
+	argv = append(argv, r.guard, len(c.sets))
+	for j := range c.sets {
+		argv = r.args.appendSet(argv, &c.sets[j])
+	}
 	for i := range reqs {
-		p := &ps[i]
-		a := r.args.get(p)
 		var field any = argEmpty
-		if grouped(p.alg) {
+		if grouped(ps[i].alg) {
 			field = fieldOf(&reqs[i].Key)
 		}
-		argv = append(argv, argAlg[p.alg], a[0], a[1], a[2], a[3], field, a[4], a[5], r.guard)
+		argv = append(argv, c.set[i]+1, field)
 	}
 	c.argv = argv
 	return c
+}
+
+// setOf returns the index of p in c.sets, adding it when it is new. A
+// call holds at most MaxTakeAll buckets, so a scan is the cheap lookup.
+func (c *call) setOf(p *params) int {
+	for j := range c.sets {
+		if c.sets[j] == *p {
+			return j
+		}
+	}
+	c.sets = append(c.sets, *p)
+	return len(c.sets) - 1
 }
 
 // release returns c to the pool once its caller has read the answer.
 func (c *call) release() {
 	clear(c.argv)
 	c.argv, c.res, c.err, c.script, c.ctx = c.argv[:0], nil, nil, nil, nil
+	c.sets, c.set = c.sets[:0], c.set[:0]
 	callPool.Put(c)
 }
 
+// decision is bucket i's decision; its capacity is its parameter set's.
 func (c *call) decision(i int) Decision {
 	v := c.res[replyPerBucket*i : replyPerBucket*(i+1)]
-	return decision(v[0] == 1, float64(v[1]), float64(v[2]), float64(v[3]), float64(v[4]), v[5])
+	return decision(v[0] == 1, c.sets[c.set[i]].lim, float64(v[1]), float64(v[2]), float64(v[3]), c.at)
 }
 
 // Take charges req.Cost when the bucket holds it (Cost 0 peeks).

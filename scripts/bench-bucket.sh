@@ -39,22 +39,23 @@ take64() {
 echo "== redis-benchmark: bare EVALSHA of the token-bucket script, -c 50 -P 16"
 src=$(go run ./bucket/internal/tbscript)
 sha=$(redis-cli -p "$port" script load "$src")
-# KEYS[1] = a group hash, op, now ('' = Redis TIME), then tb, capacity units,
-# refill units/us, cost units, TTL ms, field, fill units (the capacity): the
-# arguments BenchmarkRedisTake sends (capacity 1e6 tokens, refill 1e5/s,
-# cost 1, TTL 60s, new buckets full, since 0: no key version start, guard
-# 0: no loss marker). The bare run
+# KEYS[1] = a group hash, op, now ('' = Redis TIME), guard (0: no loss
+# marker), one parameter set (tb, capacity units, refill units/us, cost
+# units, TTL ms, fill units (the capacity), since), then the bucket's set
+# (1) and field: the arguments BenchmarkRedisTake sends (capacity 1e6
+# tokens, refill 1e5/s, cost 1, TTL 60s, new buckets full, since 0: no key
+# version start). The bare run
 # writes one field into each of 10,000 groups; BenchmarkRedisTake puts its
 # 10,000 subjects into the default 4,096 groups (about 2.4 fields each), so
 # the bare figure is if anything the easier one.
-one=$(redis-cli -p "$port" EVALSHA "$sha" 1 'rl:v1:{g.0}:p' t '' tb 1000000000 0.1 1000 60000 bench 1000000000 0 0)
+one=$(redis-cli -p "$port" EVALSHA "$sha" 1 'rl:v1:{g.0}:p' t '' 0 1 tb 1000000000 0.1 1000 60000 1000000000 0 1 bench)
 if [[ $(echo "$one" | grep -cE '^-?[0-9]+$') -ne 5 ]]; then
-  echo "bench-bucket: the bare EVALSHA does not reply 5 integers: $one" >&2
+  echo "bench-bucket: the bare EVALSHA does not reply 5 integers (the instant, then 4 per bucket): $one" >&2
   exit 1
 fi
 bare() {
   redis-benchmark -p "$port" -c 50 -P 16 -n 400000 -r 10000 -q \
-    EVALSHA "$sha" 1 'rl:v1:{g.__rand_int__}:p' t '' tb 1000000000 0.1 1000 60000 bench 1000000000 0 0 |
+    EVALSHA "$sha" 1 'rl:v1:{g.__rand_int__}:p' t '' 0 1 tb 1000000000 0.1 1000 60000 1000000000 0 1 bench |
     tr '\r' '\n' | grep -v '^$' | tail -1 | awk '{ for (i=1;i<=NF;i++) if ($i ~ /requests/) print $(i-1) }'
 }
 

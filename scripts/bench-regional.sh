@@ -142,20 +142,22 @@ field() { sed -n "s/.*\"$2\":\([-0-9.e+]*\).*/\1/p" "$work/$1.json"; }
 
 # Bare EVALSHA of the token-bucket script as the node calls it for one
 # bucket (the script text comes from the bucket package itself): take,
-# Redis TIME, 'tb', capacity 100 tokens (units of 1/1000), refill 100/s
-# (0.1 units per microsecond), cost 1 token, idle TTL 60 s, field 'bench'
-# of a group hash, a new bucket filled to its capacity.
+# Redis TIME, guard 0 (no loss marker), one parameter set: 'tb', capacity
+# 100 tokens (units of 1/1000), refill 100/s (0.1 units per microsecond),
+# cost 1 token, idle TTL 60 s, a new bucket filled to its capacity, since
+# 0; then the bucket's set (1) and its field 'bench' of a group hash.
 SHA=$(go run ./bucket/internal/tbscript | redis-cli -p "$RP" -x SCRIPT LOAD)
-one=$(redis-cli -p "$RP" EVALSHA "$SHA" 1 'rl:v1:{g.0}:bench' t '' tb 100000 0.1 1000 60000 bench 100000 0 0)
-# The reply is six integers per bucket (bucket/lua/take.lua).
-if [ "$(printf '%s\n' "$one" | grep -cE '^-?[0-9]+$')" -ne 6 ]; then
-	echo "bench-regional: the bare EVALSHA does not reply 6 integers: $one" >&2
+one=$(redis-cli -p "$RP" EVALSHA "$SHA" 1 'rl:v1:{g.0}:bench' t '' 0 1 tb 100000 0.1 1000 60000 100000 0 1 bench)
+# The reply is the instant, then four integers per bucket
+# (bucket/lua/take.lua).
+if [ "$(printf '%s\n' "$one" | grep -cE '^-?[0-9]+$')" -ne 5 ]; then
+	echo "bench-regional: the bare EVALSHA does not reply 5 integers: $one" >&2
 	exit 1
 fi
 evalsha() {
 	echo "run redis-benchmark EVALSHA ..."
 	taskset -c 1 redis-benchmark -h 127.0.0.1 -p "$RP" -c 50 -P 16 -n 600000 -r 10000 --csv \
-		EVALSHA "$SHA" 1 'rl:v1:{g.__rand_int__}:bench' t '' tb 100000 0.1 1000 60000 bench 100000 0 0 |
+		EVALSHA "$SHA" 1 'rl:v1:{g.__rand_int__}:bench' t '' 0 1 tb 100000 0.1 1000 60000 100000 0 1 bench |
 		awk -F'","' 'NR==2 {print $2}' | tr -d '"' >"$work/evalsha.$1"
 }
 

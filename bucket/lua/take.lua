@@ -16,15 +16,23 @@
 -- ARGV[2]: '' to read Redis TIME (production); tests pass a time in
 --          microseconds here to drive a differential test. Nothing but the
 --          tests ever sets it.
--- ARGV[3+9*(i-1) .. 11+9*(i-1)] for KEYS[i]: algorithm code ('tb', 'fw',
---          'sw', 'sl'), capacity in units, p (refill in units per
+-- ARGV[3]: guard: '1' to consult the loss markers (see Lost state), '0'
+--          not to; one store's setting, so one per call.
+-- ARGV[4]: m, the number of parameter sets that follow (1 to #KEYS).
+-- ARGV[5+7*(j-1) .. 11+7*(j-1)], parameter set j: algorithm code ('tb',
+--          'fw', 'sw', 'sl'), capacity in units, p (refill in units per
 --          microsecond, or the window in microseconds), cost in units,
---          idle TTL in milliseconds, field ('' for a string key), fill:
---          the units a token bucket this call creates starts with (the
---          capacity: full; window algorithms ignore it), since: the
---          instant (microseconds) the key's version came into force (0:
---          long ago), guard: '1' to consult the group's loss marker, '0'
---          not to.
+--          idle TTL in milliseconds, fill: the units a token bucket this
+--          call creates starts with (the capacity: full; window algorithms
+--          ignore it), since: the instant (microseconds) the key's version
+--          came into force (0: long ago).
+-- ARGV[5+7*m+2*(i-1)], ARGV[6+7*m+2*(i-1)] for KEYS[i]: the number j of
+--          its parameter set, in decimal ('1' to m), and its field ('' for
+--          a string key).
+-- The buckets of one policy at one share carry the same set, so a merged
+-- call of many of them sends the policy's numbers once, not once per
+-- bucket: Redis parses, allocates and hands to Lua two arguments per
+-- bucket instead of nine.
 --
 -- Lost state: an absent bucket (never written, expired, or lost with the
 -- store's data) reads as one lost at born = the later of since and, with
@@ -36,10 +44,11 @@
 -- new. A bucket lost at born starts as the algorithm says (token bucket:
 -- empty at born; window algorithms: full in born's window); long after
 -- born this is what a new bucket starts with anyway.
--- Reply: for each bucket six integers: allowed (1/0), capacity (units),
---          remaining (units), retry-after (microseconds), reset-after
---          (microseconds), and the instant of the decision (microseconds
---          since the Unix epoch: Redis TIME, or ARGV[2]).
+-- Reply: the instant of the decision (microseconds since the Unix epoch:
+--          Redis TIME, or ARGV[2]), then for each bucket four integers:
+--          allowed (1/0), remaining (units), retry-after (microseconds)
+--          and reset-after (microseconds). The capacity is the caller's
+--          own argument, and one call decides at one instant.
 -- A take ('t') is all or nothing: if one bucket denies, no bucket is
 -- charged and every bucket reports allowed 0 (only a token-bucket clamp is
 -- still written). Independent takes ('i') and refunds decide each bucket
@@ -59,61 +68,65 @@ local PRUNE_SAMPLE = 4
 local op = ARGV[1]
 local now = now_us()
 local n = #KEYS
-local NARG = 9
-if #ARGV ~= 2 + NARG * n then
-  return redis.error_reply('ERR bucket: want ' .. (2 + NARG * n) .. ' arguments, got ' .. #ARGV)
+local guard = ARGV[3]
+local NSET = 7
+local m = tonumber(ARGV[4])
+if not m or m < 1 or m > n or m % 1 ~= 0 then
+  return redis.error_reply('ERR bucket: ' .. tostring(ARGV[4]) .. ' parameter sets for ' .. n .. ' keys, want 1 to ' .. n)
+end
+local nargs = 4 + NSET * m + 2 * n
+if #ARGV ~= nargs then
+  return redis.error_reply('ERR bucket: want ' .. nargs .. ' arguments for ' .. n .. ' keys and ' .. m .. ' parameter sets, got ' .. #ARGV)
 end
 if op ~= 't' and op ~= 'i' and op ~= 'r' then
   return redis.error_reply('ERR bucket: unknown operation ' .. tostring(op))
 end
--- num is ARGV[b + k] as a number, for argument k of bucket i (whose
--- arguments start after ARGV[b]), stored in col: the previous bucket's
--- when its argument k is the same string. A policy's numbers (capacity,
--- refill, cost, TTL) repeat in every bucket of it that a merged call
--- carries, and tonumber (strtod) costs more than the rest of a bucket's
--- arguments.
-local function num(col, i, b, k)
-  local s = ARGV[b + k]
-  if i > 1 and s == ARGV[b + k - NARG] then
-    return col[i - 1]
-  end
-  return tonumber(s)
+if guard ~= '0' and guard ~= '1' then
+  return redis.error_reply('ERR bucket: guard ' .. tostring(guard) .. ', want 0 or 1')
 end
--- A bucket's since and guard are read only when it is absent (born); here
--- they are validated, at the cost of a comparison in the common case
--- (since '0', fill the capacity's string).
-local fs, lims, ps, costs, ttls, fields, fills = {}, {}, {}, {}, {}, {}, {}
-for i = 1, n do
-  local b = 2 + (i - 1) * NARG
+-- Parameter set j: its algorithm's code and function, capacity, p, cost,
+-- TTL (milliseconds, as a number and as the argument's string: a number
+-- would be formatted, printf, on every write), fill and since. setOf maps
+-- the decimal number of a set, as a bucket names it, to the set.
+local algs, fs, lims, ps, costs, ttls, ttlargs, fills, sinces = {}, {}, {}, {}, {}, {}, {}, {}, {}
+local setOf = {}
+for j = 1, m do
+  local b = 4 + (j - 1) * NSET
   local f = ALG[ARGV[b + 1]]
   if not f then
     return redis.error_reply('ERR bucket: unknown algorithm ' .. tostring(ARGV[b + 1]))
   end
-  fs[i] = f
-  lims[i] = num(lims, i, b, 2)
-  ps[i] = num(ps, i, b, 3)
-  costs[i] = num(costs, i, b, 4)
-  ttls[i] = num(ttls, i, b, 5)
-  fields[i] = ARGV[b + 6]
-  if ARGV[b + 7] == ARGV[b + 2] then
-    fills[i] = lims[i]
+  algs[j], fs[j] = ARGV[b + 1], f
+  lims[j] = tonumber(ARGV[b + 2])
+  ps[j] = tonumber(ARGV[b + 3])
+  costs[j] = tonumber(ARGV[b + 4])
+  ttls[j] = tonumber(ARGV[b + 5]) * 1000
+  ttlargs[j] = ARGV[b + 5]
+  if ARGV[b + 6] == ARGV[b + 2] then
+    fills[j] = lims[j]
   else
-    fills[i] = num(fills, i, b, 7)
-    if not fills[i] or fills[i] < 0 or fills[i] > lims[i] then
-      return redis.error_reply('ERR bucket: fill ' .. tostring(ARGV[b + 7]) .. ' outside 0..capacity')
+    fills[j] = tonumber(ARGV[b + 6])
+    if not fills[j] or fills[j] < 0 or fills[j] > lims[j] then
+      return redis.error_reply('ERR bucket: fill ' .. tostring(ARGV[b + 6]) .. ' outside 0..capacity')
     end
   end
-  if ARGV[b + 8] ~= '0' then
-    local since = tonumber(ARGV[b + 8])
-    if not since or since < 0 then
-      return redis.error_reply('ERR bucket: since ' .. tostring(ARGV[b + 8]) .. ' is not an instant')
-    end
+  sinces[j] = tonumber(ARGV[b + 7])
+  if not sinces[j] or sinces[j] < 0 then
+    return redis.error_reply('ERR bucket: since ' .. tostring(ARGV[b + 7]) .. ' is not an instant')
   end
-  if ARGV[b + 9] ~= '0' and ARGV[b + 9] ~= '1' then
-    return redis.error_reply('ERR bucket: guard ' .. tostring(ARGV[b + 9]) .. ', want 0 or 1')
+  setOf[tostring(j)] = j
+end
+-- set[i] is the parameter set of bucket i, fields[i] its field.
+local set, fields = {}, {}
+for i = 1, n do
+  local a = 4 + NSET * m + 2 * (i - 1)
+  local j = setOf[ARGV[a + 1]]
+  if not j then
+    return redis.error_reply('ERR bucket: key ' .. i .. ' names parameter set ' .. tostring(ARGV[a + 1]) .. ', want 1 to ' .. m)
   end
-  if fields[i] ~= '' and not STALE[ARGV[b + 1]] then
-    return redis.error_reply('ERR bucket: algorithm ' .. ARGV[b + 1] .. ' cannot live in a group hash')
+  set[i], fields[i] = j, ARGV[a + 2]
+  if fields[i] ~= '' and not STALE[algs[j]] then
+    return redis.error_reply('ERR bucket: algorithm ' .. algs[j] .. ' cannot live in a group hash')
   end
 end
 
@@ -130,8 +143,7 @@ local cur
 local markers
 local function born()
   local b = 0
-  local a = 2 + (cur - 1) * NARG
-  if ARGV[a + 9] == '1' then
+  if guard == '1' then
     local mk = 'rl:m:' .. (string.match(KEYS[cur], '{g%.%d+}') or KEYS[cur])
     markers = markers or {}
     b = markers[mk]
@@ -144,7 +156,7 @@ local function born()
       markers[mk] = b
     end
   end
-  local since = tonumber(ARGV[a + 8])
+  local since = sinces[set[cur]]
   if since > b then b = since end
   return b
 end
@@ -158,19 +170,17 @@ local function prune(key, field, stale, ttl)
   end
 end
 
--- reply holds six integers per bucket (see Reply above); answer sets
--- bucket i's.
-local reply = {}
+-- reply holds the instant, then four integers per bucket (see Reply
+-- above); answer sets bucket i's.
+local reply = {now}
 local function answer(i, ok, rem, retry, reset)
-  local r = 6 * (i - 1)
+  local r = 1 + 4 * (i - 1)
   local a = 0
   if ok then a = 1 end
   reply[r + 1] = a
-  reply[r + 2] = lims[i]
-  reply[r + 3] = rem
-  reply[r + 4] = retry
-  reply[r + 5] = reset
-  reply[r + 6] = now
+  reply[r + 2] = rem
+  reply[r + 3] = retry
+  reply[r + 4] = reset
 end
 
 -- An all-or-nothing take reads every bucket first and decides each as
@@ -187,7 +197,8 @@ if pre then
   end
   for i = 1, n do
     cur = i
-    local ok, rem, retry, reset, val = fs[i](op, vals[i], now, lims[i], ps[i], costs[i], ttls[i] * 1000, true, fills[i], born)
+    local j = set[i]
+    local ok, rem, retry, reset, val = fs[j](op, vals[i], now, lims[j], ps[j], costs[j], ttls[j], true, fills[j], born)
     if not ok then
       charge = false
       break
@@ -204,27 +215,26 @@ for i = 1, n do
     local v
     if pre then v = vals[i] else v = read(i) end
     cur = i
+    local j = set[i]
     local ok, rem, retry, reset
-    ok, rem, retry, reset, val = fs[i](op, v, now, lims[i], ps[i], costs[i], ttls[i] * 1000, charge, fills[i], born)
+    ok, rem, retry, reset, val = fs[j](op, v, now, lims[j], ps[j], costs[j], ttls[j], charge, fills[j], born)
     answer(i, ok and charge, rem, retry, reset)
   end
-  -- The TTL goes to Redis as the argument's string: a number would be
-  -- formatted (printf) on every write.
-  local b = 2 + (i - 1) * NARG
+  local j = set[i]
   if fields[i] == '' then
     if val == false then
       redis.call('DEL', KEYS[i])
     elseif val then
-      redis.call('SET', KEYS[i], val, 'PX', ARGV[b + 5])
+      redis.call('SET', KEYS[i], val, 'PX', ttlargs[j])
     end
   else
     if val == false then
       redis.call('HDEL', KEYS[i], fields[i])
     elseif val then
       local created = redis.call('HSET', KEYS[i], fields[i], val)
-      redis.call('PEXPIRE', KEYS[i], ARGV[b + 5])
+      redis.call('PEXPIRE', KEYS[i], ttlargs[j])
       if created == 1 then
-        prune(KEYS[i], fields[i], STALE[ARGV[b + 1]], ttls[i] * 1000)
+        prune(KEYS[i], fields[i], STALE[algs[j]], ttls[j])
       end
     end
   end
