@@ -329,7 +329,7 @@ func TestScriptRejectsBadArguments(t *testing.T) {
 		{"no keys", 0, []any{"t", "", "0", 1}, "1 parameter sets for 0 keys"},
 		{"set number 0", 1, scriptArgs("t", "0", one, 0, "s"), "key 1 names parameter set 0, want 1 to 1"},
 		{"set number past the sets", 2, scriptArgs("i", "0", two, 1, "s", 3, "s2"), "key 2 names parameter set 3, want 1 to 2"},
-		{"set number not decimal", 2, scriptArgs("i", "0", two, 1, "s", "02", "s2"), "key 2 names parameter set 02, want 1 to 2"},
+		{"set number not whole", 2, scriptArgs("i", "0", two, 1, "s", "1.5", "s2"), "key 2 names parameter set 1.5, want 1 to 2"},
 		{"set number not a number", 1, scriptArgs("t", "0", one, "x", "s"), "key 1 names parameter set x"},
 		{"unknown operation", 1, scriptArgs("x", "0", one, 1, "s"), "unknown operation x"},
 		{"unknown algorithm", 1, scriptArgs("i", "0", [][]any{{"zz", 1000, 0.1, 1000, 60000, 1000, 0}}, 1, "s"), "unknown algorithm zz"},

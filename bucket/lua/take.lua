@@ -84,49 +84,56 @@ end
 if guard ~= '0' and guard ~= '1' then
   return redis.error_reply('ERR bucket: guard ' .. tostring(guard) .. ', want 0 or 1')
 end
--- Parameter set j: its algorithm's code and function, capacity, p, cost,
--- TTL (milliseconds, as a number and as the argument's string: a number
--- would be formatted, printf, on every write), fill and since. setOf maps
--- the decimal number of a set, as a bucket names it, to the set.
-local algs, fs, lims, ps, costs, ttls, ttlargs, fills, sinces = {}, {}, {}, {}, {}, {}, {}, {}, {}
-local setOf = {}
+-- sets[j] is parameter set j: its algorithm's code (alg) and function
+-- (f), capacity (lim), p, cost, TTL in microseconds (ttl) and as the
+-- argument's string of milliseconds (ttlarg: a number would be formatted,
+-- printf, on every write), fill and since.
+local sets = {}
 for j = 1, m do
   local b = 4 + (j - 1) * NSET
-  local f = ALG[ARGV[b + 1]]
+  local alg = ARGV[b + 1]
+  local f = ALG[alg]
   if not f then
-    return redis.error_reply('ERR bucket: unknown algorithm ' .. tostring(ARGV[b + 1]))
+    return redis.error_reply('ERR bucket: unknown algorithm ' .. tostring(alg))
   end
-  algs[j], fs[j] = ARGV[b + 1], f
-  lims[j] = tonumber(ARGV[b + 2])
-  ps[j] = tonumber(ARGV[b + 3])
-  costs[j] = tonumber(ARGV[b + 4])
-  ttls[j] = tonumber(ARGV[b + 5]) * 1000
-  ttlargs[j] = ARGV[b + 5]
-  if ARGV[b + 6] == ARGV[b + 2] then
-    fills[j] = lims[j]
-  else
-    fills[j] = tonumber(ARGV[b + 6])
-    if not fills[j] or fills[j] < 0 or fills[j] > lims[j] then
+  local lim = tonumber(ARGV[b + 2])
+  local fill = lim
+  if ARGV[b + 6] ~= ARGV[b + 2] then
+    fill = tonumber(ARGV[b + 6])
+    if not fill or fill < 0 or fill > lim then
       return redis.error_reply('ERR bucket: fill ' .. tostring(ARGV[b + 6]) .. ' outside 0..capacity')
     end
   end
-  sinces[j] = tonumber(ARGV[b + 7])
-  if not sinces[j] or sinces[j] < 0 then
-    return redis.error_reply('ERR bucket: since ' .. tostring(ARGV[b + 7]) .. ' is not an instant')
+  local since = 0
+  if ARGV[b + 7] ~= '0' then
+    since = tonumber(ARGV[b + 7])
+    if not since or since < 0 then
+      return redis.error_reply('ERR bucket: since ' .. tostring(ARGV[b + 7]) .. ' is not an instant')
+    end
   end
-  setOf[tostring(j)] = j
+  sets[j] = {
+    alg = alg, f = f, lim = lim, p = tonumber(ARGV[b + 3]), cost = tonumber(ARGV[b + 4]),
+    ttl = tonumber(ARGV[b + 5]) * 1000, ttlarg = ARGV[b + 5], fill = fill, since = since,
+  }
 end
--- set[i] is the parameter set of bucket i, fields[i] its field.
-local set, fields = {}, {}
+-- bs[i] is the parameter set of bucket i, fields[i] its field; named
+-- holds the sets by the strings the buckets name them with, so that a
+-- call of many buckets parses each set number once.
+local bs, fields, named = {}, {}, {}
 for i = 1, n do
   local a = 4 + NSET * m + 2 * (i - 1)
-  local j = setOf[ARGV[a + 1]]
-  if not j then
-    return redis.error_reply('ERR bucket: key ' .. i .. ' names parameter set ' .. tostring(ARGV[a + 1]) .. ', want 1 to ' .. m)
+  local name = ARGV[a + 1]
+  local s = named[name]
+  if not s then
+    s = sets[tonumber(name)]
+    if not s then
+      return redis.error_reply('ERR bucket: key ' .. i .. ' names parameter set ' .. tostring(name) .. ', want 1 to ' .. m)
+    end
+    named[name] = s
   end
-  set[i], fields[i] = j, ARGV[a + 2]
-  if fields[i] ~= '' and not STALE[algs[j]] then
-    return redis.error_reply('ERR bucket: algorithm ' .. algs[j] .. ' cannot live in a group hash')
+  bs[i], fields[i] = s, ARGV[a + 2]
+  if fields[i] ~= '' and not STALE[s.alg] then
+    return redis.error_reply('ERR bucket: algorithm ' .. s.alg .. ' cannot live in a group hash')
   end
 end
 
@@ -156,7 +163,7 @@ local function born()
       markers[mk] = b
     end
   end
-  local since = sinces[set[cur]]
+  local since = bs[cur].since
   if since > b then b = since end
   return b
 end
@@ -197,8 +204,8 @@ if pre then
   end
   for i = 1, n do
     cur = i
-    local j = set[i]
-    local ok, rem, retry, reset, val = fs[j](op, vals[i], now, lims[j], ps[j], costs[j], ttls[j], true, fills[j], born)
+    local s = bs[i]
+    local ok, rem, retry, reset, val = s.f(op, vals[i], now, s.lim, s.p, s.cost, s.ttl, true, s.fill, born)
     if not ok then
       charge = false
       break
@@ -215,26 +222,26 @@ for i = 1, n do
     local v
     if pre then v = vals[i] else v = read(i) end
     cur = i
-    local j = set[i]
+    local s = bs[i]
     local ok, rem, retry, reset
-    ok, rem, retry, reset, val = fs[j](op, v, now, lims[j], ps[j], costs[j], ttls[j], charge, fills[j], born)
+    ok, rem, retry, reset, val = s.f(op, v, now, s.lim, s.p, s.cost, s.ttl, charge, s.fill, born)
     answer(i, ok and charge, rem, retry, reset)
   end
-  local j = set[i]
+  local s = bs[i]
   if fields[i] == '' then
     if val == false then
       redis.call('DEL', KEYS[i])
     elseif val then
-      redis.call('SET', KEYS[i], val, 'PX', ttlargs[j])
+      redis.call('SET', KEYS[i], val, 'PX', s.ttlarg)
     end
   else
     if val == false then
       redis.call('HDEL', KEYS[i], fields[i])
     elseif val then
       local created = redis.call('HSET', KEYS[i], fields[i], val)
-      redis.call('PEXPIRE', KEYS[i], ttlargs[j])
+      redis.call('PEXPIRE', KEYS[i], s.ttlarg)
       if created == 1 then
-        prune(KEYS[i], fields[i], STALE[algs[j]], ttls[j])
+        prune(KEYS[i], fields[i], STALE[s.alg], s.ttl)
       end
     end
   end
