@@ -29,10 +29,10 @@
 -- ARGV[5+7*m+2*(i-1)], ARGV[6+7*m+2*(i-1)] for KEYS[i]: the number j of
 --          its parameter set, in decimal ('1' to m), and its field ('' for
 --          a string key).
--- The buckets of one policy at one share carry the same set, so a merged
--- call of many of them sends the policy's numbers once, not once per
--- bucket: Redis parses, allocates and hands to Lua two arguments per
--- bucket instead of nine.
+-- The buckets of one policy at one share and cost carry the same set, so
+-- a merged call of many of them sends the policy's numbers once, not once
+-- per bucket: every argument costs Redis a parse, an object and a Lua
+-- string.
 --
 -- Lost state: an absent bucket (never written, expired, or lost with the
 -- store's data) reads as one lost at born = the later of since and, with
