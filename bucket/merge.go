@@ -199,7 +199,8 @@ func (r *Redis) plan(f *flush) {
 // order: "evalsha", the script's hash, the key count, the keys, the
 // operation, the test time, the guard, the number of parameter sets, the
 // distinct parameter sets of the calls (calls with equal params share
-// one), then each bucket's set number and field (lua/take.lua).
+// one), then each bucket's set number and, in a group hash, its field
+// (lua/take.lua).
 func (r *Redis) lay(f *flush, w int) {
 	wr := &f.wires[w]
 	if len(wr.calls) == 1 {
@@ -229,8 +230,8 @@ func (r *Redis) lay(f *flush, w int) {
 	if first.op == opTake {
 		op = argOpTakeEach
 	}
-	// A merged call has one bucket: its set is argv[8:15], its set
-	// number and field the last two arguments.
+	// A merged call has one bucket: its set is argv[8:15], followed by
+	// its set number and, in a group hash, its field.
 	const set = 3 + 1 + argsHead
 	argv = append(argv, op, first.argv[5], first.argv[6], nil)
 	m := len(argv) - 1
@@ -246,7 +247,8 @@ func (r *Redis) lay(f *flush, w int) {
 	}
 	argv[m] = len(f.sets)
 	for i, c := range wr.calls {
-		argv = append(argv, f.set[i], c.argv[len(c.argv)-1])
+		argv = append(argv, f.set[i])
+		argv = append(argv, c.argv[set+argsPerSet+1:]...)
 	}
 	f.argvs[w] = argv
 	wr.argv = argv

@@ -320,9 +320,11 @@ func TestScriptRejectsBadArguments(t *testing.T) {
 		argv []any
 		want string
 	}{
-		{"missing arguments", 1, []any{"t", "", "0", 1}, "want 13 arguments for 1 keys and 1 parameter sets, got 4"},
+		{"missing arguments", 1, []any{"t", "", "0", 1}, "4 arguments, want at least 12 for 1 keys and 1 parameter sets"},
 		{"an extra argument", 1, scriptArgs("t", "0", one, 1, "s", "x"), "want 13 arguments for 1 keys and 1 parameter sets, got 14"},
-		{"a bucket's field missing", 2, scriptArgs("t", "0", one, 1, "s", 1), "want 15 arguments for 2 keys and 1 parameter sets, got 14"},
+		{"a bucket's field missing", 2, scriptArgs("t", "0", one, 1, "s", 1), "14 arguments end before the field of key 2 of 2"},
+		{"a bucket's set number missing", 2, scriptArgs("t", "0", one, 1, "s"), "13 arguments end before key 2 of 2 (1 parameter sets)"},
+		{"a bucket's field empty", 1, scriptArgs("t", "0", one, 1, ""), "key 1 has an empty field"},
 		{"no parameter set", 1, scriptArgs("t", "0", nil, 1, "s"), "0 parameter sets for 1 keys, want 1 to 1"},
 		{"more sets than keys", 1, scriptArgs("t", "0", two, 1, "s"), "2 parameter sets for 1 keys, want 1 to 1"},
 		{"set count not a number", 1, []any{"t", "", "0", "x", "tb", 1000, 0.1, 1000, 60000, 1000, 0, 1, "s"}, "x parameter sets"},

@@ -470,9 +470,10 @@ func wait(ctx context.Context, c *call) error {
 
 // The script's arguments (see lua/take.lua): argsHead before the
 // parameter sets (operation, test time, guard, number of sets),
-// argsPerSet per parameter set, argsPerBucket per bucket (its set's
-// number and its field); the reply's numbers: replyHead (the instant),
-// then replyPerBucket per bucket.
+// argsPerSet per parameter set, then per bucket its set's number and,
+// for an algorithm whose buckets live in a group hash, its field: at most
+// argsPerBucket. The reply's numbers: replyHead (the instant), then
+// replyPerBucket per bucket.
 const (
 	argsHead       = 4
 	argsPerSet     = 7
@@ -534,11 +535,10 @@ func (r *Redis) newCall(op byte, reqs []Request, ps []params) *call {
 		argv = r.args.appendSet(argv, &c.sets[j])
 	}
 	for i := range reqs {
-		var field any = argEmpty
+		argv = append(argv, c.set[i]+1)
 		if grouped(ps[i].alg) {
-			field = fieldOf(&reqs[i].Key)
+			argv = append(argv, fieldOf(&reqs[i].Key))
 		}
-		argv = append(argv, c.set[i]+1, field)
 	}
 	c.argv = argv
 	return c

@@ -26,9 +26,9 @@
 --          call creates starts with (the capacity: full; window algorithms
 --          ignore it), since: the instant (microseconds) the key's version
 --          came into force (0: long ago).
--- ARGV[5+7*m+2*(i-1)], ARGV[6+7*m+2*(i-1)] for KEYS[i]: the number j of
---          its parameter set, in decimal ('1' to m), and its field ('' for
---          a string key).
+-- Then for each KEYS[i], in order: the number j of its parameter set, in
+--          decimal ('1' to m), and, only when set j's algorithm keeps its
+--          buckets in a group hash (the token bucket), the bucket's field.
 -- The buckets of one policy at one share and cost carry the same set, so
 -- a merged call of many of them sends the policy's numbers once, not once
 -- per bucket: every argument costs Redis a parse, an object and a Lua
@@ -74,9 +74,8 @@ local m = tonumber(ARGV[4])
 if not m or m < 1 or m > n or m % 1 ~= 0 then
   return redis.error_reply('ERR bucket: ' .. tostring(ARGV[4]) .. ' parameter sets for ' .. n .. ' keys, want 1 to ' .. n)
 end
-local nargs = 4 + NSET * m + 2 * n
-if #ARGV ~= nargs then
-  return redis.error_reply('ERR bucket: want ' .. nargs .. ' arguments for ' .. n .. ' keys and ' .. m .. ' parameter sets, got ' .. #ARGV)
+if #ARGV < 4 + NSET * m + n then
+  return redis.error_reply('ERR bucket: ' .. #ARGV .. ' arguments, want at least ' .. (4 + NSET * m + n) .. ' for ' .. n .. ' keys and ' .. m .. ' parameter sets')
 end
 if op ~= 't' and op ~= 'i' and op ~= 'r' then
   return redis.error_reply('ERR bucket: unknown operation ' .. tostring(op))
@@ -116,25 +115,41 @@ for j = 1, m do
     ttl = tonumber(ARGV[b + 5]) * 1000, ttlarg = ARGV[b + 5], fill = fill, since = since,
   }
 end
--- bs[i] is the parameter set of bucket i, fields[i] its field; named
--- holds the sets by the strings the buckets name them with, so that a
--- call of many buckets parses each set number once.
+-- bs[i] is the parameter set of bucket i, fields[i] its field ('' for a
+-- string key); named holds the sets by the strings the buckets name them
+-- with, so that a call of many buckets parses each set number once.
 local bs, fields, named = {}, {}, {}
+local a = 5 + NSET * m
 for i = 1, n do
-  local a = 4 + NSET * m + 2 * (i - 1)
-  local name = ARGV[a + 1]
+  local name = ARGV[a]
+  if not name then
+    return redis.error_reply('ERR bucket: ' .. #ARGV .. ' arguments end before key ' .. i .. ' of ' .. n .. ' (' .. m .. ' parameter sets)')
+  end
   local s = named[name]
   if not s then
     s = sets[tonumber(name)]
     if not s then
-      return redis.error_reply('ERR bucket: key ' .. i .. ' names parameter set ' .. tostring(name) .. ', want 1 to ' .. m)
+      return redis.error_reply('ERR bucket: key ' .. i .. ' names parameter set ' .. name .. ', want 1 to ' .. m)
     end
     named[name] = s
   end
-  bs[i], fields[i] = s, ARGV[a + 2]
-  if fields[i] ~= '' and not STALE[s.alg] then
-    return redis.error_reply('ERR bucket: algorithm ' .. s.alg .. ' cannot live in a group hash')
+  bs[i] = s
+  if STALE[s.alg] then
+    fields[i] = ARGV[a + 1]
+    if not fields[i] then
+      return redis.error_reply('ERR bucket: ' .. #ARGV .. ' arguments end before the field of key ' .. i .. ' of ' .. n)
+    end
+    if fields[i] == '' then
+      return redis.error_reply('ERR bucket: key ' .. i .. ' has an empty field')
+    end
+    a = a + 2
+  else
+    fields[i] = ''
+    a = a + 1
   end
+end
+if a - 1 ~= #ARGV then
+  return redis.error_reply('ERR bucket: want ' .. (a - 1) .. ' arguments for ' .. n .. ' keys and ' .. m .. ' parameter sets, got ' .. #ARGV)
 end
 
 local function read(i)
