@@ -14,6 +14,16 @@ import (
 
 const benchEnvoy = "domain: bench\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 1000000}\n"
 
+// benchD10 has ten rules, tenant0 to tenant9, for requests of ten
+// descriptors, whose budgets no benchmark spends.
+var benchD10 = func() string {
+	s := "domain: benchd10\ndescriptors:\n"
+	for k := range 10 {
+		s += "  - key: tenant" + strconv.Itoa(k) + "\n    rate_limit: {unit: second, requests_per_unit: 1000000}\n"
+	}
+	return s
+}()
+
 // benchLeased is a rule with node leases on, whose budget no benchmark
 // spends.
 const benchLeased = "domain: benchlease\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 100000000, burst: 100000000, lease: {fraction: 1, ttl: 2s}}\n"

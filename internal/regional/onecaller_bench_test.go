@@ -77,7 +77,7 @@ func BenchmarkOneCaller(b *testing.B) {
 	}
 	b.Cleanup(func() { store.Close() })
 	h := startNode(b, Config{StoreTimeout: 250 * time.Millisecond, Store: store,
-		Local: memoryStore(b, clock.Real{})}, map[string]string{"e.yaml": benchEnvoy, "l.yaml": benchLeased})
+		Local: memoryStore(b, clock.Real{})}, map[string]string{"e.yaml": benchEnvoy, "l.yaml": benchLeased, "d.yaml": benchD10})
 	// The harness counts the store's calls under a lock: call the store
 	// itself, as a node does (and lease from it).
 	h.node.cfg.Store = h.store.Store
@@ -179,6 +179,17 @@ func BenchmarkOneCaller(b *testing.B) {
 	for _, name := range []string{"handler-c50", "handler-c50-zipf"} {
 		benchHandlerC50(b, name, r, reqs, orders[name], writes)
 	}
+	// handler-c50-d10: requests of 10 descriptors, each of its own rule,
+	// as the script's d10 run (its figures are per request of 10 checks).
+	d10 := make([]*rlsv3.RateLimitRequest, len(reqs))
+	for i := range d10 {
+		req := &rlsv3.RateLimitRequest{Domain: "benchd10"}
+		for k := range 10 {
+			req.Descriptors = append(req.Descriptors, desc("tenant"+strconv.Itoa(k), prefix+"-"+strconv.Itoa(i)))
+		}
+		d10[i] = req
+	}
+	benchHandlerC50(b, "handler-c50-d10", r, d10, orders["handler-c50"], writes)
 }
 
 // benchHandlerC50 runs 50 callers per P at once on the handler, the i-th
