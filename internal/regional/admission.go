@@ -227,15 +227,16 @@ func (n *Node) prepareCheck(set *policy.Set, req *quotav1.CheckRequest, shares *
 // policyItem builds the bucket request of policy p for subject at the
 // share the check's pin reads.
 func (n *Node) policyItem(p *policy.Policy, subject string, valid bucket.Subject, cost int64, shares *sharePin) (item, error) {
+	st := n.stateOf(p)
 	it := item{label: p.Name, pol: p, subject: subject, mode: p.FailureMode, scale: p.LocalScale,
-		shadow: p.Shadow, unlimited: p.Unlimited}
+		shadow: p.Shadow, unlimited: p.Unlimited, state: st}
 	if it.scale <= 0 || it.scale > 1 {
 		it.scale = 1
 	}
 	if p.Unlimited {
 		return it, nil
 	}
-	it.live = n.live.set(p)
+	it.live = st.live
 	now := n.cfg.Clock.Now()
 	var verdict subjectVerdict
 	verdict, it.fresh = it.live.admit(subject, now)
@@ -250,9 +251,9 @@ func (n *Node) policyItem(p *policy.Policy, subject string, valid bucket.Subject
 	var key bucket.Key
 	var err error
 	if valid.IsZero() {
-		key, err = bucket.NewKey(p.Name, p.KeyVersion(), subject)
+		key, err = bucket.NewKey(p.Name, st.version, subject)
 	} else {
-		key, err = bucket.NewSubjectKey(p.Name, p.KeyVersion(), valid)
+		key, err = bucket.NewSubjectKey(p.Name, st.version, valid)
 	}
 	if err != nil {
 		return item{}, err

@@ -64,10 +64,10 @@ type Node struct {
 	// serves (see admitOps), looked up once: a vector lookup hashes the
 	// label on every check. Read-only after New.
 	apiOps map[string]prometheus.Counter
-	// counters caches decision counters by policy (see decisionCounter):
-	// *policy.Policy -> *[len(decisionResults)]prometheus.Counter.
-	counters   sync.Map
-	ncounters  atomic.Int64
+	// states caches what checks read of each policy (see stateOf):
+	// *policy.Policy -> *policyState.
+	states     sync.Map
+	nstates    atomic.Int64
 	decisionN  atomic.Uint64
 	lastDegLog atomic.Int64
 	degSkipped atomic.Int64
@@ -140,6 +140,9 @@ func (n *Node) SetPolicies(s *policy.Set) {
 	n.set.Store(s)
 	n.fingerprint.Store(fingerprintOf(s, &n.cfg))
 	n.live.forget(s)
+	// The old policies' states hold their live subjects: let them go.
+	n.states.Clear()
+	n.nstates.Store(0)
 	n.m.policies.Set(float64(s.Len()))
 	n.RefreshShareGauges()
 }
@@ -176,6 +179,9 @@ type item struct {
 	scale     float64 // local bucket scale for FailLocal
 	shadow    bool
 	unlimited bool
+	// state is pol's policyState when policyItem made the item (nil
+	// otherwise).
+	state *policyState
 	// live is the policy's live-subject set (nil for unlimited policies
 	// and Envoy overrides); fresh says this check made subject live, and
 	// refused that the check is denied without asking the store.
@@ -777,18 +783,47 @@ func demandCost(items []item, i int) int64 {
 	return max(min(it.req.Cost, room), 0)
 }
 
-// decisionResults are the results whose counters decisionCounter caches.
+// decisionResults are the results whose counters policyState holds.
 var decisionResults = [...]string{resultAllowed, resultDenied, resultShadowDenied, resultUnlimited}
 
-// maxDecisionCounters bounds the policies whose decision counters are
-// cached; the cache is emptied when it is full (policy sets reloaded
-// many times leave old policies in it).
-const maxDecisionCounters = 4096
+// policyState is what the checks of one loaded policy read beside the
+// policy, worked out once per policy rather than on every check: its
+// bucket key version (a hash of its limits), its live-subject set (a
+// lookup by name and version under a lock) and its decision counters (a
+// counter vector lookup hashes the three label values).
+type policyState struct {
+	version  uint32
+	live     *subjectSet // nil for an unlimited policy
+	counters [len(decisionResults)]prometheus.Counter
+}
+
+// maxPolicyStates bounds the policies whose states are cached; the cache
+// is emptied when it is full, and whenever the policies change.
+const maxPolicyStates = 4096
+
+// stateOf returns p's policyState, from the cache keyed by the policy.
+func (n *Node) stateOf(p *policy.Policy) *policyState {
+	if v, ok := n.states.Load(p); ok {
+		return v.(*policyState)
+	}
+	st := &policyState{version: p.KeyVersion()}
+	if !p.Unlimited {
+		st.live = n.live.set(p)
+	}
+	for i, x := range decisionResults {
+		st.counters[i] = n.m.decisions.WithLabelValues(p.Name, n.cfg.Region, x)
+	}
+	if n.nstates.Add(1) > maxPolicyStates {
+		n.states.Clear()
+		n.nstates.Store(0)
+	}
+	n.states.Store(p, st)
+	return st
+}
 
 // decisionCounter returns the decisions counter of it's policy, the
-// node's region and result: for an item of a loaded policy from a cache
-// keyed by the policy (a counter vector lookup hashes the three label
-// values on every check), else from the vector.
+// node's region and result: for an item of a loaded policy from its
+// policyState, else from the vector.
 func (n *Node) decisionCounter(it *item, result string) prometheus.Counter {
 	r := -1
 	for i, x := range decisionResults {
@@ -800,19 +835,11 @@ func (n *Node) decisionCounter(it *item, result string) prometheus.Counter {
 	if it.pol == nil || it.label != it.pol.Name || r < 0 {
 		return n.m.decisions.WithLabelValues(it.label, n.cfg.Region, result)
 	}
-	if v, ok := n.counters.Load(it.pol); ok {
-		return v.(*[len(decisionResults)]prometheus.Counter)[r]
+	st := it.state
+	if st == nil {
+		st = n.stateOf(it.pol)
 	}
-	var cs [len(decisionResults)]prometheus.Counter
-	for i, x := range decisionResults {
-		cs[i] = n.m.decisions.WithLabelValues(it.label, n.cfg.Region, x)
-	}
-	if n.ncounters.Add(1) > maxDecisionCounters {
-		n.counters.Clear()
-		n.ncounters.Store(0)
-	}
-	n.counters.Store(it.pol, &cs)
-	return cs[r]
+	return st.counters[r]
 }
 
 // isNoopProvider reports whether tp is the no-op tracer provider.
