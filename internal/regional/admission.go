@@ -210,8 +210,9 @@ func (n *Node) prepareCheck(set *policy.Set, req *quotav1.CheckRequest, shares *
 	}
 	c.subject = subject
 	c.items = make([]item, 0, len(pols))
+	now := n.cfg.Clock.Now()
 	for _, p := range pols {
-		it, err := n.policyItem(p, subject, bucket.Subject{}, cost, shares)
+		it, err := n.policyItem(p, subject, bucket.Subject{}, cost, shares, now)
 		if err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "policy %q: %v", p.Name, err)
 		}
@@ -225,8 +226,9 @@ func (n *Node) prepareCheck(set *policy.Set, req *quotav1.CheckRequest, shares *
 }
 
 // policyItem builds the bucket request of policy p for subject at the
-// share the check's pin reads.
-func (n *Node) policyItem(p *policy.Policy, subject string, valid bucket.Subject, cost int64, shares *sharePin) (item, error) {
+// share the check's pin reads; now is the node's clock reading for the
+// check (read once per check, not once per policy).
+func (n *Node) policyItem(p *policy.Policy, subject string, valid bucket.Subject, cost int64, shares *sharePin, now time.Time) (item, error) {
 	st := n.stateOf(p)
 	it := item{label: p.Name, pol: p, subject: subject, mode: p.FailureMode, scale: p.LocalScale,
 		shadow: p.Shadow, unlimited: p.Unlimited, state: st}
@@ -237,7 +239,6 @@ func (n *Node) policyItem(p *policy.Policy, subject string, valid bucket.Subject
 		return it, nil
 	}
 	it.live = st.live
-	now := n.cfg.Clock.Now()
 	var verdict subjectVerdict
 	verdict, it.fresh = it.live.admit(subject, now)
 	switch verdict {

@@ -2,7 +2,10 @@ package regional
 
 import (
 	"context"
+	"strconv"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -29,5 +32,34 @@ func TestEnvoyCheckAllocations(t *testing.T) {
 	if n := testing.AllocsPerRun(200, check); n > maxEnvoyCheckAllocs+raceAllocs {
 		t.Fatalf("a one-descriptor check allocates %v times, want at most %d", n, maxEnvoyCheckAllocs+raceAllocs)
 
+	}
+}
+
+// countingClock is the wall clock, counting its readings.
+type countingClock struct{ reads atomic.Int64 }
+
+func (c *countingClock) Now() time.Time {
+	c.reads.Add(1)
+	return time.Now()
+}
+
+// TestEnvoyCheckReadsClockOnce: a check reads the node's clock once,
+// whatever the number of descriptors (policies) it charges, rather than
+// once per policy.
+func TestEnvoyCheckReadsClockOnce(t *testing.T) {
+	clk := &countingClock{}
+	h := startNode(t, Config{Clock: clk}, map[string]string{"d.yaml": benchD10})
+	r := &rls{n: h.node}
+	req := &rlsv3.RateLimitRequest{Domain: "benchd10"}
+	for k := range 10 {
+		req.Descriptors = append(req.Descriptors, desc("tenant"+strconv.Itoa(k), "acme"))
+	}
+	before := clk.reads.Load()
+	resp, err := r.ShouldRateLimit(context.Background(), req)
+	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Fatal(resp, err)
+	}
+	if n := clk.reads.Load() - before; n != 1 {
+		t.Fatalf("a check of 10 descriptors read the clock %d times, want 1", n)
 	}
 }

@@ -108,7 +108,7 @@ func FuzzEnvoyRequest(f *testing.F) {
 		}
 		req := &rlsv3.RateLimitRequest{Domain: domain, HitsAddend: hits, Descriptors: []*rlcommon.RateLimitDescriptor{d1, d2}}
 		shares := n.beginShares()
-		ec, err := n.prepareEnvoy(set, req, &shares, n.access.Load().anonymous)
+		ec, err := n.prepareEnvoy(set, req, &shares, n.access.Load().anonymous, n.cfg.Clock.Now())
 		shares.end()
 		resp, rerr := api.ShouldRateLimit(context.Background(), req)
 		if rerr != nil {

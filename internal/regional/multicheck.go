@@ -98,8 +98,9 @@ func (n *Node) prepareCharges(set *policy.Set, charges []*quotav1.Charge, action
 	}
 	c.items = make([]item, 0, len(valid))
 	subjects := make([]string, len(valid))
+	now := n.cfg.Clock.Now()
 	for i, v := range valid {
-		it, err := n.policyItem(v.pol, v.subject, bucket.Subject{}, v.cost, shares)
+		it, err := n.policyItem(v.pol, v.subject, bucket.Subject{}, v.cost, shares, now)
 		if err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "charge %d, policy %q: %v", i, v.pol.Name, err)
 		}

@@ -80,7 +80,8 @@ func (r *rls) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) 
 	// An unknown bearer token leaves the caller anonymous: an error here
 	// would make Envoy admit the request.
 	who, perms, _ := r.n.callerPerms(ctx)
-	ec, err := r.n.prepareEnvoy(set, req, &shares, perms)
+	now := r.n.cfg.Clock.Now()
+	ec, err := r.n.prepareEnvoy(set, req, &shares, perms, now)
 	if err != nil {
 		return r.n.rejectEnvoy(req, err), nil
 	}
@@ -89,7 +90,6 @@ func (r *rls) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) 
 		return r.n.rejectEnvoy(req, errCallerBusy), nil
 	}
 	defer r.n.inflight.release(who, ops)
-	now := r.n.cfg.Clock.Now()
 	ctx, span := r.n.startSpan(ctx, "regional.ShouldRateLimit")
 	defer span.End()
 	out, err := r.n.decide(ctx, now, ec.items, &ec.one.outcome)
@@ -182,8 +182,9 @@ func (r *rls) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) 
 // refund grant is charged as a plain hit, both counted in
 // quota_regional_forbidden_actions_total. A descriptor whose rule the
 // caller may not check is an error (PermissionDenied), which
-// ShouldRateLimit answers OVER_LIMIT. Errors are gRPC statuses.
-func (n *Node) prepareEnvoy(set *policy.Set, req *rlsv3.RateLimitRequest, shares *sharePin, perms grants.Perms) (*envoyCheck, error) {
+// ShouldRateLimit answers OVER_LIMIT. Errors are gRPC statuses. now is
+// the node's clock reading for the request.
+func (n *Node) prepareEnvoy(set *policy.Set, req *rlsv3.RateLimitRequest, shares *sharePin, perms grants.Perms, now time.Time) (*envoyCheck, error) {
 	if req == nil {
 		return nil, status.Error(codes.InvalidArgument, "empty request")
 	}
@@ -272,7 +273,7 @@ func (n *Node) prepareEnvoy(set *policy.Set, req *rlsv3.RateLimitRequest, shares
 		case m.Unlimited:
 			it = item{label: m.Policy.Name, pol: m.Policy, unlimited: true}
 		default:
-			it, err = n.policyItem(m.Policy, m.Subject, m.BucketSubject, int64(cost), shares)
+			it, err = n.policyItem(m.Policy, m.Subject, m.BucketSubject, int64(cost), shares, now)
 			if err != nil {
 				return nil, status.Errorf(codes.InvalidArgument, "descriptor %d: %v", i, err)
 			}
