@@ -63,3 +63,33 @@ func TestEnvoyCheckReadsClockOnce(t *testing.T) {
 		t.Fatalf("a check of 10 descriptors read the clock %d times, want 1", n)
 	}
 }
+
+// TestEnvoyMultiCheckRoom: a request of ten descriptors carries no room
+// for a one-descriptor request (1 KiB it would clear and the collector
+// would sweep on every such request): preparing it allocates at most
+// maxMultiPrepareBytes (its ten subjects, rule matches, items and
+// reply limits).
+func TestEnvoyMultiCheckRoom(t *testing.T) {
+	const maxMultiPrepareBytes = 6000
+	h := startNode(t, Config{}, map[string]string{"d.yaml": benchD10})
+	n := h.node
+	req := &rlsv3.RateLimitRequest{Domain: "benchd10"}
+	for k := range 10 {
+		req.Descriptors = append(req.Descriptors, desc("tenant"+strconv.Itoa(k), "acme"))
+	}
+	set, perms := n.set.Load(), n.access.Load().anonymous
+	res := testing.Benchmark(func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			shares := n.beginShares()
+			ec, err := n.prepareEnvoy(set, req, &shares, perms, time.Now())
+			shares.end()
+			if err != nil || len(ec.items) != 10 {
+				b.Fatal(err)
+			}
+		}
+	})
+	if got := res.AllocedBytesPerOp(); got > maxMultiPrepareBytes {
+		t.Fatalf("preparing a 10-descriptor request allocates %d bytes, want at most %d", got, maxMultiPrepareBytes)
+	}
+}

@@ -230,7 +230,10 @@ func (n *Node) decide(ctx context.Context, now time.Time, items []item, one *one
 	} else {
 		out.decs, out.known = make([]bucket.Decision, len(items)), make([]bool, len(items))
 	}
-	var enforce, shadow []int
+	// Room for the enforced items of a check of up to 16 policies, on the
+	// stack.
+	var enforceRoom [16]int
+	enforce, shadow := enforceRoom[:0], []int(nil)
 	for i := range items {
 		it := &items[i]
 		switch {

@@ -39,9 +39,16 @@ type envoyCheck struct {
 	refunds []item
 	limits  []*rlsv3.RateLimitResponse_RateLimit // current_limit per descriptor
 
-	// Room for a request of one descriptor with one entry (the common
-	// case), so that its check and reply take one allocation.
-	one struct {
+	// one is the room of a request of one descriptor with one entry (the
+	// common case), nil for other requests, which do not carry it.
+	one *envoyOne
+}
+
+// envoyOne is an envoyCheck with room for a request of one descriptor
+// with one entry, so that its check and reply take one allocation.
+type envoyOne struct {
+	check envoyCheck
+	room  struct {
 		entry    [1]policy.Entry
 		entries  [1][]policy.Entry
 		item     [1]item
@@ -55,6 +62,15 @@ type envoyCheck struct {
 		match    [1]policy.DescriptorMatch
 		outcome  oneOutcome
 	}
+}
+
+// outcomeRoom is where decide keeps the decisions of a check of one
+// item: the room of a one-descriptor request, nil for others.
+func (ec *envoyCheck) outcomeRoom() *oneOutcome {
+	if ec.one == nil {
+		return nil
+	}
+	return &ec.one.room.outcome
 }
 
 // ShouldRateLimit implements the Envoy rate limit service with Envoy's
@@ -92,7 +108,7 @@ func (r *rls) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) 
 	defer r.n.inflight.release(who, ops)
 	ctx, span := r.n.startSpan(ctx, "regional.ShouldRateLimit")
 	defer span.End()
-	out, err := r.n.decide(ctx, now, ec.items, &ec.one.outcome)
+	out, err := r.n.decide(ctx, now, ec.items, ec.outcomeRoom())
 	if err != nil {
 		switch {
 		case ctx.Err() != nil:
@@ -114,9 +130,9 @@ func (r *rls) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) 
 	var resp *rlsv3.RateLimitResponse
 	var sts []rlsv3.RateLimitResponse_DescriptorStatus
 	var durs []durationpb.Duration
-	if len(ec.slot) == 1 {
-		resp, sts, durs = &ec.one.resp, ec.one.status[:], ec.one.dur[:]
-		resp.Statuses = ec.one.statPtr[:]
+	if one := ec.one; one != nil {
+		resp, sts, durs = &one.room.resp, one.room.status[:], one.room.dur[:]
+		resp.Statuses = one.room.statPtr[:]
 	} else {
 		resp = &rlsv3.RateLimitResponse{Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(ec.slot))}
 		sts = make([]rlsv3.RateLimitResponse_DescriptorStatus, len(ec.slot))
@@ -192,19 +208,24 @@ func (n *Node) prepareEnvoy(set *policy.Set, req *rlsv3.RateLimitRequest, shares
 	if len(descs) == 0 || len(descs) > MaxDescriptors {
 		return nil, status.Errorf(codes.InvalidArgument, "request has %d descriptors, want 1 to %d", len(descs), MaxDescriptors)
 	}
-	ec := &envoyCheck{}
+	var ec *envoyCheck
 	var entries [][]policy.Entry
 	var lims []rlsv3.RateLimitResponse_RateLimit
 	var matches []policy.DescriptorMatch
 	if len(descs) == 1 && len(descs[0].GetEntries()) == 1 {
+		one := &envoyOne{}
+		ec = &one.check
+		ec.one = one
+		room := &one.room
 		e := descs[0].GetEntries()[0]
-		ec.one.entry[0] = policy.Entry{Key: e.GetKey(), Value: e.GetValue()}
-		ec.one.entries[0] = ec.one.entry[:]
-		entries = ec.one.entries[:]
-		ec.items, ec.slot, ec.limits = ec.one.item[:0], ec.one.slot[:], ec.one.limitPtr[:]
-		lims = ec.one.limit[:]
-		matches = ec.one.match[:]
+		room.entry[0] = policy.Entry{Key: e.GetKey(), Value: e.GetValue()}
+		room.entries[0] = room.entry[:]
+		entries = room.entries[:]
+		ec.items, ec.slot, ec.limits = room.item[:0], room.slot[:], room.limitPtr[:]
+		lims = room.limit[:]
+		matches = room.match[:]
 	} else {
+		ec = &envoyCheck{}
 		entries = flatEntries(descs)
 		ec.items = make([]item, 0, len(descs))
 		ec.slot = make([]int, len(descs))
