@@ -82,14 +82,14 @@ type subjectSet struct {
 // subjectShard is a part of a policy's live subjects, soonest to expire
 // first. A subject stays listed at least ttl after its last check.
 //
-// Entries live in a slab, linked by index in expiry order, and the map
-// holds the index of each subject's entry: neither holds a pointer, so
-// the garbage collector does not scan them, and a check of a live subject
-// reads one map slot and one entry (a string-keyed map also read the
+// Entries live in a slab, linked by index in expiry order, and the table
+// holds each subject's expiry and the index of its entry: neither holds
+// a pointer, so the garbage collector does not scan them, and a check of
+// a live subject reads one table slot (a string-keyed map also read the
 // subject's bytes, and its entries were objects of their own).
 type subjectShard struct {
 	mu      sync.Mutex
-	m       map[uint64]int32
+	m       subjectTable
 	entries []liveEntry
 	// head expires first, tail last; free lists unused entries (via
 	// next). noEntry for none.
@@ -137,7 +137,7 @@ func (sh *subjectShard) unlink(i int32) {
 // drop removes entry i from the shard.
 func (sh *subjectShard) drop(i int32) {
 	sh.unlink(i)
-	delete(sh.m, sh.entries[i].hash)
+	sh.m.delete(sh.entries[i].hash)
 	sh.entries[i].next = sh.free
 	sh.free = i
 }
@@ -152,7 +152,7 @@ func (sh *subjectShard) add(hash uint64, expires int64) {
 		i = int32(len(sh.entries) - 1)
 	}
 	sh.entries[i] = liveEntry{hash: hash, expires: expires}
-	sh.m[hash] = i
+	sh.m.put(hash, i, expires)
 	sh.pushBack(i)
 }
 
@@ -195,7 +195,6 @@ func newSubjectSet(max int, ttl time.Duration) *subjectSet {
 	}
 	s := &subjectSet{seed: maphash.MakeSeed(), shards: make([]subjectShard, n), per: min(max/n, math.MaxInt32), ttl: ttl}
 	for i := range s.shards {
-		s.shards[i].m = make(map[uint64]int32)
 		s.shards[i].head, s.shards[i].tail, s.shards[i].free = noEntry, noEntry, noEntry
 	}
 	return s
@@ -231,28 +230,24 @@ func (s *subjectSet) admit(subject string, now time.Time) (v subjectVerdict, fre
 	at, ttl := now.UnixNano(), int64(s.ttl)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if i, ok := sh.m[h]; ok {
-		e := &sh.entries[i]
-		if at < e.expires {
+	if slot := sh.m.find(h); slot != nil {
+		i := slot.i1 - 1
+		if at < slot.expires {
 			// Moving an entry to the back on every check cost a list
 			// operation per check; an entry is moved once less than ttl
 			// of its life is left, and then lives 1.5 ttl, so it is still
 			// listed ttl after its last check (as its bucket may be), and
 			// the list stays in expiry order.
-			if e.expires-at < ttl {
-				e.expires = at + ttl + ttl/2
-				sh.unlink(i)
-				sh.pushBack(i)
+			if slot.expires-at < ttl {
+				sh.renew(slot, at+ttl+ttl/2)
 			}
 			return subjectOwn, false
 		}
 		if at >= s.fullUntil.Load() {
 			// Expired, and live again: as dropped and added anew (its
-			// place counted, so within the bound), but in place. The map
-			// does not grow, so no expired entry need make room.
-			e.expires = at + ttl + ttl/2
-			sh.unlink(i)
-			sh.pushBack(i)
+			// place counted, so within the bound), but in place. The
+			// table does not grow, so no expired entry need make room.
+			sh.renew(slot, at+ttl+ttl/2)
 			return subjectOwn, true
 		}
 		sh.drop(i)
@@ -261,11 +256,20 @@ func (s *subjectSet) admit(subject string, now time.Time) (v subjectVerdict, fre
 		return subjectRefused, false
 	}
 	sh.dropExpired(at)
-	if len(sh.m) >= s.per {
+	if sh.m.len() >= s.per {
 		return subjectOverflow, false
 	}
 	sh.add(h, at+ttl+ttl/2)
 	return subjectOwn, true
+}
+
+// renew makes slot's entry expire at expires, at the tail.
+func (sh *subjectShard) renew(slot *tableSlot, expires int64) {
+	i := slot.i1 - 1
+	slot.expires = expires
+	sh.entries[i].expires = expires
+	sh.unlink(i)
+	sh.pushBack(i)
 }
 
 // dropExpired drops at most maxExpiredPerAdmit entries expired at at, the
@@ -293,8 +297,8 @@ func (s *subjectSet) refused(subject string, fresh bool, now time.Time, cooldown
 	h, sh := s.shard(subject)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if i, ok := sh.m[h]; ok {
-		sh.drop(i)
+	if slot := sh.m.find(h); slot != nil {
+		sh.drop(slot.i1 - 1)
 	}
 }
 

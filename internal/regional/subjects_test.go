@@ -37,7 +37,7 @@ func TestExpiredSubjectLiveAgainInPlace(t *testing.T) {
 		t.Fatalf("a fifth live subject under a bound of 4: %v, want overflow", v)
 	}
 	_, sh := s.shard("s0")
-	if n := len(sh.m); n != 4 {
+	if n := sh.m.len(); n != 4 {
 		t.Fatalf("%d entries, want the 4 live subjects (the expired ones dropped)", n)
 	}
 	i := 0
@@ -74,7 +74,7 @@ func TestNewSubjectReusesExpiredPlace(t *testing.T) {
 		t.Errorf("a new subject in an expired one's place allocated %.1f times, want 0", allocs)
 	}
 	_, sh := s.shard("first")
-	if len(sh.m) != 1 || len(sh.entries) > 2 {
-		t.Errorf("%d subjects listed in %d entries, want 1 in at most 2", len(sh.m), len(sh.entries))
+	if sh.m.len() != 1 || len(sh.entries) > 2 {
+		t.Errorf("%d subjects listed in %d entries, want 1 in at most 2", sh.m.len(), len(sh.entries))
 	}
 }
