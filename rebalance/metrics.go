@@ -16,6 +16,7 @@ type metrics struct {
 	publishTxns prometheus.Counter
 	acksMissed  *prometheus.CounterVec
 	mismatch    *prometheus.GaugeVec
+	resyncs     prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -52,6 +53,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		publishTxns: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "quota_coordinator_publish_txns_total", Help: "Fenced publish transactions sent to etcd; each carries up to 126 allocations.",
 		}),
+		resyncs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "quota_coordinator_record_reads_total", Help: "Reads of every record by the leader: when it starts leading, every FullEvery-th full round, and when its watch of the records was compacted, fell behind its own write, or left records out over a bound. Other rounds plan on the records the watch kept.",
+		}),
 		mismatch: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "quota_coordinator_region_config_mismatch", Help: "1 for a live region not counted because a node of it reports other policies or subject naming than most nodes (the fingerprint of its registration), else 0.",
 		}, []string{"region"}),
@@ -62,7 +66,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.leader, m.rounds, m.duration, m.planned, m.epochs, m.share, m.regions, m.ackLag, m.publishErr, m.publishTxns, m.acksMissed, m.mismatch} {
+	for _, c := range []prometheus.Collector{m.leader, m.rounds, m.duration, m.planned, m.epochs, m.share, m.regions, m.ackLag, m.publishErr, m.publishTxns, m.acksMissed, m.mismatch, m.resyncs} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
