@@ -1,6 +1,9 @@
 package rebalance
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/quotacoord/quota/plan"
+)
 
 // metrics has no per-subject label: policies and regions are bounded.
 type metrics struct {
@@ -17,10 +20,14 @@ type metrics struct {
 	acksMissed  *prometheus.CounterVec
 	mismatch    *prometheus.GaugeVec
 	resyncs     prometheus.Counter
+
+	// shown is the allocation each policy's share series show (observe).
+	shown map[string]*plan.Allocation
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
+		shown: map[string]*plan.Allocation{},
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "quota_coordinator_leader", Help: "1 while this coordinator leads, else 0.",
 		}),
@@ -74,14 +81,37 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-// observe updates the gauges that describe a snapshot.
+// observe updates the gauges that describe a snapshot. The share series
+// of an allocation are rewritten when the allocation is not the one they
+// show (a snapshot keeps an allocation's value until it changes): a
+// round's cost follows the allocations that changed, not every policy
+// times every region.
 func (m *metrics) observe(snap *snapshot) {
 	m.regions.Set(float64(len(snap.view.Regions)))
-	m.share.Reset()
+	for p, a := range m.shown {
+		if snap.allocs[p] == nil {
+			for r := range a.Default {
+				m.share.DeleteLabelValues(p, r)
+			}
+			delete(m.shown, p)
+		}
+	}
 	lag := make(map[string]float64)
 	for p, a := range snap.allocs {
-		for r, s := range a.Default {
-			m.share.WithLabelValues(p, r).Set(s)
+		if was := m.shown[p]; was != a {
+			if was != nil {
+				for r := range was.Default {
+					if _, ok := a.Default[r]; !ok {
+						m.share.DeleteLabelValues(p, r)
+					}
+				}
+			}
+			for r, s := range a.Default {
+				m.share.WithLabelValues(p, r).Set(s)
+			}
+			m.shown[p] = a // bounded by the allocations
+		}
+		for r := range a.Default {
 			if nodes, ok := snap.view.Regions[r]; ok {
 				// A region lags as far as its slowest node.
 				worst := uint64(0)
