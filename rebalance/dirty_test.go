@@ -147,13 +147,13 @@ func TestDemandChangedLeavesJitterOut(t *testing.T) {
 	}
 	ds := newDirtySet()
 	m := newMirror(ly, hclog.NewNullLogger())
-	m.apply(&clientv3.Event{Type: clientv3.EventTypePut, Kv: kv(1, 100, 100)}, ds)
+	m.apply(&clientv3.Event{Type: clientv3.EventTypePut, Kv: kv(1, 100, 100)}, nil, ds)
 	ds.all = false
-	m.apply(&clientv3.Event{Type: clientv3.EventTypePut, Kv: kv(2, 150, 103)}, ds)
+	m.apply(&clientv3.Event{Type: clientv3.EventTypePut, Kv: kv(2, 150, 103)}, nil, ds)
 	if !ds.policies[moving] || ds.policies[steady] || len(ds.policies) != 1 {
 		t.Fatalf("after %s moved by half and %s by 3%%, marked %v, want only %s", moving, steady, ds.policies, moving)
 	}
-	m.apply(&clientv3.Event{Type: clientv3.EventTypeDelete, Kv: &mvccpb.KeyValue{Key: kv(3, 0, 0).Key, ModRevision: 3}}, ds)
+	m.apply(&clientv3.Event{Type: clientv3.EventTypeDelete, Kv: &mvccpb.KeyValue{Key: kv(3, 0, 0).Key, ModRevision: 3}}, nil, ds)
 	if !ds.policies[steady] {
 		t.Fatalf("a deleted shard left %s unmarked: %v", steady, ds.policies)
 	}

@@ -65,23 +65,27 @@ func (l *Loop) watch(ctx context.Context, k *kept) {
 	k.stop()
 	wctx, cancel := context.WithCancel(ctx)
 	k.wctx, k.cancel = wctx, cancel
-	k.q = queueWatch(l.cfg.Client.Watch(wctx, l.layout.Root(), clientv3.WithPrefix(), clientv3.WithRev(k.m.rev+1)))
+	ly := l.layout
+	k.q = queueWatch(l.cfg.Client.Watch(wctx, ly.Root(), clientv3.WithPrefix(), clientv3.WithRev(k.m.rev+1)),
+		func(ev *clientv3.Event) any { return prepareShard(ly, ev) }, maxQueued)
 }
 
 // take applies every queued watch response to the copy, marking in ds
 // the policies whose demand or acknowledgements changed, telling the
 // planner of nodes that lost their registration, and signalling k.back. It
 // reports whether acknowledgements or registrations changed (a round is
-// owed). A compacted watch fills the copy again and restarts (every
-// policy is then planned: what changed in the events lost is unknown). A
+// owed). A compacted watch, or one whose queue overflowed (watchQueue),
+// fills the copy again and restarts (every policy is then planned: what
+// changed in the events lost is unknown). A
 // watch that fails otherwise, or closes, ends the lead (watchEnded).
 func (l *Loop) take(ctx context.Context, k *kept, ds *dirtySet) (owed bool, err error) {
-	q := k.q
-	q.mu.Lock()
-	resps, closed := q.resps, q.closed
-	q.resps = nil
-	q.mu.Unlock()
-	for _, wr := range resps {
+	resps, prepared, overflowed, closed := k.q.take()
+	if overflowed {
+		l.cfg.Logger.Warn("watch of the records more than the queue holds behind; reading them again", "at", k.m.rev, "bound_bytes", maxQueued)
+		ds.everything()
+		return true, l.resync(ctx, k, true)
+	}
+	for i, wr := range resps {
 		if wr.CompactRevision != 0 {
 			l.cfg.Logger.Warn("watch of the records compacted; reading them again", "compact_revision", wr.CompactRevision, "at", k.m.rev)
 			ds.everything()
@@ -98,7 +102,7 @@ func (l *Loop) take(ctx context.Context, k *kept, ds *dirtySet) (owed bool, err 
 			k.m.rev = max(k.m.rev, wr.Header.Revision)
 			continue
 		}
-		owed = l.applyEvents(k, ds, wr.Events) || owed
+		owed = l.applyEvents(k, ds, wr.Events, prepared[i]) || owed
 	}
 	if closed {
 		_, err := watchEnded(ctx, "records", clientv3.WatchResponse{}, false)
@@ -111,12 +115,12 @@ func (l *Loop) take(ctx context.Context, k *kept, ds *dirtySet) (owed bool, err 
 }
 
 // applyEvents applies evs to the copy (take).
-func (l *Loop) applyEvents(k *kept, ds *dirtySet, evs []*clientv3.Event) (owed bool) {
+func (l *Loop) applyEvents(k *kept, ds *dirtySet, evs []*clientv3.Event, prepared []any) (owed bool) {
 	now := l.cfg.Clock.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for _, ev := range evs {
-		switch c, region := k.m.apply(ev, ds); c {
+	for i, ev := range evs {
+		switch c, region := k.m.apply(ev, prepared[i], ds); c {
 		case changedRegistration:
 			owed = true
 			if ev.Type == clientv3.EventTypeDelete && region != "" {

@@ -307,18 +307,31 @@ func (l *Loop) lead(ctx context.Context, sess *concurrency.Session, f fence) err
 
 // watchQueue holds the responses of one watch until the lead loop takes
 // them all at once: those that arrive while a round runs are read by the
-// next round together, however the client paces their delivery.
+// next round together, however the client paces their delivery. Each
+// event is prepared as it arrives (queueWatch). At most limit bytes of
+// values wait: past that the queue drops them and says so (overflowed),
+// and the lead reads everything again, cheaper by then.
 type watchQueue struct {
 	// ready has a value when responses, or the watch's end, wait.
-	ready  chan struct{}
-	mu     sync.Mutex
-	resps  []clientv3.WatchResponse
-	closed bool
+	ready chan struct{}
+	mu    sync.Mutex
+	resps []clientv3.WatchResponse
+	// prepared holds what prepare made of each event of resps.
+	prepared   [][]any
+	bytes      int
+	limit      int
+	overflowed bool
+	closed     bool
 }
 
-// queueWatch queues ch's responses until ch closes (its context ends).
-func queueWatch(ch clientv3.WatchChan) *watchQueue {
-	q := &watchQueue{ready: make(chan struct{}, 1)}
+// maxQueued bounds the bytes of values the watch of the records queues.
+const maxQueued = 128 << 20
+
+// queueWatch queues ch's responses until ch closes (its context ends),
+// with what prepare (nil: nothing) makes of each event, holding at most
+// limit bytes of values.
+func queueWatch(ch clientv3.WatchChan, prepare func(*clientv3.Event) any, limit int) *watchQueue {
+	q := &watchQueue{ready: make(chan struct{}, 1), limit: limit}
 	signal := func() {
 		select {
 		case q.ready <- struct{}{}:
@@ -327,8 +340,20 @@ func queueWatch(ch clientv3.WatchChan) *watchQueue {
 	}
 	go func() {
 		for wr := range ch {
+			pre := make([]any, len(wr.Events))
+			n := 0
+			for i, ev := range wr.Events {
+				n += len(ev.Kv.Value)
+				if prepare != nil {
+					pre[i] = prepare(ev)
+				}
+			}
 			q.mu.Lock()
-			q.resps = append(q.resps, wr)
+			if q.bytes+n > q.limit {
+				q.resps, q.prepared, q.bytes, q.overflowed = nil, nil, 0, true
+			} else {
+				q.resps, q.prepared, q.bytes = append(q.resps, wr), append(q.prepared, pre), q.bytes+n
+			}
 			q.mu.Unlock()
 			signal()
 		}
@@ -338,6 +363,17 @@ func queueWatch(ch clientv3.WatchChan) *watchQueue {
 		signal()
 	}()
 	return q
+}
+
+// take returns and removes every queued response, what was prepared of
+// their events, whether responses were dropped over the bound, and
+// whether the watch closed.
+func (q *watchQueue) take() (resps []clientv3.WatchResponse, prepared [][]any, overflowed, closed bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	resps, prepared, overflowed, closed = q.resps, q.prepared, q.overflowed, q.closed
+	q.resps, q.prepared, q.bytes, q.overflowed = nil, nil, 0, false
+	return resps, prepared, overflowed, closed
 }
 
 // watchEnded reports whether a watch of what that delivered (wr, ok) ends
@@ -427,7 +463,7 @@ func (l *Loop) DryRun(ctx context.Context, policyName string) (Proposal, error) 
 func (l *Loop) round(ctx context.Context, f fence, k *kept, ds *dirtySet, kind roundKind) (Result, error) {
 	start := time.Now()
 	res, err := l.doRound(ctx, f, k, ds, kind)
-	l.cfg.Logger.Debug("round", "kind", kind.label(), "published", res.Published, "waiting", res.Waiting, "error", err)
+	l.cfg.Logger.Debug("round", "kind", kind.label(), "took", time.Since(start), "published", len(res.Published), "waiting", len(res.Waiting), "error", err)
 	l.m.duration.Observe(time.Since(start).Seconds())
 	result := "ok"
 	switch {

@@ -104,7 +104,7 @@ func (m *mirror) prefixes() []string {
 func (m *mirror) load(rev int64, kvs [][]*mvccpb.KeyValue) {
 	for _, rs := range kvs {
 		for _, kv := range rs {
-			m.put(kv, nil)
+			m.put(kv, nil, nil)
 		}
 	}
 	m.rev, m.read = rev, rev
@@ -121,12 +121,12 @@ const (
 	changedOther
 )
 
-// apply brings the mirror past one watch event and marks in ds the
+// apply brings the mirror past one watch event (pre as in put) and marks in ds the
 // policies whose demand (etcdlayout.DemandMoved) or acknowledged epochs
 // it changed. An event the mirror already holds (at or below its
 // revision, read by a later load) changes nothing. It returns what
 // changed and, for a registration or demand shard, its region.
-func (m *mirror) apply(ev *clientv3.Event, ds *dirtySet) (change, string) {
+func (m *mirror) apply(ev *clientv3.Event, pre any, ds *dirtySet) (change, string) {
 	if ev.Kv.ModRevision <= m.read {
 		return changedNothing, ""
 	}
@@ -134,11 +134,56 @@ func (m *mirror) apply(ev *clientv3.Event, ds *dirtySet) (change, string) {
 	if ev.Type == clientv3.EventTypeDelete {
 		return m.remove(string(ev.Kv.Key), ds)
 	}
-	return m.put(ev.Kv, ds)
+	return m.put(ev.Kv, pre, ds)
 }
 
-// put stores one record; ds (nil while loading) is marked as in apply.
-func (m *mirror) put(kv *mvccpb.KeyValue, ds *dirtySet) (change, string) {
+// shardRecord is a demand or acknowledgement shard as decoded
+// (decodeShard): epochs for an acknowledgement, demand for a demand
+// report (each made when empty), or the reason it cannot be used.
+type shardRecord struct {
+	region, node string
+	shard        int
+	demand       map[string]plan.PolicyDemand
+	epochs       map[string]uint64
+	err          error
+}
+
+// decodeShard decodes kv when it is a demand or acknowledgement shard,
+// the records a round's copy holds most of: the watch's goroutine decodes
+// them as they arrive (queueWatch), off the rounds. Any other record is
+// decoded when applied.
+func decodeShard(ly etcdlayout.Layout, kv *mvccpb.KeyValue) (rec shardRecord) {
+	key := string(kv.Key)
+	if len(etcdlayout.Name(ly.AcksPrefix(), key)) > 0 {
+		var a etcdlayout.Ack
+		rec.region, rec.node, rec.shard, a, rec.err = ly.DecodeAck(key, kv.Value)
+		if rec.epochs = a.Epochs; rec.epochs == nil {
+			rec.epochs = map[string]uint64{}
+		}
+		return rec
+	}
+	var d etcdlayout.DemandReport
+	rec.region, rec.node, rec.shard, d, rec.err = ly.DecodeDemand(key, kv.Value)
+	if rec.demand = d.Policies; rec.demand == nil {
+		rec.demand = map[string]plan.PolicyDemand{}
+	}
+	return rec
+}
+
+// prepareShard is what the watch's goroutine does with an event before
+// the lead applies it: decode a shard put (decodeShard); nil for any
+// other event.
+func prepareShard(ly etcdlayout.Layout, ev *clientv3.Event) any {
+	key := string(ev.Kv.Key)
+	if ev.Type != clientv3.EventTypePut || len(etcdlayout.Name(ly.DemandPrefix(), key)) == 0 && len(etcdlayout.Name(ly.AcksPrefix(), key)) == 0 {
+		return nil
+	}
+	return decodeShard(ly, ev.Kv)
+}
+
+// put stores one record, pre its decoding when the watch's goroutine
+// made it (prepare); ds (nil while loading) is marked as in apply.
+func (m *mirror) put(kv *mvccpb.KeyValue, pre any, ds *dirtySet) (change, string) {
 	ly, key := m.ly, string(kv.Key)
 	switch {
 	case len(etcdlayout.Name(ly.RegionsPrefix(), key)) > 0:
@@ -151,22 +196,21 @@ func (m *mirror) put(kv *mvccpb.KeyValue, ds *dirtySet) (change, string) {
 		m.warn(key, json.Unmarshal(kv.Value, &v))
 		m.register(region, node, v.Fingerprint)
 		return changedRegistration, region
-	case len(etcdlayout.Name(ly.DemandPrefix(), key)) > 0:
-		region, node, shard, v, err := ly.DecodeDemand(key, kv.Value)
-		if err != nil {
-			m.warn(key, err)
+	case len(etcdlayout.Name(ly.DemandPrefix(), key)) > 0, len(etcdlayout.Name(ly.AcksPrefix(), key)) > 0:
+		rec, ok := pre.(shardRecord)
+		if !ok {
+			rec = decodeShard(ly, kv)
+		}
+		if rec.err != nil {
+			m.warn(key, rec.err)
 			return m.remove(key, ds)
 		}
-		m.putDemand(region, node, shard, v.Policies, ds)
-		return changedDemand, region
-	case len(etcdlayout.Name(ly.AcksPrefix(), key)) > 0:
-		region, node, shard, v, err := ly.DecodeAck(key, kv.Value)
-		if err != nil {
-			m.warn(key, err)
-			return m.remove(key, ds)
+		if rec.epochs != nil {
+			m.putAcks(rec.region, rec.node, rec.shard, rec.epochs, ds)
+			return changedAcks, rec.region
 		}
-		m.putAcks(region, node, shard, v.Epochs, ds)
-		return changedAcks, region
+		m.putDemand(rec.region, rec.node, rec.shard, rec.demand, ds)
+		return changedDemand, rec.region
 	case len(etcdlayout.Name(ly.ControlPrefix(), key)) > 0:
 		// Kept even when undecodable, as far as it decoded.
 		var v etcdlayout.Control
@@ -272,9 +316,6 @@ func (m *mirror) putDemand(region, node string, shard int, v map[string]plan.Pol
 		rd.order = nil
 		m.ndemand++
 	}
-	if v == nil {
-		v = map[string]plan.PolicyDemand{}
-	}
 	old := rd.nodes[node][shard]
 	rd.nodes[node][shard] = v
 	rd.staleOf(old, v)
@@ -304,9 +345,6 @@ func (m *mirror) putAcks(region, node string, shard int, v map[string]uint64, ds
 		na = &nodeAcks{shards: map[int]map[string]uint64{}}
 		setIn(m.acks, region, node, na)
 		m.nacks++
-	}
-	if v == nil {
-		v = map[string]uint64{}
 	}
 	old := na.shards[shard]
 	na.shards[shard], na.merged = v, nil

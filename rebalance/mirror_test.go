@@ -18,6 +18,7 @@ import (
 	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/internal/etcdtest"
 	"github.com/quotacoord/quota/plan"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -378,4 +379,41 @@ func TestKeptRecordsRecoverFromCompaction(t *testing.T) {
 		}
 		keptLikeRead(t, fmt.Sprintf("step %d after the compaction", step), l, k, ds)
 	}
+}
+
+// TestWatchQueueBounded: a watch queue past its bound of bytes drops what
+// it holds and says so, and the lead's copy then reads everything again
+// and plans every policy.
+func TestWatchQueueBounded(t *testing.T) {
+	r, l := newRecords(t, 4)
+	ctx := context.Background()
+	k, err := l.keep(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.stop()
+	ch := make(chan clientv3.WatchResponse)
+	k.q = queueWatch(ch, nil, 25)
+	value := func(rev int64) clientv3.WatchResponse {
+		return clientv3.WatchResponse{Events: []*clientv3.Event{{Type: clientv3.EventTypePut,
+			Kv: &mvccpb.KeyValue{Key: []byte(r.ly.Control("p00")), Value: []byte("{\"frozen\":true}"), ModRevision: rev}}}}
+	}
+	ch <- value(r.last + 1)
+	if resps, _, over, _ := k.q.take(); len(resps) != 1 || over {
+		t.Fatalf("one response of 15 bytes under a bound of 25: took %d, overflowed %v", len(resps), over)
+	}
+	for i := range 2 {
+		ch <- value(r.last + 2 + int64(i))
+	}
+	<-k.q.ready
+	ds := newDirtySet()
+	ds.planned(false)
+	if _, err := l.take(ctx, k, ds); err != nil {
+		t.Fatal(err)
+	}
+	if k.resyncs != 2 || !ds.all {
+		t.Fatalf("after 30 bytes queued under a bound of 25 the copy was read %d times and every policy marked %v; want twice and true", k.resyncs, ds.all)
+	}
+	close(ch)
+	keptLikeRead(t, "after the overflow", l, k, ds)
 }
