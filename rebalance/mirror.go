@@ -121,20 +121,38 @@ const (
 	changedOther
 )
 
-// apply brings the mirror past one watch event (pre as in put) and marks in ds the
-// policies whose demand (etcdlayout.DemandMoved) or acknowledged epochs
-// it changed. An event the mirror already holds (at or below its
-// revision, read by a later load) changes nothing. It returns what
-// changed and, for a registration or demand shard, its region.
+// apply brings the mirror past one watch event (pre as in put) and
+// marks in ds the policies whose demand (etcdlayout.DemandMoved) or
+// acknowledged epochs it changed. It returns what changed and, for a
+// registration or demand shard, its region. An event the mirror already
+// holds (at or below the revision of the read that filled it) changes
+// nothing in it, but is still told (kindOf): a node that registered and
+// vanished before that read must still make its region's growth wait.
 func (m *mirror) apply(ev *clientv3.Event, pre any, ds *dirtySet) (change, string) {
 	if ev.Kv.ModRevision <= m.read {
-		return changedNothing, ""
+		return m.kindOf(string(ev.Kv.Key))
 	}
 	m.rev = max(m.rev, ev.Kv.ModRevision)
 	if ev.Type == clientv3.EventTypeDelete {
 		return m.remove(string(ev.Kv.Key), ds)
 	}
 	return m.put(ev.Kv, pre, ds)
+}
+
+// kindOf is what an event of key would change, and its region, without
+// changing anything.
+func (m *mirror) kindOf(key string) (change, string) {
+	ly := m.ly
+	if region, _, ok := etcdlayout.NodeOf(ly.RegionsPrefix(), key); ok {
+		return changedRegistration, region
+	}
+	if region, _, _, err := etcdlayout.ShardOf(ly.DemandPrefix(), key); err == nil {
+		return changedDemand, region
+	}
+	if region, _, _, err := etcdlayout.ShardOf(ly.AcksPrefix(), key); err == nil {
+		return changedAcks, region
+	}
+	return changedNothing, ""
 }
 
 // shardRecord is a demand or acknowledgement shard as decoded

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/quotacoord/quota/internal/coordinator/coordtest"
@@ -416,4 +417,22 @@ func TestWatchQueueBounded(t *testing.T) {
 	}
 	close(ch)
 	keptLikeRead(t, "after the overflow", l, k, ds)
+}
+
+// TestEventsBeforeTheReadStillTold: an event the copy already holds from
+// a later read changes nothing in it, but still tells the lead a node's
+// registration went (its region's growth must wait the skew margin).
+func TestEventsBeforeTheReadStillTold(t *testing.T) {
+	var ly etcdlayout.Layout
+	m := newMirror(ly, hclog.NewNullLogger())
+	m.load(10, nil)
+	ds := newDirtySet()
+	gone := &clientv3.Event{Type: clientv3.EventTypeDelete, Kv: &mvccpb.KeyValue{Key: []byte(ly.Node("b", "n1")), ModRevision: 7}}
+	if c, region := m.apply(gone, nil, ds); c != changedRegistration || region != "b" {
+		t.Fatalf("a registration deleted at 7, before the read at 10: told %v of region %q, want a registration of b", c, region)
+	}
+	report := &clientv3.Event{Type: clientv3.EventTypePut, Kv: &mvccpb.KeyValue{Key: []byte(ly.DemandShard("b", "n1", 3)), Value: []byte("{}"), ModRevision: 8}}
+	if c, _ := m.apply(report, nil, ds); c != changedDemand || m.demand["b"] != nil || m.rev != 10 {
+		t.Fatalf("a demand shard written at 8, before the read at 10: told %v, kept %v, copy at %d; want told, not kept, at 10", c, m.demand["b"], m.rev)
+	}
 }
