@@ -15,57 +15,59 @@ import (
 // 4·maxSubjects distinct ones are summed per policy. Reports are input:
 // a rate that is not a finite non-negative number counts as 0.
 func SumDemand(reports []map[string]PolicyDemand, maxSubjects int) map[string]PolicyDemand {
-	type acc struct {
-		offered, admitted float64
-		subjects          map[string]*SubjectDemand
-	}
-	pols := map[string]*acc{}
+	per := map[string][]PolicyDemand{}
 	for _, rep := range reports {
 		for _, name := range slices.Sorted(maps.Keys(rep)) {
-			d := rep[name]
-			a := pols[name]
-			if a == nil {
-				a = &acc{subjects: map[string]*SubjectDemand{}}
-				pols[name] = a
-			}
-			a.offered += orZero(d.Offered)
-			a.admitted += orZero(d.Admitted)
-			for i, sd := range d.Pressured {
-				if i >= maxSubjects {
-					break
-				}
-				cur := a.subjects[sd.Subject]
-				if cur == nil {
-					if len(a.subjects) >= 4*maxSubjects {
-						continue
-					}
-					cur = &SubjectDemand{Subject: sd.Subject}
-					a.subjects[sd.Subject] = cur
-				}
-				cur.Offered += orZero(sd.Offered)
-				cur.Admitted += orZero(sd.Admitted)
-				cur.Denied = cur.Denied || sd.Denied
-			}
+			per[name] = append(per[name], rep[name])
 		}
 	}
-	out := make(map[string]PolicyDemand, len(pols))
-	for name, a := range pols {
-		pd := PolicyDemand{Offered: a.offered, Admitted: a.admitted}
-		for _, sd := range a.subjects {
-			pd.Pressured = append(pd.Pressured, *sd)
-		}
-		slices.SortFunc(pd.Pressured, func(x, y SubjectDemand) int {
-			if x.Offered != y.Offered {
-				return cmp.Compare(y.Offered, x.Offered)
-			}
-			return strings.Compare(x.Subject, y.Subject)
-		})
-		if len(pd.Pressured) > maxSubjects {
-			pd.Pressured = pd.Pressured[:maxSubjects]
-		}
-		out[name] = pd
+	out := make(map[string]PolicyDemand, len(per))
+	for name, ds := range per {
+		out[name] = SumPolicyDemand(ds, maxSubjects)
 	}
 	return out
+}
+
+// SumPolicyDemand is SumDemand for one policy, whose demand in each
+// node's report is one of ds, in the reports' order: a caller that keeps
+// the reports sums again only the policies whose demand changed.
+func SumPolicyDemand(ds []PolicyDemand, maxSubjects int) PolicyDemand {
+	var offered, admitted float64
+	subjects := map[string]*SubjectDemand{}
+	for _, d := range ds {
+		offered += orZero(d.Offered)
+		admitted += orZero(d.Admitted)
+		for i, sd := range d.Pressured {
+			if i >= maxSubjects {
+				break
+			}
+			cur := subjects[sd.Subject]
+			if cur == nil {
+				if len(subjects) >= 4*maxSubjects {
+					continue
+				}
+				cur = &SubjectDemand{Subject: sd.Subject}
+				subjects[sd.Subject] = cur
+			}
+			cur.Offered += orZero(sd.Offered)
+			cur.Admitted += orZero(sd.Admitted)
+			cur.Denied = cur.Denied || sd.Denied
+		}
+	}
+	pd := PolicyDemand{Offered: offered, Admitted: admitted}
+	for _, sd := range subjects {
+		pd.Pressured = append(pd.Pressured, *sd)
+	}
+	slices.SortFunc(pd.Pressured, func(x, y SubjectDemand) int {
+		if x.Offered != y.Offered {
+			return cmp.Compare(y.Offered, x.Offered)
+		}
+		return strings.Compare(x.Subject, y.Subject)
+	})
+	if len(pd.Pressured) > maxSubjects {
+		pd.Pressured = pd.Pressured[:maxSubjects]
+	}
+	return pd
 }
 
 // orZero is v when it is a finite non-negative number, else 0: reported

@@ -7,7 +7,6 @@ import (
 
 	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/plan"
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // maxDirty bounds the policies a dirtySet names one by one; past it the
@@ -65,43 +64,6 @@ func (ds *dirtySet) mark(policy string) {
 func (ds *dirtySet) everything() {
 	ds.all = true
 	clear(ds.policies)
-}
-
-// demandChanged marks the policies whose demand moved
-// (etcdlayout.DemandMoved) between the old and new value of each demand
-// shard event (the watch carries the previous value): a shard rewritten
-// because one of its policies moved leaves the others' jitter out. An
-// undecodable value counts as empty.
-func (ds *dirtySet) demandChanged(ly etcdlayout.Layout, evs []*clientv3.Event) {
-	eventsChanged(ds, evs, func(key string, value []byte) map[string]etcdlayout.PolicyDemand {
-		_, _, _, d, _ := ly.DecodeDemand(key, value)
-		return d.Policies
-	}, func(a, b etcdlayout.PolicyDemand) bool { return !etcdlayout.DemandMoved(a, b) })
-}
-
-// acksChanged marks the policies whose acknowledged epoch differs between
-// the old and new value of each acknowledgement shard event.
-func (ds *dirtySet) acksChanged(ly etcdlayout.Layout, evs []*clientv3.Event) {
-	eventsChanged(ds, evs, func(key string, value []byte) map[string]uint64 {
-		_, _, _, a, _ := ly.DecodeAck(key, value)
-		return a.Epochs
-	}, func(a, b uint64) bool { return a == b })
-}
-
-// eventsChanged marks, for each event, the policies whose value differs
-// between the record before (the event's previous value) and after (none
-// when deleted), both decoded by decode.
-func eventsChanged[V any](ds *dirtySet, evs []*clientv3.Event, decode func(key string, value []byte) map[string]V, equal func(a, b V) bool) {
-	for _, ev := range evs {
-		var before, after map[string]V
-		if ev.PrevKv != nil {
-			before = decode(string(ev.PrevKv.Key), ev.PrevKv.Value)
-		}
-		if ev.Type == clientv3.EventTypePut {
-			after = decode(string(ev.Kv.Key), ev.Kv.Value)
-		}
-		markChanged(ds, before, after, equal)
-	}
 }
 
 // markChanged marks every key of before or after whose value differs

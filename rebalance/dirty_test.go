@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/quotacoord/quota/internal/coordinator/coordtest"
 	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/internal/etcdtest"
@@ -144,12 +146,14 @@ func TestDemandChangedLeavesJitterOut(t *testing.T) {
 		return &mvccpb.KeyValue{Key: []byte(ly.DemandShard("a", "n", shard)), Value: v, ModRevision: rev}
 	}
 	ds := newDirtySet()
+	m := newMirror(ly, hclog.NewNullLogger())
+	m.apply(&clientv3.Event{Type: clientv3.EventTypePut, Kv: kv(1, 100, 100)}, nil, ds)
 	ds.all = false
-	ds.demandChanged(ly, []*clientv3.Event{{Type: clientv3.EventTypePut, PrevKv: kv(1, 100, 100), Kv: kv(2, 150, 103)}})
+	m.apply(&clientv3.Event{Type: clientv3.EventTypePut, Kv: kv(2, 150, 103)}, nil, ds)
 	if !ds.policies[moving] || ds.policies[steady] || len(ds.policies) != 1 {
 		t.Fatalf("after %s moved by half and %s by 3%%, marked %v, want only %s", moving, steady, ds.policies, moving)
 	}
-	ds.demandChanged(ly, []*clientv3.Event{{Type: clientv3.EventTypeDelete, PrevKv: kv(2, 150, 103), Kv: &mvccpb.KeyValue{Key: kv(3, 0, 0).Key}}})
+	m.apply(&clientv3.Event{Type: clientv3.EventTypeDelete, Kv: &mvccpb.KeyValue{Key: kv(3, 0, 0).Key, ModRevision: 3}}, nil, ds)
 	if !ds.policies[steady] {
 		t.Fatalf("a deleted shard left %s unmarked: %v", steady, ds.policies)
 	}

@@ -6,10 +6,17 @@
 //
 // # Rounds
 //
-// Every Config.Interval the leader reads, at one etcd revision, the live
+// Every Config.Interval the leader takes, at one etcd revision, the live
 // node registrations, their demand reports and acknowledgements, the
 // operator controls, the policy documents and the published allocations.
-// It smooths demand (allocator.Smooth), computes per policy the default
+// It reads them once when it starts leading and keeps them from then on
+// from one watch of the deployment's prefix, each record decoded once
+// and each region's demand summed again only for the policies whose
+// demand changed (mirror); a round first applies what the watch
+// delivered up to etcd's revision at the round's start, so it plans on
+// what a read then would return without reading it. The leader reads
+// everything again on the Config.FullEvery-th full round, when the watch
+// is compacted, and while records over the bounds are left out. It smooths demand (allocator.Smooth), computes per policy the default
 // split and the splits of at most Config.MaxOverrides pressured subjects
 // (allocator.Split) and publishes what changed. A region's first smoothed
 // demand is its first report, taken as it is. A region that registers
@@ -24,9 +31,8 @@
 // and does the I/O around it.
 //
 // A full round plans only the policies whose inputs changed since the
-// last full round: their demand or acknowledgements (the watches carry
-// each record's previous value, so the policies that moved are known
-// without keeping the records), their operator controls, definition or
+// last full round: their demand or acknowledgements (told by the watch,
+// against the records kept), their operator controls, definition or
 // allocation; plus those the planner is not done with (smoothed demand
 // still moving, plan.Leader.Settled; a pending shrink or a live region
 // without a share, plan.Idle). A change of registrations or retired

@@ -13,10 +13,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/quotacoord/quota/allocator"
 	"github.com/quotacoord/quota/internal/etcdlayout"
-	"github.com/quotacoord/quota/internal/policy"
 	"github.com/quotacoord/quota/plan"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
@@ -232,12 +231,15 @@ func (l *Loop) lead(ctx context.Context, sess *concurrency.Session, f fence) err
 	// No learning period: the first round observes the latest reports.
 	l.ld, _ = plan.NewLeader(l.cfg.params(), l.cfg.Clock.Now()) // validated in New
 	l.mu.Unlock()
-	// The watches carry each record's previous value, so that the
-	// policies whose demand or acknowledgements changed are known without
-	// keeping the records (dirtySet).
-	qacks := queueWatch(l.cfg.Client.Watch(lctx, l.layout.AcksPrefix(), clientv3.WithPrefix(), clientv3.WithPrevKV()))
-	qregs := queueWatch(l.cfg.Client.Watch(lctx, l.layout.RegionsPrefix(), clientv3.WithPrefix()))
-	wdemand := l.cfg.Client.Watch(lctx, l.layout.DemandPrefix(), clientv3.WithPrefix(), clientv3.WithPrevKV())
+	ds := newDirtySet()
+	// A new leader holds growth for a skew margin (plan.Leader.ackWait).
+	ds.allUntil = l.cfg.Clock.Now().Add(l.cfg.SkewMargin + l.cfg.Interval)
+	// The records come from one read, then from one watch (kept).
+	kept, err := l.keep(lctx)
+	if err != nil {
+		return err
+	}
+	defer kept.stop()
 	tick := time.NewTicker(l.cfg.Interval)
 	defer tick.Stop()
 	// recheck re-runs an acknowledgement round while growth waits (a
@@ -246,10 +248,7 @@ func (l *Loop) lead(ctx context.Context, sess *concurrency.Session, f fence) err
 	recheck.Stop()
 	defer recheck.Stop()
 	recheckEvery := min(l.cfg.Interval, max(l.cfg.SkewMargin/4, 50*time.Millisecond))
-	ds := newDirtySet()
-	// A new leader holds growth for a skew margin (plan.Leader.ackWait).
-	ds.allUntil = l.cfg.Clock.Now().Add(l.cfg.SkewMargin + l.cfg.Interval)
-	res, err := l.round(lctx, f, ds, roundEvery)
+	res, err := l.round(lctx, f, kept, ds, roundEvery)
 	if errors.Is(err, ErrNotLeader) {
 		return err
 	}
@@ -262,51 +261,39 @@ func (l *Loop) lead(ctx context.Context, sess *concurrency.Session, f fence) err
 		kind := roundAcks
 		select {
 		case <-recheck.C:
-			res, err = l.round(lctx, f, ds, kind)
+			res, err = l.round(lctx, f, kept, ds, kind)
 		case <-ctx.Done():
 			return nil
 		case <-sess.Done():
 			return fmt.Errorf("%w: election session expired", ErrNotLeader)
 		case <-tick.C:
 			kind = roundChanged
-			res, err = l.round(lctx, f, ds, kind)
+			res, err = l.round(lctx, f, kept, ds, kind)
 		case req := <-l.reqs:
 			kind = roundEvery
-			res, err = l.round(lctx, f, ds, kind)
+			res, err = l.round(lctx, f, kept, ds, kind)
 			req.reply <- roundReply{res, err}
-		case <-qacks.ready:
+		case <-kept.q.ready:
 			// One round for every response queued: hundreds of nodes
 			// acknowledging one publish, or registering at once, would
-			// otherwise cost a read of everything each.
-			some, end, werr := qacks.drain(ctx, "acknowledgements", func(evs []*clientv3.Event) { ds.acksChanged(l.layout, evs) })
-			if end {
-				return werr
-			}
-			if !some {
-				continue
-			}
-			res, err = l.round(lctx, f, ds, kind)
-		case <-qregs.ready:
-			some, end, werr := qregs.drain(ctx, "registrations", l.notedGone)
-			if end {
-				return werr
-			}
-			if !some {
-				continue
-			}
-			res, err = l.round(lctx, f, ds, kind)
-		case wr, ok := <-wdemand:
-			if end, err := watchEnded(ctx, "demand reports", wr, ok); end {
+			// otherwise cost a round each.
+			owed, err := l.take(lctx, kept, ds)
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
 				return err
 			}
-			ds.demandChanged(l.layout, wr.Events)
-			if l.reportedBack(wr.Events) {
-				kind = roundEvery
-				res, err = l.round(lctx, f, ds, kind)
+			if !owed {
+				continue
 			}
+			res, err = l.round(lctx, f, kept, ds, kind)
+		case <-kept.back:
+			kind = roundEvery
+			res, err = l.round(lctx, f, kept, ds, kind)
 		}
 		if l.settle(kind, res, err) {
-			res, err = l.round(lctx, f, ds, roundChanged)
+			res, err = l.round(lctx, f, kept, ds, roundChanged)
 			l.settle(roundChanged, res, err)
 		}
 		if errors.Is(err, ErrNotLeader) {
@@ -320,18 +307,31 @@ func (l *Loop) lead(ctx context.Context, sess *concurrency.Session, f fence) err
 
 // watchQueue holds the responses of one watch until the lead loop takes
 // them all at once: those that arrive while a round runs are read by the
-// next round together, however the client paces their delivery.
+// next round together, however the client paces their delivery. Each
+// event is prepared as it arrives (queueWatch). At most limit bytes of
+// values wait: past that the queue drops them and says so (overflowed),
+// and the lead reads everything again, cheaper by then.
 type watchQueue struct {
 	// ready has a value when responses, or the watch's end, wait.
-	ready  chan struct{}
-	mu     sync.Mutex
-	resps  []clientv3.WatchResponse
-	closed bool
+	ready chan struct{}
+	mu    sync.Mutex
+	resps []clientv3.WatchResponse
+	// prepared holds what prepare made of each event of resps.
+	prepared   [][]any
+	bytes      int
+	limit      int
+	overflowed bool
+	closed     bool
 }
 
-// queueWatch queues ch's responses until ch closes (its context ends).
-func queueWatch(ch clientv3.WatchChan) *watchQueue {
-	q := &watchQueue{ready: make(chan struct{}, 1)}
+// maxQueued bounds the bytes of values the watch of the records queues.
+const maxQueued = 128 << 20
+
+// queueWatch queues ch's responses until ch closes (its context ends),
+// with what prepare (nil: nothing) makes of each event, holding at most
+// limit bytes of values.
+func queueWatch(ch clientv3.WatchChan, prepare func(*clientv3.Event) any, limit int) *watchQueue {
+	q := &watchQueue{ready: make(chan struct{}, 1), limit: limit}
 	signal := func() {
 		select {
 		case q.ready <- struct{}{}:
@@ -340,8 +340,20 @@ func queueWatch(ch clientv3.WatchChan) *watchQueue {
 	}
 	go func() {
 		for wr := range ch {
+			pre := make([]any, len(wr.Events))
+			n := 0
+			for i, ev := range wr.Events {
+				n += len(ev.Kv.Value)
+				if prepare != nil {
+					pre[i] = prepare(ev)
+				}
+			}
 			q.mu.Lock()
-			q.resps = append(q.resps, wr)
+			if q.bytes+n > q.limit {
+				q.resps, q.prepared, q.bytes, q.overflowed = nil, nil, 0, true
+			} else {
+				q.resps, q.prepared, q.bytes = append(q.resps, wr), append(q.prepared, pre), q.bytes+n
+			}
 			q.mu.Unlock()
 			signal()
 		}
@@ -353,25 +365,15 @@ func queueWatch(ch clientv3.WatchChan) *watchQueue {
 	return q
 }
 
-// drain applies the events of every queued response. some says there
-// were any; when a response or the watch's close ends the lead (of a
-// watch of what), it reports end and the lead's error (watchEnded).
-func (q *watchQueue) drain(ctx context.Context, what string, apply func([]*clientv3.Event)) (some, end bool, err error) {
+// take returns and removes every queued response, what was prepared of
+// their events, whether responses were dropped over the bound, and
+// whether the watch closed.
+func (q *watchQueue) take() (resps []clientv3.WatchResponse, prepared [][]any, overflowed, closed bool) {
 	q.mu.Lock()
-	resps, closed := q.resps, q.closed
-	q.resps = nil
-	q.mu.Unlock()
-	for _, wr := range resps {
-		if end, err := watchEnded(ctx, what, wr, true); end {
-			return true, true, err
-		}
-		apply(wr.Events)
-	}
-	if closed {
-		end, err := watchEnded(ctx, what, clientv3.WatchResponse{}, false)
-		return true, end, err
-	}
-	return len(resps) > 0, false, nil
+	defer q.mu.Unlock()
+	resps, prepared, overflowed, closed = q.resps, q.prepared, q.overflowed, q.closed
+	q.resps, q.prepared, q.bytes, q.overflowed = nil, nil, 0, false
+	return resps, prepared, overflowed, closed
 }
 
 // watchEnded reports whether a watch of what that delivered (wr, ok) ends
@@ -388,41 +390,6 @@ func watchEnded(ctx context.Context, what string, wr clientv3.WatchResponse, ok 
 		return true, fmt.Errorf("rebalance: watch %s: %w", what, err)
 	}
 	return false, nil
-}
-
-// notedGone records the nodes whose registration a watch saw deleted, so
-// that a node that registers and vanishes between two reads still makes
-// growth in its region wait the skew margin.
-func (l *Loop) notedGone(evs []*clientv3.Event) {
-	now := l.cfg.Clock.Now()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, ev := range evs {
-		if ev.Type != clientv3.EventTypeDelete {
-			continue
-		}
-		if region, _, ok := etcdlayout.NodeOf(l.layout.RegionsPrefix(), string(ev.Kv.Key)); ok {
-			l.ld.NodeGone(region, now)
-		}
-	}
-}
-
-// reportedBack reports whether evs hold the first demand report of a
-// region back from having no registered node (plan.Leader.ReportArrived):
-// it is worth a full round now.
-func (l *Loop) reportedBack(evs []*clientv3.Event) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	back := false
-	for _, ev := range evs {
-		if ev.Type != clientv3.EventTypePut {
-			continue
-		}
-		if region, _, _, err := etcdlayout.ShardOf(l.layout.DemandPrefix(), string(ev.Kv.Key)); err == nil && l.ld.ReportArrived(region) {
-			back = true
-		}
-	}
-	return back
 }
 
 // settle tells the planner how a round ended and reports whether a full
@@ -490,12 +457,13 @@ func (l *Loop) DryRun(ctx context.Context, policyName string) (Proposal, error) 
 	return out, nil
 }
 
-// round reads, plans and publishes; ds is what changed since the last
-// full round. Only the Run goroutine calls it.
-func (l *Loop) round(ctx context.Context, f fence, ds *dirtySet, kind roundKind) (Result, error) {
+// round brings the records kept in k up to date (current), plans and
+// publishes; ds is what changed since the last full round. Only the Run
+// goroutine calls it.
+func (l *Loop) round(ctx context.Context, f fence, k *kept, ds *dirtySet, kind roundKind) (Result, error) {
 	start := time.Now()
-	res, err := l.doRound(ctx, f, ds, kind)
-	l.cfg.Logger.Debug("round", "kind", kind.label(), "published", res.Published, "waiting", res.Waiting, "error", err)
+	res, err := l.doRound(ctx, f, k, ds, kind)
+	l.cfg.Logger.Debug("round", "kind", kind.label(), "took", time.Since(start), "published", len(res.Published), "waiting", len(res.Waiting), "error", err)
 	l.m.duration.Observe(time.Since(start).Seconds())
 	result := "ok"
 	switch {
@@ -509,8 +477,12 @@ func (l *Loop) round(ctx context.Context, f fence, ds *dirtySet, kind roundKind)
 	return res, err
 }
 
-func (l *Loop) doRound(ctx context.Context, f fence, ds *dirtySet, kind roundKind) (Result, error) {
-	snap, err := l.read(ctx)
+func (l *Loop) doRound(ctx context.Context, f fence, k *kept, ds *dirtySet, kind roundKind) (Result, error) {
+	sweep := kind == roundChanged && ds.full+1 >= l.cfg.FullEvery
+	if _, err := l.current(ctx, k, ds, sweep); err != nil {
+		return Result{}, err
+	}
+	snap, err := k.m.snapshot()
 	if err != nil {
 		return Result{}, err
 	}
@@ -527,7 +499,7 @@ func (l *Loop) doRound(ctx context.Context, f fence, ds *dirtySet, kind roundKin
 	l.mu.Lock()
 	var pick func(string) bool
 	if kind == roundChanged {
-		pick = ds.pick(now, ds.full+1 >= l.cfg.FullEvery, l.ld, snap.view, snap.allocs)
+		pick = ds.pick(now, sweep, l.ld, snap.view, snap.allocs)
 	}
 	plans, planned := planRound(now, snap, pols, l.ld, full, pick)
 	behind := l.ld.Behind()
@@ -773,7 +745,7 @@ func (l *Loop) keepBehind(ctx context.Context, f fence, old, now map[string]plan
 // between the lease's end and its own write of behind/), and that may,
 // cut off, enforce the safe shares of the epochs it acknowledged. A node
 // in both counts at the lower epoch of each policy.
-func (snap *snapshot) keepVanished(acks map[string]map[string]*etcdlayout.Ack) {
+func (snap *snapshot) keepVanished(acks map[string]map[string]map[string]uint64) {
 	for r, ns := range snap.storedBehind {
 		snap.view.Behind[r] = maps.Clone(ns)
 	}
@@ -789,9 +761,9 @@ func (snap *snapshot) keepVanished(acks map[string]map[string]*etcdlayout.Ack) {
 				snap.view.Behind[r] = b
 			}
 			if was, ok := b[n]; ok {
-				b[n] = plan.LowerEpochs(was, ns[n].Epochs)
+				b[n] = plan.LowerEpochs(was, ns[n])
 			} else {
-				b[n] = maps.Clone(ns[n].Epochs)
+				b[n] = maps.Clone(ns[n])
 			}
 		}
 	}
@@ -864,8 +836,18 @@ func setIn[V any](m map[string]map[string]V, outer, inner string, v V) {
 
 // read takes a snapshot of everything a round needs at one revision.
 func (l *Loop) read(ctx context.Context) (*snapshot, error) {
-	ly := l.layout
-	prefixes := []string{ly.RegionsPrefix(), ly.DemandPrefix(), ly.AcksPrefix(), ly.ControlPrefix(), ly.PoliciesPrefix(), ly.AllocPrefix(), ly.RetiredPrefix(), ly.BehindPrefix()}
+	m, err := l.readMirror(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return m.snapshot()
+}
+
+// readMirror reads every record a round needs at one revision into a new
+// mirror.
+func (l *Loop) readMirror(ctx context.Context) (*mirror, error) {
+	m := newMirror(l.layout, l.cfg.Logger)
+	prefixes := m.prefixes()
 	ops := make([]clientv3.Op, len(prefixes))
 	for i, p := range prefixes {
 		ops[i] = clientv3.OpGet(p, clientv3.WithPrefix())
@@ -874,120 +856,10 @@ func (l *Loop) read(ctx context.Context) (*snapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rebalance: read state: %w", err)
 	}
-	snap := &snapshot{
-		rev: resp.Header.Revision,
-		view: &plan.View{Regions: map[string]map[string]plan.Node{}, Demand: map[string]map[string]plan.PolicyDemand{},
-			Retired: map[string]bool{}, Behind: map[string]plan.Behind{}},
-		storedBehind: map[string]plan.Behind{},
-		keptAcks:     map[string][]string{},
-		controls:     map[string]etcdlayout.Control{},
-		allocs:       map[string]*etcdlayout.Allocation{},
-		allocRevs:    map[string]int64{},
-	}
-	docs := map[string][]byte{}
-	nodes, behind := 0, 0
-	live := snap.view.Regions
-	acks := map[string]map[string]*etcdlayout.Ack{}
-	reports := map[string]map[string]*etcdlayout.DemandReport{}
+	kvs := make([][]*mvccpb.KeyValue, len(resp.Responses))
 	for i, r := range resp.Responses {
-		for _, kv := range r.GetResponseRange().Kvs {
-			name := etcdlayout.Name(prefixes[i], string(kv.Key))
-			var derr error
-			switch i {
-			case 0:
-				region, node, ok := etcdlayout.NodeOf(prefixes[i], string(kv.Key))
-				if !ok {
-					l.cfg.Logger.Warn("key with an invalid region or node ignored", "key", string(kv.Key))
-					continue
-				}
-				// A registration cannot be dropped: the plan would
-				// neither reserve the node's share nor wait for its
-				// acknowledgement.
-				if nodes++; nodes > MaxNodes {
-					return nil, fmt.Errorf("%w: more than %d registered nodes", ErrTooManyRegistrations, MaxNodes)
-				}
-				if _, ok := live[region]; !ok && len(live) >= allocator.MaxRegions {
-					return nil, fmt.Errorf("%w: more than %d registered regions", ErrTooManyRegistrations, allocator.MaxRegions)
-				}
-				if len(live[region]) >= MaxNodesPerRegion {
-					return nil, fmt.Errorf("%w: region %q has more than %d registered nodes", ErrTooManyRegistrations, region, MaxNodesPerRegion)
-				}
-				var v etcdlayout.Registration
-				derr = json.Unmarshal(kv.Value, &v)
-				if live[region] == nil {
-					live[region] = map[string]plan.Node{}
-				}
-				live[region][node] = plan.Node{Fingerprint: v.Fingerprint}
-			case 1:
-				region, node, _, v, err := ly.DecodeDemand(string(kv.Key), kv.Value)
-				if derr = err; err == nil && (reports[region] != nil || len(reports) < MaxNodes) && len(reports[region]) < MaxNodesPerRegion {
-					setIn(reports, region, node, etcdlayout.MergeDemand(reports[region][node], v))
-				}
-			case 2:
-				region, node, _, v, err := ly.DecodeAck(string(kv.Key), kv.Value)
-				if derr = err; err == nil && (acks[region] != nil || len(acks) < MaxNodes) && len(acks[region]) < MaxNodesPerRegion {
-					setIn(acks, region, node, etcdlayout.MergeAck(acks[region][node], v))
-				}
-			case 3:
-				var v etcdlayout.Control
-				derr = json.Unmarshal(kv.Value, &v)
-				snap.controls[name] = v
-			case 4:
-				docs[name] = kv.Value
-				snap.docsRev = max(snap.docsRev, kv.ModRevision)
-				snap.docs++
-			case 5:
-				v := &etcdlayout.Allocation{}
-				derr = json.Unmarshal(kv.Value, v)
-				snap.allocs[name] = v
-				snap.allocRevs[name] = kv.ModRevision
-			case 6:
-				if etcdlayout.ValidName(name) && len(snap.view.Retired) < allocator.MaxRegions {
-					snap.view.Retired[name] = true
-				}
-			case 7:
-				// Written by leaders, which keep at most plan.MaxBehind
-				// nodes; what is past the bound is not counted.
-				var v etcdlayout.Behind
-				if derr = json.Unmarshal(kv.Value, &v); derr != nil || !etcdlayout.ValidName(name) {
-					break
-				}
-				if behind+len(v) > plan.MaxBehind {
-					l.cfg.Logger.Warn("vanished nodes over the bound not counted: their region's old safe share may be released while they are away",
-						"key", string(kv.Key), "nodes", len(v), "bound", plan.MaxBehind)
-					break
-				}
-				snap.storedBehind[name] = v
-				behind += len(v)
-			}
-			switch {
-			case errors.Is(derr, etcdlayout.ErrOldFormat):
-				l.cfg.Logger.Error("record of a node in the old one-record format ignored: the node is not counted (its acknowledgements never arrive, its demand is left out); upgrade it",
-					"key", string(kv.Key), "error", derr)
-			case derr != nil:
-				l.cfg.Logger.Warn("unreadable record ignored", "key", string(kv.Key), "error", derr)
-			}
-		}
+		kvs[i] = r.GetResponseRange().Kvs
 	}
-	for region, rs := range reports {
-		if _, ok := live[region]; ok {
-			per := make([]map[string]plan.PolicyDemand, 0, len(rs))
-			for _, n := range slices.Sorted(maps.Keys(rs)) {
-				per = append(per, rs[n].Policies)
-			}
-			snap.view.Demand[region] = plan.SumDemand(per, MaxOverridesLimit)
-		}
-	}
-	for region, ns := range live {
-		for n := range ns {
-			var epochs map[string]uint64
-			if a := acks[region][n]; a != nil {
-				epochs = a.Epochs
-			}
-			ns[n] = plan.Node{Acked: epochs, Fingerprint: ns[n].Fingerprint}
-		}
-	}
-	snap.keepVanished(acks)
-	snap.policies, snap.policyErrs = policy.LoadStored(docs)
-	return snap, nil
+	m.load(resp.Header.Revision, kvs)
+	return m, nil
 }

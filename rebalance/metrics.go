@@ -1,6 +1,9 @@
 package rebalance
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/quotacoord/quota/plan"
+)
 
 // metrics has no per-subject label: policies and regions are bounded.
 type metrics struct {
@@ -16,10 +19,15 @@ type metrics struct {
 	publishTxns prometheus.Counter
 	acksMissed  *prometheus.CounterVec
 	mismatch    *prometheus.GaugeVec
+	resyncs     prometheus.Counter
+
+	// shown is the allocation each policy's share series show (observe).
+	shown map[string]*plan.Allocation
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
+		shown: map[string]*plan.Allocation{},
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "quota_coordinator_leader", Help: "1 while this coordinator leads, else 0.",
 		}),
@@ -52,6 +60,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		publishTxns: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "quota_coordinator_publish_txns_total", Help: "Fenced publish transactions sent to etcd; each carries up to 126 allocations.",
 		}),
+		resyncs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "quota_coordinator_record_reads_total", Help: "Reads of every record by the leader: when it starts leading, every FullEvery-th full round, and when its watch of the records was compacted, fell behind its own write, or left records out over a bound. Other rounds plan on the records the watch kept.",
+		}),
 		mismatch: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "quota_coordinator_region_config_mismatch", Help: "1 for a live region not counted because a node of it reports other policies or subject naming than most nodes (the fingerprint of its registration), else 0.",
 		}, []string{"region"}),
@@ -62,7 +73,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.leader, m.rounds, m.duration, m.planned, m.epochs, m.share, m.regions, m.ackLag, m.publishErr, m.publishTxns, m.acksMissed, m.mismatch} {
+	for _, c := range []prometheus.Collector{m.leader, m.rounds, m.duration, m.planned, m.epochs, m.share, m.regions, m.ackLag, m.publishErr, m.publishTxns, m.acksMissed, m.mismatch, m.resyncs} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -70,14 +81,37 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-// observe updates the gauges that describe a snapshot.
+// observe updates the gauges that describe a snapshot. The share series
+// of an allocation are rewritten when the allocation is not the one they
+// show (a snapshot keeps an allocation's value until it changes): a
+// round's cost follows the allocations that changed, not every policy
+// times every region.
 func (m *metrics) observe(snap *snapshot) {
 	m.regions.Set(float64(len(snap.view.Regions)))
-	m.share.Reset()
+	for p, a := range m.shown {
+		if snap.allocs[p] == nil {
+			for r := range a.Default {
+				m.share.DeleteLabelValues(p, r)
+			}
+			delete(m.shown, p)
+		}
+	}
 	lag := make(map[string]float64)
 	for p, a := range snap.allocs {
-		for r, s := range a.Default {
-			m.share.WithLabelValues(p, r).Set(s)
+		if was := m.shown[p]; was != a {
+			if was != nil {
+				for r := range was.Default {
+					if _, ok := a.Default[r]; !ok {
+						m.share.DeleteLabelValues(p, r)
+					}
+				}
+			}
+			for r, s := range a.Default {
+				m.share.WithLabelValues(p, r).Set(s)
+			}
+			m.shown[p] = a // bounded by the allocations
+		}
+		for r := range a.Default {
 			if nodes, ok := snap.view.Regions[r]; ok {
 				// A region lags as far as its slowest node.
 				worst := uint64(0)

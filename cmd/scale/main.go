@@ -18,6 +18,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -41,6 +42,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var p scale.Params
 	var header, verbose, node bool
 	var subjects int
+	var cpuProfile string
 	fs.IntVar(&p.Policies, "policies", 100, "token-bucket policies")
 	fs.IntVar(&p.Regions, "regions", 3, "regions")
 	fs.IntVar(&p.NodesPerRegion, "nodes", 2, "nodes per region")
@@ -57,11 +59,23 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&p.Failover, "failover", false, "after measuring, cut the leader off from etcd and measure the standby's takeover (a second table)")
 	fs.BoolVar(&node, "node", false, "measure one regional node's memory (with -policies and -subjects) instead of a deployment")
 	fs.IntVar(&subjects, "subjects", 100000, "with -node: live subjects, checked once each")
+	fs.StringVar(&cpuProfile, "cpuprofile", "", "write the whole run's CPU profile (go tool pprof) to this file")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if cpuProfile != "" {
+		f, err := os.Create(cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
 	}
 	if node {
 		res, err := scale.NodeMemory(ctx, scale.NodeParams{Policies: p.Policies, Subjects: subjects})
@@ -107,9 +121,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // flags that only change the output.
 func command(args []string) string {
 	out := []string{"scale"}
-	for _, a := range args {
-		if f := strings.TrimLeft(a, "-"); f != "header" && f != "v" {
-			out = append(out, a)
+	for i := 0; i < len(args); i++ {
+		switch f := strings.TrimLeft(args[i], "-"); {
+		case f == "cpuprofile":
+			i++ // and its file
+		case f != "header" && f != "v" && !strings.HasPrefix(f, "cpuprofile="):
+			out = append(out, args[i])
 		}
 	}
 	return strings.Join(out, " ")
