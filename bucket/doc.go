@@ -160,13 +160,15 @@
 // disappears (DBSIZE returns to its baseline, plus the loss markers). A field whose stored ts is
 // IdleTTL or more in the past reads exactly like a missing one (a full
 // bucket: Limits.Validate makes IdleTTL cover a full refill). Each write
-// that creates a field samples 4 random fields of its group (HRANDFIELD)
+// that creates a field (a take, or a lease grant to a new subject: the
+// lease script prunes the same way, TestRedisGroupPruneBound/lease)
+// samples 4 random fields of its group (HRANDFIELD)
 // and deletes those idle for two TTLs or more (the second TTL keeps a
 // Redis TIME that steps back by less than one TTL from reviving a deleted
 // bucket). Only creations add fields, each adds one and removes 4·S/N
 // stale ones in expectation (S stale of N fields), so a group that keeps
 // receiving writes holds in expectation at most 4/3 of the subjects it
-// saw in the last two TTLs (TestRedisGroupPruneBound: 260 fields for 200
+// saw in the last two TTLs (TestRedisGroupPruneBound/take: 260 fields for 200
 // such subjects, where 2,000 subjects passed through), and a group that
 // stops receiving writes vanishes one TTL later. Callers that share a group
 // with different IdleTTLs (a rolling policy reload) change no decision when

@@ -105,36 +105,60 @@ func TestRedisGroupLayout(t *testing.T) {
 // ms of script time for 200 s with a 10 s TTL: without pruning the group
 // would hold 2,000 fields; fields idle for two TTLs (200 subjects live
 // within that) must be pruned on the way, to at most 4/3 of that in
-// expectation (lua/take.lua).
+// expectation (prune_group in lua/common.lua). A subject's field is
+// created by a take, or by a lease grant (the lease script), so a group
+// kept busy by either must stay bounded.
 func TestRedisGroupPruneBound(t *testing.T) {
-	c := redistest.Client(t)
-	r, err := bucket.NewRedis(bucket.RedisConfig{Client: c, Groups: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = r.Close() })
-	var now int64 = t0.UnixMicro()
-	bucket.SetRedisNow(r, func() int64 { return now })
-	ctx := context.Background()
-	pol := redistest.Unique(t)
-	lim := bucket.Limits{Capacity: 1, RefillPerSecond: 1, IdleTTL: 10 * time.Second}
-	var key string
-	const n = 2000
-	for i := range n {
-		now += 100_000
-		k, _ := bucket.NewKey(pol, 1, fmt.Sprintf("s%d", i))
-		key, _ = r.Location(k, lim)
-		if d, err := r.Take(ctx, bucket.Request{Key: k, Limits: lim, Share: 1, Cost: 1}); err != nil || !d.Allowed {
-			t.Fatalf("take %d: %+v, %v", i, d, err)
-		}
-	}
-	size, err := c.HLen(ctx, key).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("%d fields after %d subjects (200 live within two TTLs)", size, n)
-	if size < 200 || size > 400 {
-		t.Fatalf("group holds %d fields, want 200 to 400 (bounded by pruning)", size)
+	for _, tc := range []struct {
+		name  string
+		write func(ctx context.Context, r *bucket.Redis, req bucket.Request) error
+	}{
+		{"take", func(ctx context.Context, r *bucket.Redis, req bucket.Request) error {
+			req.Cost = 1
+			if d, err := r.Take(ctx, req); err != nil || !d.Allowed {
+				return fmt.Errorf("take: %+v, %v", d, err)
+			}
+			return nil
+		}},
+		{"lease", func(ctx context.Context, r *bucket.Redis, req bucket.Request) error {
+			l, err := r.Lease(ctx, bucket.LeaseRequest{Request: req, Holder: "node-a", Rate: 1, Burst: 1, For: 2 * time.Second, Cut: time.Second})
+			if err != nil || !l.Granted {
+				return fmt.Errorf("lease: %+v, %v", l, err)
+			}
+			return nil
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := redistest.Client(t)
+			r, err := bucket.NewRedis(bucket.RedisConfig{Client: c, Groups: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = r.Close() })
+			var now int64 = t0.UnixMicro()
+			bucket.SetRedisNow(r, func() int64 { return now })
+			ctx := context.Background()
+			pol := redistest.Unique(t)
+			lim := bucket.Limits{Capacity: 10, RefillPerSecond: 10, IdleTTL: 10 * time.Second}
+			var key string
+			const n = 2000
+			for i := range n {
+				now += 100_000
+				k, _ := bucket.NewKey(pol, 1, fmt.Sprintf("s%d", i))
+				key, _ = r.Location(k, lim)
+				if err := tc.write(ctx, r, bucket.Request{Key: k, Limits: lim, Share: 1}); err != nil {
+					t.Fatalf("subject %d: %v", i, err)
+				}
+			}
+			size, err := c.HLen(ctx, key).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%d fields after %d subjects (200 live within two TTLs)", size, n)
+			if size < 200 || size > 400 {
+				t.Fatalf("group holds %d fields, want 200 to 400 (bounded by pruning)", size)
+			}
+		})
 	}
 }
 

@@ -21,7 +21,7 @@
 --
 -- STALE maps the code of an algorithm whose buckets live as fields of a
 -- group hash to a function f(v, now, ttl) -> true when the stored value v
--- can be deleted without changing any decision (take.lua prunes such
+-- can be deleted without changing any decision (prune_group deletes such
 -- fields).
 local ALG = {}
 local STALE = {}
@@ -32,4 +32,22 @@ local function now_us()
   end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- prune_group is called by a write that created field in the group hash
+-- key: it samples PRUNE_SAMPLE random fields (HRANDFIELD) and deletes those
+-- stale for twice the TTL (ttl in microseconds): such a field reads as a
+-- full bucket already, and the second TTL keeps a Redis TIME that steps
+-- back by less than one TTL (a failover) from reviving it. Only a creation
+-- adds a field, so sampling on creations alone bounds the stale fields
+-- (bucket/doc.go) and costs nothing on the common write, an update of a
+-- live field. Both scripts that create fields (take.lua, lease.lua) call it.
+local PRUNE_SAMPLE = 4
+local function prune_group(key, field, stale, now, ttl)
+  local sample = redis.call('HRANDFIELD', key, PRUNE_SAMPLE, 'WITHVALUES')
+  for j = 1, #sample, 2 do
+    if sample[j] ~= field and stale(sample[j + 1], now, 2 * ttl) then
+      redis.call('HDEL', key, sample[j])
+    end
+  end
 end

@@ -178,8 +178,11 @@ end
 room = math.max(0, lim - bsum - tokens)
 
 if write then
-  redis.call('HSET', KEYS[1], field, struct.pack('>I7I5I5', ts, tokens, lim))
+  local created = redis.call('HSET', KEYS[1], field, struct.pack('>I7I5I5', ts, tokens, lim))
   redis.call('PEXPIRE', KEYS[1], ttlms)
+  if created == 1 then
+    prune_group(KEYS[1], field, STALE['tb'], now, ttl)
+  end
 end
 if #hs == 0 then
   redis.call('DEL', KEYS[2])

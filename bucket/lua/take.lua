@@ -57,14 +57,8 @@
 -- one bucket may appear more than once, so each bucket is read just
 -- before it is decided.
 --
--- Pruning: each write that creates a field in a group hash samples
--- PRUNE_SAMPLE random fields (HRANDFIELD) and deletes those STALE for twice
--- the TTL: such a field reads as a full bucket already, and the second TTL
--- keeps a Redis TIME that steps back by less than one TTL (a failover) from
--- reviving it. Only a creation adds a field, so sampling on creations alone
--- bounds the stale fields (bucket/doc.go) and costs nothing on the common
--- write, an update of a live field.
-local PRUNE_SAMPLE = 4
+-- Pruning: each write that creates a field in a group hash prunes the
+-- group (prune_group, common.lua).
 local op = ARGV[1]
 local now = now_us()
 local n = #KEYS
@@ -183,15 +177,6 @@ local function born()
   return b
 end
 
-local function prune(key, field, stale, ttl)
-  local sample = redis.call('HRANDFIELD', key, PRUNE_SAMPLE, 'WITHVALUES')
-  for j = 1, #sample, 2 do
-    if sample[j] ~= field and stale(sample[j + 1], now, 2 * ttl) then
-      redis.call('HDEL', key, sample[j])
-    end
-  end
-end
-
 -- reply holds the instant, then four integers per bucket (see Reply
 -- above); answer sets bucket i's.
 local reply = {now}
@@ -256,7 +241,7 @@ for i = 1, n do
       local created = redis.call('HSET', KEYS[i], fields[i], val)
       redis.call('PEXPIRE', KEYS[i], s.ttlarg)
       if created == 1 then
-        prune(KEYS[i], fields[i], STALE[s.alg], s.ttl)
+        prune_group(KEYS[i], fields[i], STALE[s.alg], now, s.ttl)
       end
     end
   end
