@@ -277,12 +277,12 @@ func (l *Loop) lead(ctx context.Context, sess *concurrency.Session, f fence) err
 			// One round for every response queued: hundreds of nodes
 			// acknowledging one publish, or registering at once, would
 			// otherwise cost a round each.
-			owed, err := l.take(lctx, kept, ds)
-			if err != nil {
+			owed, terr := l.take(lctx, kept, ds)
+			if terr != nil {
 				if ctx.Err() != nil {
 					return nil
 				}
-				return err
+				return terr
 			}
 			if !owed {
 				continue
