@@ -42,14 +42,7 @@ func labelledCount(t *testing.T, g prometheus.Gatherer, pol, result string) floa
 func TestDecisionCounters(t *testing.T) {
 	const envoy = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 2}\n"
 	h := startNode(t, Config{}, map[string]string{"e.yaml": envoy})
-	ask := func() rlsv3.RateLimitResponse_Code {
-		resp, err := h.rls.ShouldRateLimit(ctxT(t), &rlsv3.RateLimitRequest{Domain: "d",
-			Descriptors: []*rlcommon.RateLimitDescriptor{desc("k", "v")}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp.GetOverallCode()
-	}
+	ask := func() rlsv3.RateLimitResponse_Code { return askKV(t, h) }
 	name := h.node.Policies().Policies()[0].Name
 	steps := []struct {
 		name            string
@@ -88,14 +81,7 @@ func TestDecisionCounters(t *testing.T) {
 func TestPolicyStateFollowsReload(t *testing.T) {
 	const rule = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: %d}\n"
 	h := startNode(t, Config{}, map[string]string{"e.yaml": fmt.Sprintf(rule, 1)})
-	ask := func() rlsv3.RateLimitResponse_Code {
-		resp, err := h.rls.ShouldRateLimit(ctxT(t), &rlsv3.RateLimitRequest{Domain: "d",
-			Descriptors: []*rlcommon.RateLimitDescriptor{desc("k", "v")}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp.GetOverallCode()
-	}
+	ask := func() rlsv3.RateLimitResponse_Code { return askKV(t, h) }
 	if got := ask(); got != rlsv3.RateLimitResponse_OK {
 		t.Fatalf("first check: %v, want OK", got)
 	}
@@ -133,4 +119,16 @@ func TestPolicyStateFollowsReload(t *testing.T) {
 	if a, d := labelledCount(t, h.reg, p.Name, resultAllowed), labelledCount(t, h.reg, p.Name, resultDenied); a+d != 3 || a < 1 || d < 1 {
 		t.Fatalf("allowed %v, denied %v; want 3 checks counted, 1 allowed and 1 denied before the reload", a, d)
 	}
+}
+
+// askKV checks descriptor k=v of domain d on h's Envoy API and returns the
+// overall code.
+func askKV(t *testing.T, h *harness) rlsv3.RateLimitResponse_Code {
+	t.Helper()
+	resp, err := h.rls.ShouldRateLimit(ctxT(t), &rlsv3.RateLimitRequest{Domain: "d",
+		Descriptors: []*rlcommon.RateLimitDescriptor{desc("k", "v")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.GetOverallCode()
 }

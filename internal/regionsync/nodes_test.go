@@ -1,11 +1,9 @@
 package regionsync
 
 import (
-	"bytes"
 	"context"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +15,7 @@ import (
 	"github.com/quotacoord/quota/internal/etcdauth"
 	"github.com/quotacoord/quota/internal/etcdlayout"
 	"github.com/quotacoord/quota/internal/etcdtest"
+	"github.com/quotacoord/quota/internal/logbuf"
 )
 
 func TestDefaultNodeID(t *testing.T) {
@@ -178,7 +177,7 @@ func TestDemandPartWithoutReadAccess(t *testing.T) {
 // demandPartUnder runs node eu/n1 on an etcd with authentication, signed
 // in as a user of role, with demand reports from n1 (acme at 30/s) and n2
 // (acme at 10/s) stored.
-func demandPartUnder(t *testing.T, role etcdauth.Role) (*Syncer, *syncBuffer) {
+func demandPartUnder(t *testing.T, role etcdauth.Role) (*Syncer, *logbuf.Buffer) {
 	t.Helper()
 	srv := etcdtest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -201,7 +200,7 @@ func demandPartUnder(t *testing.T, role etcdauth.Role) (*Syncer, *syncBuffer) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
-	logs := &syncBuffer{}
+	logs := &logbuf.Buffer{}
 	s, err := New(Config{Client: c, Region: "eu", Node: "n1", LeaseTTL: 3 * time.Second,
 		Logger: hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Info})})
 	if err != nil {
@@ -212,22 +211,4 @@ func demandPartUnder(t *testing.T, role etcdauth.Role) (*Syncer, *syncBuffer) {
 	go func() { done <- s.Run(runCtx) }()
 	t.Cleanup(func() { stop(); <-done })
 	return s, logs
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger and a reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
