@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"runtime"
-	"slices"
 	"strconv"
 	"sync"
 
@@ -237,10 +236,9 @@ func (r *Redis) lay(f *flush, w int) {
 	m := len(argv) - 1
 	f.sets, f.set = f.sets[:0], f.set[:0]
 	for _, c := range wr.calls {
-		j := slices.Index(f.sets, c.sets[0])
-		if j < 0 {
-			j = len(f.sets)
-			f.sets = append(f.sets, c.sets[0])
+		var j int
+		var added bool
+		if f.sets, j, added = addSet(f.sets, &c.sets[0]); added {
 			argv = append(argv, c.argv[set:set+argsPerSet]...)
 		}
 		f.set = append(f.set, j+1)

@@ -494,7 +494,9 @@ func (r *Redis) newCall(op byte, reqs []Request, ps []params) *call {
 		if ps[i].alg != alg {
 			alg = -1
 		}
-		c.set = append(c.set, c.setOf(&ps[i]))
+		var j int
+		c.sets, j, _ = addSet(c.sets, &ps[i])
+		c.set = append(c.set, j)
 	}
 	size := 3 + len(reqs) + argsHead + argsPerSet*len(c.sets) + argsPerBucket*len(reqs)
 	argv := c.argv[:0]
@@ -544,16 +546,17 @@ func (r *Redis) newCall(op byte, reqs []Request, ps []params) *call {
 	return c
 }
 
-// setOf returns the index of p in c.sets, adding it when it is new. A
-// call holds at most MaxTakeAll buckets, so a scan is the cheap lookup.
-func (c *call) setOf(p *params) int {
-	for j := range c.sets {
-		if c.sets[j] == *p {
-			return j
+// addSet returns the index of p in sets, appending it when it is new
+// (added reports that): buckets, and merged calls, with equal params
+// share one parameter set. A call holds at most MaxTakeAll buckets and a
+// wire at most a flush's calls, so a scan is the cheap lookup.
+func addSet(sets []params, p *params) (_ []params, j int, added bool) {
+	for j := range sets {
+		if sets[j] == *p {
+			return sets, j, false
 		}
 	}
-	c.sets = append(c.sets, *p)
-	return len(c.sets) - 1
+	return append(sets, *p), len(sets), true
 }
 
 // release returns c to the pool once its caller has read the answer.
