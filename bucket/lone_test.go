@@ -307,3 +307,22 @@ func TestRedisLoneConnSparesFlushers(t *testing.T) {
 		t.Fatalf("queued take on a pool of one connection: %+v, %v", d, err)
 	}
 }
+
+// TestRedisLoneConnNeedsRESP2: a client that speaks RESP3 keeps lone calls
+// on the pool (each call's connection checked): go-redis sets up a
+// connection borrowed through a redis.Conn under another lock than the
+// client's, and on RESP3 may rewrite the options the client reads (a data
+// race under -race).
+func TestRedisLoneConnNeedsRESP2(t *testing.T) {
+	w := &watchedConns{}
+	r := newRedis(t, watchedClient(t, redistest.Addr(t), w, func(o *redis.Options) { o.Protocol = 3 }))
+	req := loneReq(t)
+	takeLeft(t, r, req, 99)
+	checks := w.checks.Load()
+	for i := range 5 {
+		takeLeft(t, r, req, float64(98-i))
+	}
+	if n := w.checks.Load() - checks; n != 5 {
+		t.Errorf("5 lone calls on a RESP3 client made %d health checks, want 5 (the pool path)", n)
+	}
+}
