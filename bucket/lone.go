@@ -40,12 +40,18 @@ type loneConn struct {
 	// that the flushers need whole: see newLoneConn).
 	client *redis.Client
 	// conn is nil until a lone call borrows a connection, after a call
-	// on it failed, and after it sat idle for loneIdle.
+	// on it failed, after it sat idle for loneIdle, and after it was held
+	// for lifetime.
 	conn *redis.Conn
-	// usedAt is the clock's monotonic reading when conn last answered.
-	usedAt time.Duration
-	closed bool
-	clock  clock.Monotonic
+	// lifetime is the client's ConnMaxLifetime (0: none): the pool closes
+	// a connection older than that when it would lend it, so the store
+	// holds one no longer.
+	lifetime time.Duration
+	// borrowedAt and usedAt are the clock's monotonic readings when conn
+	// was borrowed and when it last answered.
+	borrowedAt, usedAt time.Duration
+	closed             bool
+	clock              clock.Monotonic
 }
 
 // newLoneConn returns the lone connection of a store on client with the
@@ -65,17 +71,18 @@ func newLoneConn(client RedisClient, flushers int) *loneConn {
 	l := &loneConn{clock: clock.Real{}}
 	if c, ok := client.(*redis.Client); ok {
 		if o := c.Options(); o.PoolSize > flushers && o.Protocol == 2 {
-			l.client = c
+			l.client, l.lifetime = c, o.ConnMaxLifetime
 		}
 	}
 	return l
 }
 
 // take returns the lone connection for one call, borrowing one from the
-// pool when none is held or the one held sat idle for loneIdle; ok is
-// false when there is none, when another call uses it, or once the store
-// is closed: the call then goes through the pool. A call that got ok
-// hands the connection back with give.
+// pool when none is held, or the one held sat idle for loneIdle or was
+// held for the client's ConnMaxLifetime; ok is false when there is none,
+// when another call uses it, or once the store is closed: the call then
+// goes through the pool. A call that got ok hands the connection back
+// with give.
 func (l *loneConn) take() (conn *redis.Conn, ok bool) {
 	if l.client == nil || !l.mu.TryLock() {
 		return nil, false
@@ -84,11 +91,13 @@ func (l *loneConn) take() (conn *redis.Conn, ok bool) {
 		l.mu.Unlock()
 		return nil, false
 	}
-	if l.conn != nil && l.clock.Mono()-l.usedAt >= loneIdle {
+	now := l.clock.Mono()
+	if l.conn != nil && (now-l.usedAt >= loneIdle || l.lifetime > 0 && now-l.borrowedAt >= l.lifetime) {
 		l.drop()
 	}
 	if l.conn == nil {
 		l.conn = l.client.Conn() // borrows a connection at its first command
+		l.borrowedAt = now
 	}
 	return l.conn, true
 }

@@ -178,6 +178,32 @@ func TestRedisLoneConnIdleGoesBackToPool(t *testing.T) {
 	}
 }
 
+// TestRedisLoneConnLifetime: a lone connection in steady use goes back
+// to the pool once held for the client's ConnMaxLifetime, and the pool
+// checks it (or closes it, when it is that old) before lending it again.
+func TestRedisLoneConnLifetime(t *testing.T) {
+	w := &watchedConns{}
+	r := newRedis(t, watchedClient(t, redistest.Addr(t), w, func(o *redis.Options) { o.ConnMaxLifetime = time.Second }))
+	mono := clock.NewManual(time.Unix(0, 0))
+	bucket.SetLoneClock(r, mono)
+	req := loneReq(t)
+	takeLeft(t, r, req, 99)
+	checks := w.checks.Load()
+	step := bucket.LoneIdle / 2
+	for i := 1; time.Duration(i)*step < time.Second; i++ {
+		mono.Advance(step)
+		takeLeft(t, r, req, float64(99-i))
+	}
+	if n := w.checks.Load() - checks; n != 0 {
+		t.Fatalf("a lone connection used every %v within its lifetime was checked %d times", step, n)
+	}
+	mono.Advance(step)
+	takeLeft(t, r, req, float64(99-int(time.Second/step)))
+	if n := w.checks.Load() - checks; n != 1 {
+		t.Errorf("a lone connection held for its lifetime was checked %d times before its next call, want 1", n)
+	}
+}
+
 // TestRedisLoneConnBreaksMidCall: when the lone connection breaks while a
 // call is in flight, a take is sent once more through the pool (which
 // checks its connections), and charged twice when Redis ran the first;
