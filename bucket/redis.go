@@ -85,7 +85,8 @@ type RedisConfig struct {
 // pool that the store holds between such calls, which spares the pool's
 // take, health check (a recvfrom) and put on every call. A connection
 // that met an error is given back and another borrowed; one idle for
-// 100 ms goes back to the pool too, and is checked when borrowed again. A
+// 100 ms, or held for the client's ConnMaxLifetime, goes back to the pool
+// too, and is checked when borrowed again. A
 // take that finds the held connection closed is sent once more through
 // the pool (see direct).
 // Concurrent callers are coalesced: while a call is in the store, Take,
