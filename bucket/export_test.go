@@ -1,6 +1,10 @@
 package bucket
 
-import "context"
+import (
+	"context"
+
+	"github.com/quotacoord/quota/internal/clock"
+)
 
 // SetRedisNow makes r pass now() (microseconds) to its scripts in place of
 // Redis TIME. Tests only: it drives the differential test.
@@ -43,3 +47,10 @@ func QueueTake(r *Redis, ctx context.Context, req Request) (func() (Decision, er
 		return d, nil
 	}, nil
 }
+
+// LoneIdle is how long the lone connection may sit idle and still carry a
+// call unchecked.
+const LoneIdle = loneIdle
+
+// SetLoneClock makes r's lone connection measure its idle time on c.
+func SetLoneClock(r *Redis, c clock.Monotonic) { r.lone.clock = c }

@@ -112,7 +112,7 @@ func (r *Redis) flusher() {
 			}
 			r.busy.Store(len(f.batch) > 1)
 			r.plan(f)
-			r.send(context.Background(), f)
+			r.send(context.Background(), f, r.client)
 			f.reset()
 		}
 	}
@@ -252,13 +252,14 @@ func (r *Redis) lay(f *flush, w int) {
 	wr.argv = argv
 }
 
-// send runs f's wires in one pipeline, resends the ones Redis refused
-// (NOSCRIPT: with EVAL; CROSSSLOT on a merged wire: its calls one by one,
-// and no more merging across slots), and answers every call. ctx bounds
-// the round trips: a flusher's never ends (the client's timeouts bound
-// them), a direct caller's is its own.
-func (r *Redis) send(ctx context.Context, f *flush) {
-	pipe := r.client.Pipeline()
+// send runs f's wires in one pipeline of via (the client, or the lone
+// connection), resends the ones Redis refused (NOSCRIPT: with EVAL;
+// CROSSSLOT on a merged wire: its calls one by one, and no more merging
+// across slots), and answers every call. ctx bounds the round trips: a
+// flusher's never ends (the client's timeouts bound them), a direct
+// caller's is its own.
+func (r *Redis) send(ctx context.Context, f *flush, via pipeliner) {
+	pipe := via.Pipeline()
 	f.retry = f.retry[:0]
 	for w := range f.wires {
 		f.wires[w].cmd = newScriptCmd(ctx, f.wires[w].argv)
@@ -269,7 +270,7 @@ func (r *Redis) send(ctx context.Context, f *flush) {
 	// A refusal costs one pass: a split merged wire's calls may still
 	// meet NOSCRIPT in the next.
 	for pass := 0; pass < 2; pass++ {
-		pipe = r.client.Pipeline()
+		pipe = via.Pipeline()
 		n := len(f.retry)
 		for _, w := range f.retry[:n] {
 			wr := &f.wires[w]

@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -76,7 +79,16 @@ type RedisConfig struct {
 // call per decision, atomic in Redis, timed by Redis TIME only.
 //
 // A call that finds no other in the store is sent by its caller, on its
-// own goroutine and in its own context: one round trip, no hand-off.
+// own goroutine and in its own context: one round trip, no hand-off. On a
+// single server (Client is a *redis.Client speaking RESP2 whose pool has
+// more connections than Flushers) it goes out on one connection of the
+// pool that the store holds between such calls, which spares the pool's
+// take, health check (a recvfrom) and put on every call. A connection
+// that met an error is given back and another borrowed; one idle for
+// 100 ms, or held for the client's ConnMaxLifetime, goes back to the pool
+// too, and is checked when borrowed again. A
+// take that finds the held connection closed is sent once more through
+// the pool (see direct).
 // Concurrent callers are coalesced: while a call is in the store, Take,
 // TakeAll and Refund put their script call on a bounded queue; Flushers
 // goroutines (started by NewRedis, stopped by Close) each take every call
@@ -143,6 +155,9 @@ type Redis struct {
 	// through the queue all the same, where the calls that follow it
 	// within the flusher's yield join its pipeline (see direct).
 	busy atomic.Bool
+	// lone is the connection that direct calls go out on, when the client
+	// is a single server's (see loneConn).
+	lone *loneConn
 	args argCache
 	// guard is the boxed guard argument of every call: "1" with
 	// LossGuard, else "0" (see lua/take.lua).
@@ -314,6 +329,7 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 		guard:    argGuardOff,
 		queue:    make(chan *call, cfg.QueueSize),
 		stop:     make(chan struct{}),
+		lone:     newLoneConn(cfg.Client, cfg.Flushers),
 	}
 	if cfg.LossGuard {
 		r.guard = argGuardOn
@@ -326,8 +342,9 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 	return r, nil
 }
 
-// Close stops the flushers. Calls still queued fail with ErrClosed; later
-// calls fail with ErrClosed. Close does not close the client.
+// Close stops the flushers and gives the lone calls' connection back to
+// the client's pool. Calls still queued fail with ErrClosed; later calls
+// fail with ErrClosed. Close does not close the client.
 func (r *Redis) Close() error {
 	r.mu.Lock()
 	if r.closed {
@@ -338,6 +355,7 @@ func (r *Redis) Close() error {
 	r.mu.Unlock()
 	close(r.stop)
 	r.wg.Wait()
+	r.lone.close()
 	for {
 		select {
 		case c := <-r.queue:
@@ -410,12 +428,25 @@ func (r *Redis) direct(ctx context.Context, c *call) error {
 	}
 	c.ctx = ctx
 	f := directFlush.Get().(*flush)
-	f.batch = append(f.batch[:0], c)
-	r.plan(f)
-	r.send(ctx, f)
-	f.reset()
+	if conn, held := r.lone.take(); held {
+		r.sendAlone(ctx, f, c, conn)
+		r.lone.give(c.err)
+		if c.err != nil && c.op == opTake && peerClosed(c.err) && ctx.Err() == nil {
+			// The server had closed the held connection (a restart, a
+			// failover, CLIENT KILL) or it was closed here (a Sentinel
+			// switch): the pool checks a connection before it sends, and
+			// would have dialed anew. Send the take once more on one of
+			// the pool's. Should the server have run the first before
+			// closing without an answer, the bucket is charged twice:
+			// an under-admission, never an over-admission. A refund is
+			// not sent again, as a second one could give back tokens
+			// never taken.
+			r.sendAlone(ctx, f, c, r.client)
+		}
+	} else {
+		r.sendAlone(ctx, f, c, r.client)
+	}
 	directFlush.Put(f)
-	<-c.done // send answered it on this goroutine
 	if c.err != nil {
 		// The connection's deadline is the context's, and may pass just
 		// before the context's own timer ends it.
@@ -427,6 +458,23 @@ func (r *Redis) direct(ctx context.Context, c *call) error {
 		}
 	}
 	return c.err
+}
+
+// sendAlone sends c in a pipeline of its own on via, with f as scratch,
+// and waits for its answer.
+func (r *Redis) sendAlone(ctx context.Context, f *flush, c *call, via pipeliner) {
+	f.batch = append(f.batch[:0], c)
+	r.plan(f)
+	r.send(ctx, f, via)
+	f.reset()
+	<-c.done // send answered it on this goroutine
+}
+
+// peerClosed reports whether err says that the connection a call went out
+// on was closed, by the server (end of stream, reset, broken pipe) or here.
+func peerClosed(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed)
 }
 
 // enqueue puts c on the queue of the flushers.

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // Server is a redis-server process started by this package.
@@ -63,15 +64,24 @@ func Addr(tb testing.TB) string {
 	return sharedAddr
 }
 
-// Client returns a client of the shared Redis, closed at the end of the test.
+// Client returns a client of the shared Redis, closed at the end of the
+// test. Like the clients of the others here, it speaks RESP2 with
+// maintenance notifications off, as bucket.DialRedis's do: a store on it
+// takes the paths a node's store takes.
 func Client(tb testing.TB) *redis.Client {
 	tb.Helper()
-	c := redis.NewClient(&redis.Options{Addr: Addr(tb)})
+	c := redis.NewClient(options(Addr(tb)))
 	tb.Cleanup(func() { _ = c.Close() })
 	if err := c.Ping(context.Background()).Err(); err != nil {
 		tb.Fatalf("redistest: ping %s: %v", c.Options().Addr, err)
 	}
 	return c
+}
+
+// options are the options of a client of addr.
+func options(addr string) *redis.Options {
+	return &redis.Options{Addr: addr, Protocol: 2,
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}}
 }
 
 // Unique returns a string no other call in this process returns, for key
@@ -94,7 +104,7 @@ func Start(tb testing.TB, args ...string) *Server {
 
 // Client returns a client of s, closed at the end of the test.
 func (s *Server) Client(tb testing.TB) *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	c := redis.NewClient(options(s.Addr))
 	tb.Cleanup(func() { _ = c.Close() })
 	return c
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"math/rand"
 	"net"
 	"os"
@@ -225,6 +226,18 @@ type countingConn struct {
 func (c *countingConn) Write(p []byte) (int, error) {
 	c.writes.Add(1)
 	return c.Conn.Write(p)
+}
+
+// SyscallConn is the socket's, as on the *net.TCPConn that production
+// dials: go-redis checks a pooled connection's health through it (a
+// non-blocking recvfrom on every pool Get), and skips the check for a
+// connection that does not offer it.
+func (c *countingConn) SyscallConn() (syscall.RawConn, error) {
+	sc, ok := c.Conn.(syscall.Conn)
+	if !ok {
+		return nil, errors.New("countingConn: the dialed connection has no SyscallConn")
+	}
+	return sc.SyscallConn()
 }
 
 // processSample is what BenchmarkOneCaller reads of the process before and
