@@ -76,8 +76,8 @@ func getDemand(t *testing.T, c *clientv3.Client, region, node string, d *etcdlay
 	t.Helper()
 	var merged *etcdlayout.DemandReport
 	lease = getShards(t, c, lay.NodeDemands(region, node), func(key string, v []byte) error {
-		_, _, _, sh, err := lay.DecodeDemand(key, v)
-		merged = etcdlayout.MergeDemand(merged, sh)
+		_, _, id, sh, err := lay.DecodeDemand(key, v)
+		merged = etcdlayout.MergeDemand(merged, id, sh)
 		return err
 	})
 	if merged == nil {
@@ -442,7 +442,7 @@ func TestDemandReportsLiveUnderTheLease(t *testing.T) {
 	// Then Run returns and revokes the lease, which takes the report and
 	// the registration with it; a flush after that has no lease.
 	stop()
-	for _, key := range []string{lay.DemandShard("eu", testNode, etcdlayout.PolicyShard("exports")), lay.Node("eu", testNode)} {
+	for _, key := range []string{lay.DemandShard("eu", testNode, etcdlayout.PolicyDemandShard("exports")), lay.Node("eu", testNode)} {
 		var v map[string]any
 		if found, _ := getJSON(t, c, key, &v); found {
 			t.Fatalf("%s outlived the revoked lease", key)
