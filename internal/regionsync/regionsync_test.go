@@ -453,6 +453,34 @@ func TestDemandReportsLiveUnderTheLease(t *testing.T) {
 	}
 }
 
+// TestFlushAtEndsTheInterval: a report flushed at an instant covers the
+// time since the last one up to that instant, not up to when it is
+// written, so its rates are the costs recorded over the time they were
+// recorded for.
+func TestFlushAtEndsTheInterval(t *testing.T) {
+	srv := etcdtest.Start(t)
+	c := srv.Client(t)
+	rec, err := demand.New(demand.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, _ := start(t, srv, Config{LeaseTTL: 3 * time.Second, ReportInterval: MaxReportInterval, Recorder: rec})
+	waitFor(t, 5*time.Second, "never ready", s.Ready)
+	at := time.Now()
+	if err := s.FlushAt(context.Background(), at); err != nil {
+		t.Fatal(err)
+	}
+	rec.Record("exports", "", 50, true, false)
+	time.Sleep(100 * time.Millisecond) // recording and writing take time
+	if err := s.FlushAt(context.Background(), at.Add(500*time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	var rep etcdlayout.DemandReport
+	if found, _ := getDemand(t, c, "eu", testNode, &rep); !found || rep.IntervalSeconds != 0.5 || rep.Policies["exports"].Offered != 100 {
+		t.Fatalf("report %+v: want 50 over the half second flushed, 100/s", rep)
+	}
+}
+
 func TestSettingsAndPolicies(t *testing.T) {
 	srv := etcdtest.Start(t)
 	c := srv.Client(t)
