@@ -24,7 +24,7 @@ const Shards = 256
 // (DemandMoved), and a policy's demand is tens of times larger than its
 // epoch (rates and up to 32 pressured subjects), so demand is sharded
 // sixteen times finer than acknowledgements: at 10,000 policies a record
-// holds about 2.4 policies (about 1 KiB with 4 pressured subjects, 8 KiB
+// holds about 2.7 policies (about 1 KiB with 4 pressured subjects, 6 KiB
 // with 32), and one policy whose demand moves costs its node one such
 // record, not a record of 39 policies. A node writes at most DemandShards
 // demand records (only the non-empty ones: fewer than its policies when
