@@ -135,11 +135,11 @@ func TestDemandChangedLeavesJitterOut(t *testing.T) {
 	moving := "p0"
 	steady := ""
 	for i := 1; steady == ""; i++ {
-		if p := fmt.Sprintf("p%d", i); etcdlayout.PolicyShard(p) == etcdlayout.PolicyShard(moving) {
+		if p := fmt.Sprintf("p%d", i); etcdlayout.PolicyDemandShard(p) == etcdlayout.PolicyDemandShard(moving) {
 			steady = p
 		}
 	}
-	shard := etcdlayout.PolicyShard(moving)
+	shard := etcdlayout.PolicyDemandShard(moving)
 	kv := func(rev int64, moved, jittered float64) *mvccpb.KeyValue {
 		v, _ := json.Marshal(etcdlayout.DemandReport{Region: "a", Node: "n", Policies: map[string]etcdlayout.PolicyDemand{
 			moving: {Offered: moved, Admitted: moved}, steady: {Offered: jittered, Admitted: jittered}}})

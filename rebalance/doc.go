@@ -56,7 +56,9 @@
 // Each node of a region registers, reports and acknowledges under its own
 // keys (etcdlayout.Node, DemandShard, AckShard; a node's shards are merged
 // when read, and a record in the older one-per-node format is refused with
-// an error in the log). A region is live while any
+// an error in the log; demand records of the 256-record layout before are
+// still read, a node with records in both layouts counted once,
+// etcdlayout.DemandIn). A region is live while any
 // node is registered and its demand is the sum of its nodes' reports. It
 // has acknowledged an epoch when every registered node has and no node of
 // it vanished less than SkewMargin ago; a new leader, which cannot know

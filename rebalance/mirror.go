@@ -63,11 +63,15 @@ type storedDoc struct {
 	rev   int64
 }
 
-// regionDemand is one region's demand: each node's shards, and their sum
-// per policy (plan.SumPolicyDemand), summed again for the policies in
-// stale only.
+// regionDemand is one region's demand: each node's demand records, and
+// their sum per policy (plan.SumPolicyDemand), summed again for the
+// policies in stale only. A node holds at most DemandShards +
+// LegacyDemandShards records (etcdlayout.DemandShardOf accepts no other
+// key), in either layout; its demand for a policy is taken as
+// etcdlayout.DemandIn takes it, so a node caught in a rolling upgrade is
+// counted once.
 type regionDemand struct {
-	nodes map[string]map[int]map[string]plan.PolicyDemand // node → shard → policy
+	nodes map[string]map[etcdlayout.DemandShardID]map[string]plan.PolicyDemand // node → record → policy
 	// order is the nodes in name order, the order their demand is summed
 	// in (nil when a node came or went).
 	order []string
@@ -146,7 +150,7 @@ func (m *mirror) kindOf(key string) (change, string) {
 	if region, _, ok := etcdlayout.NodeOf(ly.RegionsPrefix(), key); ok {
 		return changedRegistration, region
 	}
-	if region, _, _, err := etcdlayout.ShardOf(ly.DemandPrefix(), key); err == nil {
+	if region, _, _, err := etcdlayout.DemandShardOf(ly.DemandPrefix(), key); err == nil {
 		return changedDemand, region
 	}
 	if region, _, _, err := etcdlayout.ShardOf(ly.AcksPrefix(), key); err == nil {
@@ -161,6 +165,7 @@ func (m *mirror) kindOf(key string) (change, string) {
 type shardRecord struct {
 	region, node string
 	shard        int
+	demandID     etcdlayout.DemandShardID
 	demand       map[string]plan.PolicyDemand
 	epochs       map[string]uint64
 	err          error
@@ -181,7 +186,7 @@ func decodeShard(ly etcdlayout.Layout, kv *mvccpb.KeyValue) (rec shardRecord) {
 		return rec
 	}
 	var d etcdlayout.DemandReport
-	rec.region, rec.node, rec.shard, d, rec.err = ly.DecodeDemand(key, kv.Value)
+	rec.region, rec.node, rec.demandID, d, rec.err = ly.DecodeDemand(key, kv.Value)
 	if rec.demand = d.Policies; rec.demand == nil {
 		rec.demand = map[string]plan.PolicyDemand{}
 	}
@@ -227,7 +232,7 @@ func (m *mirror) put(kv *mvccpb.KeyValue, pre any, ds *dirtySet) (change, string
 			m.putAcks(rec.region, rec.node, rec.shard, rec.epochs, ds)
 			return changedAcks, rec.region
 		}
-		m.putDemand(rec.region, rec.node, rec.shard, rec.demand, ds)
+		m.putDemand(rec.region, rec.node, rec.demandID, rec.demand, ds)
 		return changedDemand, rec.region
 	case len(etcdlayout.Name(ly.ControlPrefix(), key)) > 0:
 		// Kept even when undecodable, as far as it decoded.
@@ -315,8 +320,8 @@ func (m *mirror) roomFor(n, inRegion int) bool {
 	return true
 }
 
-// putDemand stores one demand shard of a node.
-func (m *mirror) putDemand(region, node string, shard int, v map[string]plan.PolicyDemand, ds *dirtySet) {
+// putDemand stores one demand record of a node.
+func (m *mirror) putDemand(region, node string, shard etcdlayout.DemandShardID, v map[string]plan.PolicyDemand, ds *dirtySet) {
 	rd := m.demand[region]
 	if rd == nil || rd.nodes[node] == nil {
 		n := 0
@@ -327,10 +332,10 @@ func (m *mirror) putDemand(region, node string, shard int, v map[string]plan.Pol
 			return
 		}
 		if rd == nil {
-			rd = &regionDemand{nodes: map[string]map[int]map[string]plan.PolicyDemand{}, sum: map[string]plan.PolicyDemand{}, stale: map[string]bool{}}
+			rd = &regionDemand{nodes: map[string]map[etcdlayout.DemandShardID]map[string]plan.PolicyDemand{}, sum: map[string]plan.PolicyDemand{}, stale: map[string]bool{}}
 			m.demand[region] = rd
 		}
-		rd.nodes[node] = map[int]map[string]plan.PolicyDemand{}
+		rd.nodes[node] = map[etcdlayout.DemandShardID]map[string]plan.PolicyDemand{}
 		rd.order = nil
 		m.ndemand++
 	}
@@ -390,7 +395,7 @@ func (m *mirror) remove(key string, ds *dirtySet) (change, string) {
 		m.nnodes--
 		return changedRegistration, region
 	case len(etcdlayout.Name(ly.DemandPrefix(), key)) > 0:
-		region, node, shard, err := etcdlayout.ShardOf(ly.DemandPrefix(), key)
+		region, node, shard, err := etcdlayout.DemandShardOf(ly.DemandPrefix(), key)
 		rd := m.demand[region]
 		if err != nil || rd == nil || rd.nodes[node] == nil {
 			return changedNothing, ""
@@ -481,10 +486,9 @@ func (rd *regionDemand) sums() map[string]plan.PolicyDemand {
 	}
 	var per []plan.PolicyDemand
 	for p := range rd.stale {
-		shard := etcdlayout.PolicyShard(p)
 		per = per[:0]
 		for _, n := range rd.order {
-			if d, ok := rd.nodes[n][shard][p]; ok {
+			if d, ok := etcdlayout.DemandIn(rd.nodes[n], p); ok {
 				per = append(per, d)
 			}
 		}

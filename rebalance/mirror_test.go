@@ -104,21 +104,33 @@ func (r *records) del(key string, opts ...clientv3.OpOption) {
 
 func (r *records) pick(xs []string) string { return xs[r.rng.IntN(len(xs))] }
 
-// shardOf returns a shard holding some policy, and the policies in it
-// (plus one no document defines).
-func (r *records) shardOf() (int, []string) {
-	shard := etcdlayout.PolicyShard(r.pick(r.pols))
+// shardOf returns a shard, as shardOf gives them, holding some policy,
+// and the policies in it (plus one no document defines).
+func (r *records) shardOf(shardOf func(string) int) (int, []string) {
+	shard := shardOf(r.pick(r.pols))
 	var in []string
 	for _, p := range r.pols {
-		if etcdlayout.PolicyShard(p) == shard {
+		if shardOf(p) == shard {
 			in = append(in, p)
 		}
 	}
 	for i := 0; ; i++ {
-		if p := fmt.Sprintf("x%d", i); etcdlayout.PolicyShard(p) == shard {
+		if p := fmt.Sprintf("x%d", i); shardOf(p) == shard {
 			return shard, append(in, p)
 		}
 	}
+}
+
+// demandShard returns a demand record holding some policy, and the
+// policies in it (shardOf): of the current layout, or one time in three
+// of the legacy one, as a node not yet upgraded writes.
+func (r *records) demandShard() (etcdlayout.DemandShardID, []string) {
+	if r.rng.IntN(3) == 0 {
+		s, pols := r.shardOf(etcdlayout.PolicyShard)
+		return etcdlayout.DemandShardID{Shard: s, Of: etcdlayout.LegacyDemandShards}, pols
+	}
+	s, pols := r.shardOf(etcdlayout.PolicyDemandShard)
+	return etcdlayout.DemandShardID{Shard: s, Of: etcdlayout.DemandShards}, pols
 }
 
 // change writes one random change.
@@ -127,7 +139,7 @@ func (r *records) change() {
 	ly, region, node := r.ly, r.pick(testRegions), r.pick(testNodes)
 	switch r.rng.IntN(14) {
 	case 0, 1, 2:
-		shard, pols := r.shardOf()
+		shard, pols := r.demandShard()
 		ds := map[string]etcdlayout.PolicyDemand{}
 		for _, p := range pols {
 			if r.rng.IntN(3) == 0 {
@@ -140,12 +152,12 @@ func (r *records) change() {
 			}
 			ds[p] = d
 		}
-		r.put(ly.DemandShard(region, node, shard), etcdlayout.DemandReport{Region: region, Node: node, At: time.Unix(int64(r.rng.IntN(1000)), 0), IntervalSeconds: 1, Policies: ds})
+		r.put(ly.DemandRecord(region, node, shard), etcdlayout.DemandReport{Region: region, Node: node, At: time.Unix(int64(r.rng.IntN(1000)), 0), IntervalSeconds: 1, Policies: ds})
 	case 3:
-		shard, _ := r.shardOf()
-		r.del(ly.DemandShard(region, node, shard))
+		shard, _ := r.demandShard()
+		r.del(ly.DemandRecord(region, node, shard))
 	case 4, 5:
-		shard, pols := r.shardOf()
+		shard, pols := r.shardOf(etcdlayout.PolicyShard)
 		epochs := map[string]uint64{}
 		for _, p := range pols {
 			if r.rng.IntN(3) > 0 {
@@ -157,7 +169,7 @@ func (r *records) change() {
 		if r.rng.IntN(2) == 0 {
 			r.del(ly.NodeAcks(region, node), clientv3.WithPrefix())
 		} else {
-			shard, _ := r.shardOf()
+			shard, _ := r.shardOf(etcdlayout.PolicyShard)
 			r.del(ly.AckShard(region, node, shard))
 		}
 	case 7:
@@ -198,10 +210,10 @@ func (r *records) change() {
 	case 12:
 		// Records a read leaves out: undecodable, a policy in the
 		// wrong shard, the old one-record format.
-		shard, _ := r.shardOf()
+		shard, _ := r.shardOf(etcdlayout.PolicyShard)
 		switch r.rng.IntN(3) {
 		case 0:
-			r.put(ly.DemandShard(region, node, shard), []byte("{not json"))
+			r.put(ly.DemandShard(region, node, etcdlayout.PolicyDemandShard(r.pols[0])), []byte("{not json"))
 		case 1:
 			r.put(ly.AckShard(region, node, (shard+1)%etcdlayout.Shards), etcdlayout.Ack{Epochs: map[string]uint64{r.pols[0]: 9}})
 		default:
@@ -215,26 +227,33 @@ func (r *records) change() {
 }
 
 // readDemand is each live region's demand as summed from a read of the
-// demand shards, without the mirror: what a round must plan on.
+// demand records, without the mirror: what a round must plan on. A node
+// with records in both layouts counts each policy once, from its current
+// records where they hold it, else from its legacy ones.
 func (r *records) readDemand(view *plan.View) map[string]map[string]plan.PolicyDemand {
 	r.t.Helper()
 	resp, err := r.cli.Get(context.Background(), r.ly.DemandPrefix(), clientv3.WithPrefix())
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	reports := map[string]map[string]map[string]plan.PolicyDemand{}
+	// region → node → layout (current, legacy) → policy
+	reports := map[string]map[string]*[2]map[string]plan.PolicyDemand{}
 	for _, kv := range resp.Kvs {
-		region, node, _, d, err := r.ly.DecodeDemand(string(kv.Key), kv.Value)
+		region, node, id, d, err := r.ly.DecodeDemand(string(kv.Key), kv.Value)
 		if err != nil {
 			continue
 		}
 		if reports[region] == nil {
-			reports[region] = map[string]map[string]plan.PolicyDemand{}
+			reports[region] = map[string]*[2]map[string]plan.PolicyDemand{}
 		}
 		if reports[region][node] == nil {
-			reports[region][node] = map[string]plan.PolicyDemand{}
+			reports[region][node] = &[2]map[string]plan.PolicyDemand{{}, {}}
 		}
-		maps.Copy(reports[region][node], d.Policies)
+		layer := 0
+		if id.Of == etcdlayout.LegacyDemandShards {
+			layer = 1
+		}
+		maps.Copy(reports[region][node][layer], d.Policies)
 	}
 	out := map[string]map[string]plan.PolicyDemand{}
 	for region, ns := range reports {
@@ -243,7 +262,9 @@ func (r *records) readDemand(view *plan.View) map[string]map[string]plan.PolicyD
 		}
 		var per []map[string]plan.PolicyDemand
 		for _, n := range slices.Sorted(maps.Keys(ns)) {
-			per = append(per, ns[n])
+			node := maps.Clone(ns[n][1])
+			maps.Copy(node, ns[n][0])
+			per = append(per, node)
 		}
 		out[region] = plan.SumDemand(per, MaxOverridesLimit)
 	}
@@ -277,6 +298,19 @@ func sameSnapshot(t *testing.T, what string, kept, read *snapshot) {
 	}
 }
 
+// newKept is newRecords with the lead's copy of the records read and
+// kept from its watch (stopped when t ends), and a fresh dirty set.
+func newKept(t *testing.T, policies int) (*records, *Loop, *kept, *dirtySet) {
+	t.Helper()
+	r, l := newRecords(t, policies)
+	k, err := l.keep(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(k.stop)
+	return r, l, k, newDirtySet()
+}
+
 // keptLikeRead brings the copy k up to date (current), which must take
 // it from the watch without reading, and fails t when its snapshot
 // differs from a read's (sameSnapshot). It returns both.
@@ -302,14 +336,7 @@ func keptLikeRead(t *testing.T, what string, l *Loop, k *kept, ds *dirtySet) (ke
 // the same snapshot as a read of everything, the demand a read sums, and
 // the same plans; and the copy was read once, at the start.
 func TestKeptRecordsPlanLikeARead(t *testing.T) {
-	r, l := newRecords(t, 12)
-	ctx := context.Background()
-	k, err := l.keep(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer k.stop()
-	ds := newDirtySet()
+	r, l, k, ds := newKept(t, 12)
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	ld, err := plan.NewLeader(l.cfg.params(), now.Add(-time.Hour))
 	if err != nil {

@@ -367,9 +367,9 @@ func (o *operator) ShowAllocation(ctx context.Context, req *quotav1.ShowAllocati
 					setIn(acks, region, node, *etcdlayout.MergeAck(&cur, a))
 				}
 			case 3:
-				if region, node, _, d, err := ly.DecodeDemand(string(kv.Key), kv.Value); err == nil && (demand[region] != nil || len(demand) < maxShownRegions) {
+				if region, node, id, d, err := ly.DecodeDemand(string(kv.Key), kv.Value); err == nil && (demand[region] != nil || len(demand) < maxShownRegions) {
 					cur := demand[region][node]
-					setIn(demand, region, node, *etcdlayout.MergeDemand(&cur, d))
+					setIn(demand, region, node, *etcdlayout.MergeDemand(&cur, id, d))
 				}
 			case 4:
 				var c etcdlayout.Control

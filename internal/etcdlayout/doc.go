@@ -8,9 +8,9 @@
 //
 //	policies/{doc}            policy document as written by the operator (own YAML or Envoy config)
 //	regions/{region}/{node}   Registration, under the node's lease
-//	demand/{region}/{node}/{shard}  DemandReport of the node's policies in shard, under the node's lease
+//	demand/{region}/{node}/{shard}  DemandReport of the node's policies in shard (three hex digits), under the node's lease
 //	alloc/{policy}            Allocation: epoch, phase and shares (not leased)
-//	acks/{region}/{node}/{shard}    Ack: the epoch applied per policy in shard, under the node's lease
+//	acks/{region}/{node}/{shard}    Ack: the epoch applied per policy in shard (two hex digits), under the node's lease
 //	control/{policy}          Control: operator pins, freeze, weights, minimums
 //	settings                  Settings published by the coordinator (report interval, lease TTL)
 //	election                  the coordinator election prefix
@@ -25,14 +25,23 @@
 // registered; its demand is the sum over its nodes; it has acknowledged an
 // epoch when every live node has.
 //
-// A node's demand report and acknowledgement are split into Shards records
-// by policy (PolicyShard, two hex digits in the key), and a node rewrites
-// only the shards that changed: records stay far below etcd's request
-// limit at thousands of policies, and the bytes written follow what
-// changed rather than how many policies a node has. A reader merges a
-// node's shards (MergeAck, MergeDemand). A record at {region}/{node}
-// without a shard is the older one-record format: readers reject it
-// (ErrOldFormat) and say so, they never mix it with shards.
+// A node's demand report is split into DemandShards records by policy
+// (PolicyDemandShard, three hex digits in the key) and its acknowledgement
+// into Shards records (PolicyShard, two hex digits), and a node rewrites
+// only the records that changed: records stay far below etcd's request
+// limit at thousands of policies, and the bytes written follow the
+// policies that changed rather than how many policies a node has. A
+// reader merges a node's records (MergeAck, MergeDemand).
+//
+// The keys one node writes are bounded whatever its input: one
+// registration, at most DemandShards demand records and at most Shards
+// acknowledgement records (4,353 keys); readers accept no other shard
+// key. During a rolling upgrade a reader also accepts demand records of
+// the layout before (LegacyDemandShards records, two hex digits), up to
+// 256 more keys per node until the old process's lease ends, and counts a
+// node with records in both layouts once (DemandIn). A record at
+// {region}/{node} without a shard is the older one-record format: readers
+// reject it (ErrOldFormat) and say so, they never mix it with shards.
 //
 // Values are JSON. Published allocations do not depend on the coordinator's
 // lease: a coordinator that dies leaves the last shares in force.

@@ -76,8 +76,11 @@
 // alloc/, policies/ and settings are watched (get, then watch from the
 // next revision; a compacted or failed watch starts over with a get).
 //
-// Demand reports and acknowledgements are split by policy into
-// etcdlayout.Shards records (ShardWriter): after each publish the ack loop
+// Demand reports are split by policy into etcdlayout.DemandShards records
+// and acknowledgements into etcdlayout.Shards (ShardWriter): demand is
+// split finer because a demand record is rewritten whenever one of its
+// policies' demand moves, so a moving policy costs about one small record
+// however many policies the node holds. After each publish the ack loop
 // rewrites only the shards whose epochs changed, after each report
 // interval the reporter only the shards whose demand moved past
 // DemandTolerance, in transactions within etcd's limits. An

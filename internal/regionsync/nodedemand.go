@@ -33,10 +33,10 @@ func (s *Syncer) DemandPart(policy, subject string) (part float64, ok bool) {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	shard := etcdlayout.PolicyShard(policy)
 	var own, all float64
 	for node, shards := range d.nodes {
-		v := shards[shard][policy][subject]
+		subjects, _ := etcdlayout.DemandIn(shards, policy)
+		v := subjects[subject]
 		all += v
 		if node == s.cfg.Node {
 			own, ok = v, v > 0
@@ -53,13 +53,15 @@ func (s *Syncer) DemandPart(policy, subject string) (part float64, ok bool) {
 const maxDemandSubjects = 1024
 
 // nodeDemands follows the demand reports of this node's region's nodes
-// for DemandPart: per node, per shard, the pressured subjects' offered
-// rates by policy. Its follow goroutine writes, DemandPart reads, under
-// mu. At most MaxPolicies nodes are kept.
+// for DemandPart: per node, per demand record (at most
+// etcdlayout.DemandShards + LegacyDemandShards, the keys DemandShardOf
+// accepts), the pressured subjects' offered rates by policy, read as
+// etcdlayout.DemandIn says. Its follow goroutine writes, DemandPart
+// reads, under mu. At most MaxPolicies nodes are kept.
 type nodeDemands struct {
 	s     *Syncer
 	mu    sync.Mutex
-	nodes map[string]map[int]map[string]map[string]float64
+	nodes map[string]map[etcdlayout.DemandShardID]map[string]map[string]float64
 }
 
 // readable reports whether this node may read its region's demand
@@ -83,7 +85,7 @@ func (d *nodeDemands) prefix() string { return d.s.cfg.Layout.DemandPrefix() + d
 func (d *nodeDemands) snapshot(kvs []*mvccpb.KeyValue) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.nodes = make(map[string]map[int]map[string]map[string]float64)
+	d.nodes = make(map[string]map[etcdlayout.DemandShardID]map[string]map[string]float64)
 	for _, kv := range kvs {
 		d.put(kv)
 	}
@@ -94,7 +96,7 @@ func (d *nodeDemands) events(evs []*clientv3.Event) {
 	defer d.mu.Unlock()
 	for _, ev := range evs {
 		if ev.Type == clientv3.EventTypeDelete {
-			_, node, shard, err := etcdlayout.ShardOf(d.s.cfg.Layout.DemandPrefix(), string(ev.Kv.Key))
+			_, node, shard, err := etcdlayout.DemandShardOf(d.s.cfg.Layout.DemandPrefix(), string(ev.Kv.Key))
 			if err != nil {
 				continue
 			}
@@ -122,7 +124,7 @@ func (d *nodeDemands) put(kv *mvccpb.KeyValue) {
 		if len(d.nodes) >= d.s.cfg.MaxPolicies {
 			return
 		}
-		shards = make(map[int]map[string]map[string]float64)
+		shards = make(map[etcdlayout.DemandShardID]map[string]map[string]float64)
 		d.nodes[node] = shards
 	}
 	byPolicy := make(map[string]map[string]float64, min(len(rep.Policies), d.s.cfg.MaxPolicies))

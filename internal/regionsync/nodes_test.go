@@ -102,7 +102,7 @@ func TestDemandPart(t *testing.T) {
 		for s, o := range offered {
 			ps = append(ps, etcdlayout.SubjectDemand{Subject: s, Offered: o, Denied: true})
 		}
-		putJSON(t, c, lay.DemandShard(region, node, etcdlayout.PolicyShard("p")), etcdlayout.DemandReport{
+		putJSON(t, c, lay.DemandShard(region, node, etcdlayout.PolicyDemandShard("p")), etcdlayout.DemandReport{
 			Region: region, Node: node, At: time.Now(), IntervalSeconds: 1,
 			Policies: map[string]etcdlayout.PolicyDemand{"p": {Offered: 1, Pressured: ps}}})
 	}
@@ -128,6 +128,35 @@ func TestDemandPart(t *testing.T) {
 	waitFor(t, 5*time.Second, "n1's part of acme alone", func() bool {
 		part, ok := s1.DemandPart("p", "acme")
 		return ok && part == 1
+	})
+}
+
+// TestDemandPartCountsANodeOnce: in a rolling upgrade a node's demand is
+// read from records of the legacy 256-record layout as well, and a node
+// with records in both layouts (its old process's not yet ended with
+// their lease) counts once, by its current record.
+func TestDemandPartCountsANodeOnce(t *testing.T) {
+	srv := etcdtest.Start(t)
+	c := srv.Client(t)
+	report := func(node string, id etcdlayout.DemandShardID, acme float64) {
+		putJSON(t, c, lay.DemandRecord("eu", node, id), etcdlayout.DemandReport{
+			Region: "eu", Node: node, At: time.Now(), IntervalSeconds: 1,
+			Policies: map[string]etcdlayout.PolicyDemand{"p": {Offered: acme, Pressured: []etcdlayout.SubjectDemand{{Subject: "acme", Offered: acme}}}}})
+	}
+	current := etcdlayout.DemandShardID{Shard: etcdlayout.PolicyDemandShard("p"), Of: etcdlayout.DemandShards}
+	legacy := etcdlayout.DemandShardID{Shard: etcdlayout.PolicyShard("p"), Of: etcdlayout.LegacyDemandShards}
+	report("n2", legacy, 90)
+	report("n2", current, 10)
+	s1, _ := start(t, srv, Config{Node: "n1", LeaseTTL: 3 * time.Second})
+	report("n1", current, 30)
+	waitFor(t, 5*time.Second, "n1's part of acme with n2 in both layouts counted once", func() bool {
+		part, ok := s1.DemandPart("p", "acme")
+		return ok && part == 0.75
+	})
+	report("n3", legacy, 60)
+	waitFor(t, 5*time.Second, "n1's part of acme with n3 not yet upgraded", func() bool {
+		part, ok := s1.DemandPart("p", "acme")
+		return ok && part == 0.3
 	})
 }
 
@@ -187,7 +216,7 @@ func demandPartUnder(t *testing.T, role etcdauth.Role) (*Syncer, *logbuf.Buffer)
 		t.Fatal(err)
 	}
 	for node, rate := range map[string]float64{"n1": 30, "n2": 10} {
-		putJSON(t, admin, lay.DemandShard("eu", node, etcdlayout.PolicyShard("p")), etcdlayout.DemandReport{
+		putJSON(t, admin, lay.DemandShard("eu", node, etcdlayout.PolicyDemandShard("p")), etcdlayout.DemandReport{
 			Region: "eu", Node: node, At: time.Now(), IntervalSeconds: 1,
 			Policies: map[string]etcdlayout.PolicyDemand{"p": {Offered: rate, Pressured: []etcdlayout.SubjectDemand{{Subject: "acme", Offered: rate}}}}})
 	}

@@ -76,8 +76,8 @@ func getDemand(t *testing.T, c *clientv3.Client, region, node string, d *etcdlay
 	t.Helper()
 	var merged *etcdlayout.DemandReport
 	lease = getShards(t, c, lay.NodeDemands(region, node), func(key string, v []byte) error {
-		_, _, _, sh, err := lay.DecodeDemand(key, v)
-		merged = etcdlayout.MergeDemand(merged, sh)
+		_, _, id, sh, err := lay.DecodeDemand(key, v)
+		merged = etcdlayout.MergeDemand(merged, id, sh)
 		return err
 	})
 	if merged == nil {
@@ -442,7 +442,7 @@ func TestDemandReportsLiveUnderTheLease(t *testing.T) {
 	// Then Run returns and revokes the lease, which takes the report and
 	// the registration with it; a flush after that has no lease.
 	stop()
-	for _, key := range []string{lay.DemandShard("eu", testNode, etcdlayout.PolicyShard("exports")), lay.Node("eu", testNode)} {
+	for _, key := range []string{lay.DemandShard("eu", testNode, etcdlayout.PolicyDemandShard("exports")), lay.Node("eu", testNode)} {
 		var v map[string]any
 		if found, _ := getJSON(t, c, key, &v); found {
 			t.Fatalf("%s outlived the revoked lease", key)
@@ -450,6 +450,34 @@ func TestDemandReportsLiveUnderTheLease(t *testing.T) {
 	}
 	if err := s.Flush(context.Background()); !errors.Is(err, ErrNoLease) {
 		t.Fatalf("flush after Run returned: %v, want ErrNoLease", err)
+	}
+}
+
+// TestFlushAtEndsTheInterval: a report flushed at an instant covers the
+// time since the last one up to that instant, not up to when it is
+// written, so its rates are the costs recorded over the time they were
+// recorded for.
+func TestFlushAtEndsTheInterval(t *testing.T) {
+	srv := etcdtest.Start(t)
+	c := srv.Client(t)
+	rec, err := demand.New(demand.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, _ := start(t, srv, Config{LeaseTTL: 3 * time.Second, ReportInterval: MaxReportInterval, Recorder: rec})
+	waitFor(t, 5*time.Second, "never ready", s.Ready)
+	at := time.Now()
+	if err := s.FlushAt(context.Background(), at); err != nil {
+		t.Fatal(err)
+	}
+	rec.Record("exports", "", 50, true, false)
+	time.Sleep(100 * time.Millisecond) // recording and writing take time
+	if err := s.FlushAt(context.Background(), at.Add(500*time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	var rep etcdlayout.DemandReport
+	if found, _ := getDemand(t, c, "eu", testNode, &rep); !found || rep.IntervalSeconds != 0.5 || rep.Policies["exports"].Offered != 100 {
+		t.Fatalf("report %+v: want 50 over the half second flushed, 100/s", rep)
 	}
 }
 

@@ -14,12 +14,12 @@ import (
 	"github.com/quotacoord/quota/internal/etcdlayout"
 )
 
-// ShardWriter keeps one node's sharded record, its demand report or its
-// acknowledgement (etcdlayout.Shards), in step with etcd for the node's
-// lease: a Write puts only the shards whose value changed since the last
-// write etcd accepted for the same lease, and deletes the shards that
-// emptied. The zero value writes every shard on its first Write. It is
-// not safe for concurrent use.
+// ShardWriter keeps one node's sharded record, its demand report
+// (etcdlayout.DemandShards records) or its acknowledgement (Shards), in
+// step with etcd for the node's lease: a Write puts only the shards whose
+// value changed since the last write etcd accepted for the same lease,
+// and deletes the shards that emptied. The zero value writes every shard
+// on its first Write. It is not safe for concurrent use.
 type ShardWriter[V any] struct {
 	lease   clientv3.LeaseID
 	written map[int]V

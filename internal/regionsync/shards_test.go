@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"testing"
 	"time"
 
@@ -150,5 +151,58 @@ func TestDemandChanged(t *testing.T) {
 		if got := demandChanged(base, c.next); got != c.changed {
 			t.Errorf("%s: changed %v, want %v", c.name, got, c.changed)
 		}
+	}
+}
+
+// TestOnePolicyMovingRewritesLittle: at a node holding 10,000 policies
+// with 4 pressured subjects each, one policy's demand moving past the
+// tolerance rewrites one small record, a few KiB, not a shard of tens of
+// policies; every record and transaction stays within etcd's limits; and
+// what etcd holds afterwards is the node's whole report.
+func TestOnePolicyMovingRewritesLittle(t *testing.T) {
+	srv := etcdtest.Start(t)
+	c := srv.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	g, err := c.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const policies = 10000
+	rep := etcdlayout.DemandReport{Region: "eu", Node: "n", At: time.Unix(1000, 0).UTC(), IntervalSeconds: 1,
+		Policies: make(map[string]etcdlayout.PolicyDemand, policies)}
+	for i := range policies {
+		d := etcdlayout.PolicyDemand{Offered: 10000 + float64(i), Admitted: 9000}
+		for s := range 4 {
+			d.Pressured = append(d.Pressured, etcdlayout.SubjectDemand{Subject: fmt.Sprintf("tenant-%d-%d", i, s), Offered: 1200, Admitted: 1000, Denied: true})
+		}
+		rep.Policies[policyName(i)] = d
+	}
+	key := func(s int) string { return lay.DemandShard("eu", "n", s) }
+	var w ShardWriter[etcdlayout.DemandReport]
+	first, err := w.Write(ctx, c, Owner{Lease: g.ID}, key, etcdlayout.SplitDemand(rep), demandChanged)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Bytes/first.Txns > etcdlayout.MaxTxnBytes || first.Puts/first.Txns > etcdlayout.MaxTxnOps {
+		t.Fatalf("first write %+v: a transaction over the limits", first)
+	}
+
+	moved := rep.Policies[policyName(4321)]
+	moved.Offered *= 1.5
+	rep.Policies[policyName(4321)] = moved
+	rep.At = rep.At.Add(time.Second)
+	got, err := w.Write(ctx, c, Owner{Lease: g.ID}, key, etcdlayout.SplitDemand(rep), demandChanged)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const few = 4 << 10
+	if got.Puts != 1 || got.Deletes != 0 || got.Bytes > few {
+		t.Fatalf("one policy of %d moved: wrote %+v (%d B in %d records, first write %d B in %d); want one record of at most %d B",
+			policies, got, got.Bytes, got.Puts, first.Bytes, first.Puts, few)
+	}
+	var stored etcdlayout.DemandReport
+	if found, _ := getDemand(t, c, "eu", "n", &stored); !found || !reflect.DeepEqual(stored.Policies, rep.Policies) {
+		t.Fatalf("etcd holds %d policies, the report %d, or they differ", len(stored.Policies), len(rep.Policies))
 	}
 }

@@ -95,7 +95,7 @@ func (s *Syncer) reportLoop(ctx context.Context) {
 			continue
 		case <-t.C:
 		}
-		if err := s.report(ctx); err != nil && ctx.Err() == nil {
+		if err := s.report(ctx, s.now()); err != nil && ctx.Err() == nil {
 			s.log.Warn("demand report not written", "error", err)
 		}
 		t.Reset(s.reportInterval())
@@ -106,19 +106,28 @@ func (s *Syncer) reportLoop(ctx context.Context) {
 // Call it on shutdown, while the lease still lives (before or shortly
 // after Run returns). Without a Recorder it does nothing.
 func (s *Syncer) Flush(ctx context.Context) error {
-	return s.report(ctx)
+	return s.report(ctx, s.now())
 }
 
-// report takes a snapshot and writes the demand shards that moved
-// (demandChanged) under the lease; without a lease the snapshot is
+// FlushAt is Flush with the report's interval ending at at (on
+// Config.Clock's wall reading) instead of now: for a caller that records
+// demand itself at known instants (the scale harness), so that a report's
+// rates are the costs recorded over the time they were recorded for,
+// however long recording and writing took.
+func (s *Syncer) FlushAt(ctx context.Context, at time.Time) error {
+	return s.report(ctx, at)
+}
+
+// report takes a snapshot ending at at and writes the demand shards that
+// moved (demandChanged) under the lease; without a lease the snapshot is
 // discarded (it would be stale by the time etcd is back).
-func (s *Syncer) report(ctx context.Context) error {
+func (s *Syncer) report(ctx context.Context, at time.Time) error {
 	if s.cfg.Recorder == nil {
 		return nil
 	}
 	s.reportMu.Lock()
 	defer s.reportMu.Unlock()
-	rep := s.cfg.Recorder.Report(s.cfg.Region, s.now())
+	rep := s.cfg.Recorder.Report(s.cfg.Region, at)
 	rep.Node = s.cfg.Node
 	id := clientv3.LeaseID(s.lease.Load())
 	if id == 0 {

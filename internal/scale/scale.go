@@ -371,8 +371,11 @@ func report(ctx context.Context, nodes []*node, phase int, p Params) {
 		go func() {
 			defer wg.Done()
 			for nd := range next {
-				nd.record(phase, p, time.Now())
-				_ = nd.sync.Flush(ctx)
+				// The report ends where the recording did, so its rates
+				// are the recorded ones, however long recording took.
+				now := time.Now()
+				nd.record(phase, p, now)
+				_ = nd.sync.FlushAt(ctx, now)
 			}
 		}()
 	}
