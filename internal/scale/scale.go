@@ -339,7 +339,7 @@ func Run(ctx context.Context, p Params, log io.Writer) (Result, error) {
 		res.Planned = (after.histSum("quota_coordinator_round_policies_planned", "full") - before.histSum("quota_coordinator_round_policies_planned", "full")) / n
 	}
 	if p.Failover {
-		fo, err := kill(ctx, proxy, standby)
+		fo, err := kill(ctx, admin, layout, proxy, standby)
 		if err != nil {
 			fo.Err = err.Error()
 		}
