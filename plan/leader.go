@@ -356,6 +356,7 @@ func (l *Leader) Track(now time.Time, v *View, allocs map[string]*Allocation) {
 		if a == nil {
 			continue
 		}
+		l.recallDemand(p, a)
 		if _, ok := l.shrinkSeen[p]; !ok && a.Phase == PhaseShrink {
 			l.shrinkSeen[p] = seenEpoch{epoch: a.Epoch, at: now} // bounded by the policies
 		}
@@ -367,6 +368,64 @@ func (l *Leader) Track(now time.Time, v *View, allocs map[string]*Allocation) {
 				l.missingSince[r] = now
 			}
 		}
+	}
+}
+
+// recallDemand starts the smoothed demand of policy, which this leader
+// has not observed, from the demand its allocation in force a was planned
+// from (Allocation.Demand and SubjectDemand). Each region's report carries
+// the noise of one interval, which the old leader's smoothing had
+// averaged out: a new leader that took its first observation as it is
+// would move most policies past the dead band on unchanged demand, and
+// publish an epoch for each. Starting from the published demand, a new
+// leader on unchanged reports plans what the old leader would have, and
+// a policy whose demand did move still moves. A record without the
+// demand, or with values no leader writes, leaves the first observation
+// to the reports. At most allocator.MaxRegions regions and 2·MaxOverrides
+// subjects (in name order) are taken.
+func (l *Leader) recallDemand(policy string, a *Allocation) {
+	if _, ok := l.demand[policy]; ok || len(a.Demand) == 0 && len(a.SubjectDemand) == 0 {
+		return
+	}
+	if len(a.Demand) > allocator.MaxRegions || !demandValid(a.Demand) {
+		return
+	}
+	l.demand[policy] = maps.Clone(a.Demand)
+	sm := make(map[string]*subjectDemand, min(len(a.SubjectDemand), 2*l.params.MaxOverrides))
+	for _, s := range slices.Sorted(maps.Keys(a.SubjectDemand)) {
+		if len(sm) >= 2*l.params.MaxOverrides {
+			break
+		}
+		if d := a.SubjectDemand[s]; s != "" && len(d) <= allocator.MaxRegions && demandValid(d) {
+			sm[s] = &subjectDemand{demand: maps.Clone(d)}
+		}
+	}
+	l.subjects[policy] = sm
+}
+
+// demandValid says every value of a recorded demand is a finite fraction
+// at least 0.
+func demandValid(d map[string]float64) bool {
+	for _, v := range d {
+		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// record writes into a, about to be published for policy, the smoothed
+// demand it was planned from (Allocation.Demand): that of the regions,
+// and that of the subjects the split ranked.
+func (l *Leader) record(a *Allocation, policy string) {
+	if d := l.demand[policy]; len(d) > 0 {
+		a.Demand = maps.Clone(d)
+	}
+	for _, s := range l.ranked(policy) {
+		if a.SubjectDemand == nil {
+			a.SubjectDemand = make(map[string]map[string]float64)
+		}
+		a.SubjectDemand[s] = maps.Clone(l.subjects[policy][s].demand)
 	}
 }
 
