@@ -75,12 +75,9 @@ func kill(ctx context.Context, cli *clientv3.Client, l etcdlayout.Layout, proxy 
 		if m.counter("quota_coordinator_rebalance_rounds_total", "kind", "full") > before.counter("quota_coordinator_rebalance_rounds_total", "kind", "full") {
 			fo.FirstRound = time.Since(led)
 			fo.RoundTime = m.quantile(before, "quota_coordinator_rebalance_round_seconds", 1)
-			written, err := cli.Get(ctx, l.AllocPrefix(), clientv3.WithPrefix(), clientv3.WithCountOnly(),
-				clientv3.WithMinModRev(cut.Header.Revision+1))
-			if err != nil {
-				return fo, fmt.Errorf("scale: count the first round's allocations: %w", err)
+			if fo.FirstEpochs, err = allocsWrittenAfter(ctx, cli, l, cut.Header.Revision); err != nil {
+				return fo, err
 			}
-			fo.FirstEpochs = written.Count
 			return fo, nil
 		}
 		if ctx.Err() != nil || time.Now().After(deadline) {
@@ -88,6 +85,18 @@ func kill(ctx context.Context, cli *clientv3.Client, l etcdlayout.Layout, proxy 
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// allocsWrittenAfter counts the policies whose allocation was written
+// after revision rev.
+func allocsWrittenAfter(ctx context.Context, cli *clientv3.Client, l etcdlayout.Layout, rev int64) (int64, error) {
+	// Keys, not a count: etcd counts before it filters on the mod
+	// revision.
+	resp, err := cli.Get(ctx, l.AllocPrefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithMinModRev(rev+1))
+	if err != nil {
+		return 0, fmt.Errorf("scale: count the allocations written: %w", err)
+	}
+	return int64(len(resp.Kvs)), nil
 }
 
 // invariantWatch replays the deployment's history from etcd's first
