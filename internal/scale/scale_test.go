@@ -77,6 +77,8 @@ func TestParamsBounds(t *testing.T) {
 		"too many nodes":    func(p *Params) { p.Regions, p.NodesPerRegion = 64, 65 },
 		"pressured":         func(p *Params) { p.Pressured = -1 },
 		"moving":            func(p *Params) { p.Moving = 2 },
+		"jitter":            func(p *Params) { p.Jitter = 0.6 },
+		"negative jitter":   func(p *Params) { p.Jitter = -0.1 },
 		"report interval":   func(p *Params) { p.ReportInterval = time.Millisecond },
 		"no data dir":       func(p *Params) { p.DataDir = "" },
 	} {
