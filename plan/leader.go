@@ -192,7 +192,8 @@ func (sd *subjectDemand) total() float64 {
 
 // Leader is what a leading coordinator keeps between rounds: the smoothed
 // demand, and what it saw of the regions' registrations. It can be rebuilt
-// from the latest reports at any time: a new leader starts from NewLeader.
+// at any time: a new leader starts from NewLeader, and each policy's
+// smoothing from the demand its allocation in force records (Track).
 // Its methods take the instant they run at and read no clock; a Leader is
 // not safe for concurrent use.
 type Leader struct {
@@ -569,12 +570,13 @@ func (l *Leader) Settle(full, deferred, published bool) (fullRoundNow bool) {
 
 // Observe folds the regions' latest demand reports into the smoothed
 // demand, once per full round, and forgets the policies not listed. A
-// region's first observation is taken as it is, and only from a report: a
-// region that registered and has not reported yet gets no demand (0 for
-// now) rather than a first observation of 0 that its later reports would
-// climb from one smoothing step at a time. Regions are read in name order
-// and at most MaxOverrides subjects of a report, 4·MaxOverrides of a round
-// and 2·MaxOverrides kept per policy.
+// region's first observation (with no demand recalled for it, Track) is
+// taken as it is, and only from a report: a region that registered and
+// has not reported yet gets no demand (0 for now) rather than a first
+// observation of 0 that its later reports would climb from one smoothing
+// step at a time. Regions are read in name order and at most MaxOverrides
+// subjects of a report, 4·MaxOverrides of a round and 2·MaxOverrides kept
+// per policy.
 func (l *Leader) Observe(v *View, policies []Policy) {
 	l.ObserveSome(v, policies)
 	keep := make(map[string]bool, len(policies))
