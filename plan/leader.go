@@ -192,7 +192,8 @@ func (sd *subjectDemand) total() float64 {
 
 // Leader is what a leading coordinator keeps between rounds: the smoothed
 // demand, and what it saw of the regions' registrations. It can be rebuilt
-// from the latest reports at any time: a new leader starts from NewLeader.
+// at any time: a new leader starts from NewLeader, and each policy's
+// smoothing from the demand its allocation in force records (Track).
 // Its methods take the instant they run at and read no clock; a Leader is
 // not safe for concurrent use.
 type Leader struct {
@@ -356,6 +357,7 @@ func (l *Leader) Track(now time.Time, v *View, allocs map[string]*Allocation) {
 		if a == nil {
 			continue
 		}
+		l.recallDemand(p, a)
 		if _, ok := l.shrinkSeen[p]; !ok && a.Phase == PhaseShrink {
 			l.shrinkSeen[p] = seenEpoch{epoch: a.Epoch, at: now} // bounded by the policies
 		}
@@ -367,6 +369,64 @@ func (l *Leader) Track(now time.Time, v *View, allocs map[string]*Allocation) {
 				l.missingSince[r] = now
 			}
 		}
+	}
+}
+
+// recallDemand starts the smoothed demand of policy, which this leader
+// has not observed, from the demand its allocation in force a was planned
+// from (Allocation.Demand and SubjectDemand). Each region's report carries
+// the noise of one interval, which the old leader's smoothing had
+// averaged out: a new leader that took its first observation as it is
+// would move most policies past the dead band on unchanged demand, and
+// publish an epoch for each. Starting from the published demand, a new
+// leader on unchanged reports plans what the old leader would have, and
+// a policy whose demand did move still moves. A record without the
+// demand, or with values no leader writes, leaves the first observation
+// to the reports. At most allocator.MaxRegions regions and 2·MaxOverrides
+// subjects (in name order) are taken.
+func (l *Leader) recallDemand(policy string, a *Allocation) {
+	if _, ok := l.demand[policy]; ok || len(a.Demand) == 0 && len(a.SubjectDemand) == 0 {
+		return
+	}
+	if len(a.Demand) > allocator.MaxRegions || !demandValid(a.Demand) {
+		return
+	}
+	l.demand[policy] = maps.Clone(a.Demand)
+	sm := make(map[string]*subjectDemand, min(len(a.SubjectDemand), 2*l.params.MaxOverrides))
+	for _, s := range slices.Sorted(maps.Keys(a.SubjectDemand)) {
+		if len(sm) >= 2*l.params.MaxOverrides {
+			break
+		}
+		if d := a.SubjectDemand[s]; s != "" && len(d) <= allocator.MaxRegions && demandValid(d) {
+			sm[s] = &subjectDemand{demand: maps.Clone(d)}
+		}
+	}
+	l.subjects[policy] = sm
+}
+
+// demandValid says every value of a recorded demand is a finite fraction
+// at least 0.
+func demandValid(d map[string]float64) bool {
+	for _, v := range d {
+		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// record writes into a, about to be published for policy, the smoothed
+// demand it was planned from (Allocation.Demand): that of the regions,
+// and that of the subjects the split ranked.
+func (l *Leader) record(a *Allocation, policy string) {
+	if d := l.demand[policy]; len(d) > 0 {
+		a.Demand = maps.Clone(d)
+	}
+	for _, s := range l.ranked(policy) {
+		if a.SubjectDemand == nil {
+			a.SubjectDemand = make(map[string]map[string]float64)
+		}
+		a.SubjectDemand[s] = maps.Clone(l.subjects[policy][s].demand)
 	}
 }
 
@@ -510,12 +570,13 @@ func (l *Leader) Settle(full, deferred, published bool) (fullRoundNow bool) {
 
 // Observe folds the regions' latest demand reports into the smoothed
 // demand, once per full round, and forgets the policies not listed. A
-// region's first observation is taken as it is, and only from a report: a
-// region that registered and has not reported yet gets no demand (0 for
-// now) rather than a first observation of 0 that its later reports would
-// climb from one smoothing step at a time. Regions are read in name order
-// and at most MaxOverrides subjects of a report, 4·MaxOverrides of a round
-// and 2·MaxOverrides kept per policy.
+// region's first observation (with no demand recalled for it, Track) is
+// taken as it is, and only from a report: a region that registered and
+// has not reported yet gets no demand (0 for now) rather than a first
+// observation of 0 that its later reports would climb from one smoothing
+// step at a time. Regions are read in name order and at most MaxOverrides
+// subjects of a report, 4·MaxOverrides of a round and 2·MaxOverrides kept
+// per policy.
 func (l *Leader) Observe(v *View, policies []Policy) {
 	l.ObserveSome(v, policies)
 	keep := make(map[string]bool, len(policies))

@@ -65,6 +65,14 @@ type Allocation struct {
 	PublishedAt time.Time `json:"published_at"`
 	// Reason says why the shares moved, for operators.
 	Reason string `json:"reason,omitempty"`
+	// Demand is the planner's smoothed demand per region the shares were
+	// planned from, and SubjectDemand each ranked pressured subject's (as
+	// fractions of the policy's rate): a new leader starts its smoothing
+	// from them (Leader.Track) rather than from one report per region.
+	// Records written before they existed lack them; a leader then takes
+	// its first observation from the reports.
+	Demand        map[string]float64            `json:"demand,omitempty"`
+	SubjectDemand map[string]map[string]float64 `json:"subject_demand,omitempty"`
 }
 
 // Control is an operator's steering of one policy.

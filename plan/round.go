@@ -73,6 +73,9 @@ func (l *Leader) Plan(now time.Time, v *View, p Policy, cur *Allocation, ctl Con
 			PublishedAt: now,
 			Reason: fmt.Sprintf("grow to the target of epoch %d: every region acknowledged it or lost its lease; %s",
 				cur.Epoch, moves(cur.Default, cur.Target.Default, nil)),
+			// The target was planned from the shrink's demand.
+			Demand:        cur.Demand,
+			SubjectDemand: cur.SubjectDemand,
 		}
 		return d
 	}
@@ -134,6 +137,7 @@ func (l *Leader) Plan(now time.Time, v *View, p Policy, cur *Allocation, ctl Con
 	if cur == nil {
 		a.Epoch = 1
 		a.Reason = "initial allocation: " + moves(nil, next.Default, d.Demand)
+		l.record(a, p.Name)
 		d.Publish = a
 		return d
 	}
@@ -155,6 +159,7 @@ func (l *Leader) Plan(now time.Time, v *View, p Policy, cur *Allocation, ctl Con
 	} else {
 		a.Reason = why
 	}
+	l.record(a, p.Name)
 	d.Publish = a
 	return d
 }
@@ -309,39 +314,21 @@ func (l *Leader) proposal(v *View, p *Policy, cur *Allocation, ctl Control, held
 	for i, name := range sorted {
 		out.Default[name] = def[i]
 	}
-	// Pressured subjects, most demand first, at most MaxOverrides.
-	type ranked struct {
-		subject string
-		total   float64
-	}
-	var subs []ranked
-	for s, sd := range l.subjects[p.Name] {
-		subs = append(subs, ranked{s, sd.total()})
-	}
-	slices.SortFunc(subs, func(a, b ranked) int {
-		if a.total != b.total {
-			return cmp.Compare(b.total, a.total)
-		}
-		return strings.Compare(a.subject, b.subject)
-	})
-	if len(subs) > l.params.MaxOverrides {
-		subs = subs[:l.params.MaxOverrides]
-	}
 	rs := slices.Clone(base)
-	for _, s := range subs {
-		sd := l.subjects[p.Name][s.subject]
+	for _, subject := range l.ranked(p.Name) {
+		sd := l.subjects[p.Name][subject]
 		copy(rs, base)
 		for i := range rs {
 			rs[i].Demand = sd.demand[rs[i].Name]
 			if cur != nil {
-				if o, ok := cur.Overrides[s.subject][rs[i].Name]; ok {
+				if o, ok := cur.Overrides[subject][rs[i].Name]; ok {
 					rs[i].Current = o
 				}
 			}
 		}
 		shares, err := allocator.Split(params, rs)
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("split policy %s subject %s: %w", p.Name, s.subject, err)
+			return nil, nil, nil, fmt.Errorf("split policy %s subject %s: %w", p.Name, subject, err)
 		}
 		same := true
 		for i := range shares {
@@ -356,9 +343,33 @@ func (l *Leader) proposal(v *View, p *Policy, cur *Allocation, ctl Control, held
 		if out.Overrides == nil {
 			out.Overrides = make(map[string]map[string]float64)
 		}
-		out.Overrides[s.subject] = sharesOf(sorted, shares, cur, s.subject)
+		out.Overrides[subject] = sharesOf(sorted, shares, cur, subject)
 	}
 	return out, regions, safe, nil
+}
+
+// ranked are policy's pressured subjects a split considers: most demand
+// first (ties in name order), at most MaxOverrides.
+func (l *Leader) ranked(policy string) []string {
+	type ranked struct {
+		subject string
+		total   float64
+	}
+	var subs []ranked
+	for s, sd := range l.subjects[policy] {
+		subs = append(subs, ranked{s, sd.total()})
+	}
+	slices.SortFunc(subs, func(a, b ranked) int {
+		if a.total != b.total {
+			return cmp.Compare(b.total, a.total)
+		}
+		return strings.Compare(a.subject, b.subject)
+	})
+	out := make([]string, 0, min(len(subs), l.params.MaxOverrides))
+	for _, s := range subs[:min(len(subs), l.params.MaxOverrides)] {
+		out = append(out, s.subject)
+	}
+	return out
 }
 
 // held is, per region of cur, the largest safe share the region may fall

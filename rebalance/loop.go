@@ -79,6 +79,10 @@ type Loop struct {
 	// ld is the planner's state while leading (an empty one otherwise).
 	ld *plan.Leader
 
+	// campaigned is closed when the last campaign's election call ended
+	// (campaign). Only the Run goroutine uses it.
+	campaigned chan struct{}
+
 	// afterRead, when a test sets it before Run, runs in doRound between
 	// the read and the publishes; afterPlan with the kind of round and
 	// the policies it planned.
@@ -118,7 +122,8 @@ func New(cfg Config) (*Loop, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rebalance: register metrics: %w", err)
 	}
-	l := &Loop{cfg: c, layout: etcdlayout.Layout{Prefix: c.Prefix}, m: m, reqs: make(chan roundReq)}
+	l := &Loop{cfg: c, layout: etcdlayout.Layout{Prefix: c.Prefix}, m: m, reqs: make(chan roundReq), campaigned: make(chan struct{})}
+	close(l.campaigned)
 	if l.ld, err = plan.NewLeader(c.params(), time.Time{}); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
@@ -147,7 +152,8 @@ func (l *Loop) Leader(ctx context.Context) (string, error) {
 // writes its first demand report, and right after the growth that ends a
 // shrink a full round had to wait on. It blocks until ctx is done, then
 // resigns and returns nil. It starts goroutines that end before it
-// returns.
+// returns, but for a campaign cut off from etcd when ctx ended, which
+// ends when the client is closed (campaign).
 func (l *Loop) Run(ctx context.Context) error {
 	log := l.cfg.Logger
 	backoff := 100 * time.Millisecond
@@ -166,7 +172,7 @@ func (l *Loop) Run(ctx context.Context) error {
 		}
 		backoff = 100 * time.Millisecond
 		el := concurrency.NewElection(sess, l.layout.Election())
-		if err := campaign(ctx, sess, el, l.cfg.Name); err != nil {
+		if err := l.campaign(ctx, sess, el); err != nil {
 			_ = sess.Close()
 			if ctx.Err() == nil {
 				log.Warn("campaign failed", "error", err)
@@ -195,19 +201,35 @@ func (l *Loop) Run(ctx context.Context) error {
 	return nil
 }
 
-func campaign(ctx context.Context, sess *concurrency.Session, el *concurrency.Election, name string) error {
+// campaign waits until this Loop leads on el, its session ends or ctx
+// does. A campaign cancelled by either resigns on the client's own
+// context (concurrency.Election.Campaign), which, cut off from etcd,
+// waits until the client is closed, after Run returned: campaign returns
+// without waiting for it, and the next campaign starts only once it
+// ended (or ctx did), so that at most one lingers.
+func (l *Loop) campaign(ctx context.Context, sess *concurrency.Session, el *concurrency.Election) error {
+	select {
+	case <-l.campaigned:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	done := make(chan struct{})
-	defer close(done)
+	ended := make(chan struct{})
+	l.campaigned = ended
+	done := make(chan error, 1)
 	go func() {
-		select {
-		case <-sess.Done():
-			cancel()
-		case <-done:
-		}
+		defer close(ended)
+		done <- el.Campaign(cctx, l.cfg.Name)
 	}()
-	return el.Campaign(cctx, name)
+	select {
+	case err := <-done:
+		return err
+	case <-sess.Done():
+		return errors.New("rebalance: election session ended while campaigning")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 func sleep(ctx context.Context, d time.Duration) {

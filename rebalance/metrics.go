@@ -23,11 +23,28 @@ type metrics struct {
 
 	// shown is the allocation each policy's share series show (observe).
 	shown map[string]*plan.Allocation
+	// lagOf is, per policy shown, each region's acknowledgement lag (how
+	// many epochs its slowest registered node is behind), and lag their
+	// sums per region with the number of policies counted in each: the
+	// gauge is kept by the policies whose allocation, acknowledgements
+	// or regions' nodes changed, not every allocation × node each round.
+	lagOf map[string]map[string]uint64
+	lag   map[string]regionLag
+}
+
+// regionLag is one region's acknowledgement lag summed over policies,
+// and how many policies' allocations name the region while it has a
+// registered node (the gauge shows the region while any does).
+type regionLag struct {
+	epochs   uint64
+	policies int
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		shown: map[string]*plan.Allocation{},
+		lagOf: map[string]map[string]uint64{},
+		lag:   map[string]regionLag{},
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "quota_coordinator_leader", Help: "1 while this coordinator leads, else 0.",
 		}),
@@ -83,9 +100,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 
 // observe updates the gauges that describe a snapshot. The share series
 // of an allocation are rewritten when the allocation is not the one they
-// show (a snapshot keeps an allocation's value until it changes): a
-// round's cost follows the allocations that changed, not every policy
-// times every region.
+// show (a snapshot keeps an allocation's value until it changes), and its
+// acknowledgement lag counted again when, besides, snap.ackMoved names it
+// (its acknowledgements changed) or says every policy (registrations
+// changed, or the records were read again): a round's cost follows the
+// allocations and acknowledgements that changed, not every policy times
+// every region and node. observe consumes snap.ackMoved.
 func (m *metrics) observe(snap *snapshot) {
 	m.regions.Set(float64(len(snap.view.Regions)))
 	for p, a := range m.shown {
@@ -94,11 +114,14 @@ func (m *metrics) observe(snap *snapshot) {
 				m.share.DeleteLabelValues(p, r)
 			}
 			delete(m.shown, p)
+			m.setLag(p, nil)
 		}
 	}
-	lag := make(map[string]float64)
+	moved := snap.ackMoved
+	every := moved == nil || moved.all
 	for p, a := range snap.allocs {
-		if was := m.shown[p]; was != a {
+		was := m.shown[p]
+		if was != a {
 			if was != nil {
 				for r := range was.Default {
 					if _, ok := a.Default[r]; !ok {
@@ -111,25 +134,64 @@ func (m *metrics) observe(snap *snapshot) {
 			}
 			m.shown[p] = a // bounded by the allocations
 		}
-		for r := range a.Default {
-			if nodes, ok := snap.view.Regions[r]; ok {
-				// A region lags as far as its slowest node.
-				worst := uint64(0)
-				for _, n := range nodes {
-					if got := n.Acked[p]; got < a.Epoch {
-						worst = max(worst, a.Epoch-got)
-					}
-				}
-				lag[r] += float64(worst)
-			}
+		if was != a || every || moved.policies[p] {
+			m.setLag(p, ackLag(snap.view, p, a))
 		}
+	}
+	if moved != nil {
+		moved.all = false
+		clear(moved.policies)
 	}
 	m.mismatch.Reset()
 	for _, r := range snap.view.Mismatched() {
 		m.mismatch.WithLabelValues(r).Set(1)
 	}
 	m.ackLag.Reset()
-	for r, v := range lag {
-		m.ackLag.WithLabelValues(r).Set(v)
+	for r, l := range m.lag {
+		m.ackLag.WithLabelValues(r).Set(float64(l.epochs))
 	}
+}
+
+// ackLag is, per region of a with a registered node, how many epochs of
+// policy the region's slowest node has not acknowledged.
+func ackLag(v *plan.View, policy string, a *plan.Allocation) map[string]uint64 {
+	out := make(map[string]uint64, len(a.Default))
+	for r := range a.Default {
+		if nodes, ok := v.Regions[r]; ok {
+			worst := uint64(0)
+			for _, n := range nodes {
+				if got := n.Acked[policy]; got < a.Epoch {
+					worst = max(worst, a.Epoch-got)
+				}
+			}
+			out[r] = worst
+		}
+	}
+	return out
+}
+
+// setLag replaces policy's acknowledgement lag per region (nil: the
+// policy has no allocation) in the sums per region.
+func (m *metrics) setLag(policy string, lag map[string]uint64) {
+	for r, e := range m.lagOf[policy] {
+		l := m.lag[r]
+		l.epochs -= e
+		l.policies--
+		if l.policies == 0 {
+			delete(m.lag, r)
+		} else {
+			m.lag[r] = l
+		}
+	}
+	if lag == nil {
+		delete(m.lagOf, policy)
+		return
+	}
+	for r, e := range lag {
+		l := m.lag[r]
+		l.epochs += e
+		l.policies++
+		m.lag[r] = l // bounded by the regions of the allocations
+	}
+	m.lagOf[policy] = lag // bounded by the allocations
 }

@@ -55,6 +55,10 @@ type mirror struct {
 	allocRevs map[string]int64
 	retired   map[string]bool
 	behind    map[string]plan.Behind
+	// ackMoved names the policies whose acknowledgements changed, or
+	// every policy after a registration changed, until the metrics look
+	// (snapshot.ackMoved); every policy at first.
+	ackMoved *dirtySet
 }
 
 // storedDoc is one policy document as stored.
@@ -94,6 +98,7 @@ func newMirror(ly etcdlayout.Layout, log hclog.Logger) *mirror {
 		controls: map[string]etcdlayout.Control{}, docs: map[string]storedDoc{}, docsDirty: true,
 		allocs: map[string]*etcdlayout.Allocation{}, allocRevs: map[string]int64{},
 		retired: map[string]bool{}, behind: map[string]plan.Behind{},
+		ackMoved: newDirtySet(),
 	}
 }
 
@@ -218,6 +223,7 @@ func (m *mirror) put(kv *mvccpb.KeyValue, pre any, ds *dirtySet) (change, string
 		var v etcdlayout.Registration
 		m.warn(key, json.Unmarshal(kv.Value, &v))
 		m.register(region, node, v.Fingerprint)
+		m.ackMoved.everything()
 		return changedRegistration, region
 	case len(etcdlayout.Name(ly.DemandPrefix(), key)) > 0, len(etcdlayout.Name(ly.AcksPrefix(), key)) > 0:
 		rec, ok := pre.(shardRecord)
@@ -371,9 +377,18 @@ func (m *mirror) putAcks(region, node string, shard int, v map[string]uint64, ds
 	}
 	old := na.shards[shard]
 	na.shards[shard], na.merged = v, nil
+	m.acksChanged(ds, old, v)
+}
+
+// acksChanged marks, in ds (nil: none) and in ackMoved, the policies
+// whose acknowledged epoch differs between a node's shard before and
+// after.
+func (m *mirror) acksChanged(ds *dirtySet, before, after map[string]uint64) {
+	same := func(a, b uint64) bool { return a == b }
 	if ds != nil {
-		markChanged(ds, old, v, func(a, b uint64) bool { return a == b })
+		markChanged(ds, before, after, same)
 	}
+	markChanged(m.ackMoved, before, after, same)
 }
 
 // remove deletes the record at key, as a delete event or a value that
@@ -393,6 +408,7 @@ func (m *mirror) remove(key string, ds *dirtySet) (change, string) {
 			delete(m.nodes, region)
 		}
 		m.nnodes--
+		m.ackMoved.everything()
 		return changedRegistration, region
 	case len(etcdlayout.Name(ly.DemandPrefix(), key)) > 0:
 		region, node, shard, err := etcdlayout.DemandShardOf(ly.DemandPrefix(), key)
@@ -430,9 +446,7 @@ func (m *mirror) remove(key string, ds *dirtySet) (change, string) {
 		}
 		delete(na.shards, shard)
 		na.merged = nil
-		if ds != nil {
-			markChanged(ds, old, nil, func(a, b uint64) bool { return a == b })
-		}
+		m.acksChanged(ds, old, nil)
 		if len(na.shards) == 0 {
 			delete(m.acks[region], node)
 			m.nacks--
@@ -519,6 +533,7 @@ func (m *mirror) snapshot() (*snapshot, error) {
 		allocs:       maps.Clone(m.allocs),
 		allocRevs:    maps.Clone(m.allocRevs),
 		docs:         len(m.docs),
+		ackMoved:     m.ackMoved,
 	}
 	for region, ns := range m.nodes {
 		live := make(map[string]plan.Node, len(ns))

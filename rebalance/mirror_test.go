@@ -331,6 +331,23 @@ func keptLikeRead(t *testing.T, what string, l *Loop, k *kept, ds *dirtySet) (ke
 	return kept, read
 }
 
+// sameLag has m, which observed the kept copy's earlier snapshots,
+// observe kept, and fails t when its acknowledgement lag differs from the
+// lag counted afresh from read. It returns that lag.
+func sameLag(t *testing.T, what string, m *metrics, kept, read *snapshot) map[string]regionLag {
+	t.Helper()
+	fresh, err := newMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.observe(kept)
+	fresh.observe(read)
+	if !reflect.DeepEqual(m.lag, fresh.lag) {
+		t.Fatalf("%s: acknowledgement lag kept %v, from a read %v", what, m.lag, fresh.lag)
+	}
+	return fresh.lag
+}
+
 // TestKeptRecordsPlanLikeARead: after each of a series of random changes
 // to every kind of record, the leader's copy kept from its watch gives
 // the same snapshot as a read of everything, the demand a read sums, and
@@ -343,12 +360,22 @@ func TestKeptRecordsPlanLikeARead(t *testing.T) {
 		t.Fatal(err)
 	}
 	published := 0
+	// The acknowledgement lag kept round to round from what changed
+	// equals the lag of a read counted afresh.
+	lagKept, err := newMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lagging := 0
 	for step := range 60 {
 		for range 1 + r.rng.IntN(8) {
 			r.change()
 		}
 		what := fmt.Sprintf("step %d", step)
 		kept, read := keptLikeRead(t, what, l, k, ds)
+		for _, lag := range sameLag(t, what, lagKept, kept, read) {
+			lagging += int(lag.epochs)
+		}
 		if want := r.readDemand(read.view); !reflect.DeepEqual(read.view.Demand, want) {
 			t.Fatalf("%s: demand %v, summed from a read %v", what, read.view.Demand, want)
 		}
@@ -372,6 +399,10 @@ func TestKeptRecordsPlanLikeARead(t *testing.T) {
 	if published == 0 {
 		t.Error("no plan published anything: the comparison compared nothing")
 	}
+	if lagging == 0 {
+		t.Error("no region lagged at any step: the lags compared were all 0")
+	}
+	t.Logf("%d epochs of lag over the steps", lagging)
 }
 
 // TestKeptRecordsRecoverFromCompaction: a copy whose watch starts after
@@ -461,5 +492,38 @@ func TestEventsBeforeTheReadStillTold(t *testing.T) {
 	report := &clientv3.Event{Type: clientv3.EventTypePut, Kv: &mvccpb.KeyValue{Key: []byte(ly.DemandShard("b", "n1", 3)), Value: []byte("{}"), ModRevision: 8}}
 	if c, _ := m.apply(report, nil, ds); c != changedDemand || m.demand["b"] != nil || m.rev != 10 {
 		t.Fatalf("a demand shard written at 8, before the read at 10: told %v, kept %v, copy at %d; want told, not kept, at 10", c, m.demand["b"], m.rev)
+	}
+}
+
+// TestAckLagFollowsAcknowledgements: the acknowledgement lag kept from
+// the copy's changes follows a node's acknowledgements, which change
+// neither an allocation nor a registration, as a read counted afresh
+// does.
+func TestAckLagFollowsAcknowledgements(t *testing.T) {
+	r, l := newRecords(t, 4)
+	ly, p := r.ly, r.pols[0]
+	for _, region := range testRegions[:3] {
+		r.put(ly.Node(region, "n1"), etcdlayout.Registration{Region: region, Node: "n1"})
+	}
+	r.put(ly.Alloc(p), etcdlayout.Allocation{Policy: p, Epoch: 100, Phase: etcdlayout.PhaseStable,
+		Default: map[string]float64{"a": 0.4, "b": 0.3, "c": 0.3}, Safe: map[string]float64{"a": 0, "b": 0, "c": 0}})
+	k, err := l.keep(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.stop()
+	ds := newDirtySet()
+	kept, err := newMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for epoch := uint64(95); epoch <= 100; epoch++ {
+		r.put(ly.AckShard("a", "n1", etcdlayout.PolicyShard(p)), etcdlayout.Ack{Region: "a", Node: "n1", Epochs: map[string]uint64{p: epoch}})
+		what := fmt.Sprintf("region a acknowledged epoch %d", epoch)
+		fromKept, fromRead := keptLikeRead(t, what, l, k, ds)
+		sameLag(t, what, kept, fromKept, fromRead)
+		if got := kept.lagOf[p]["a"]; got != 100-epoch {
+			t.Fatalf("%s: region a lags %d epochs of %s, want %d", what, got, p, 100-epoch)
+		}
 	}
 }

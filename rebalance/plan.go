@@ -31,6 +31,11 @@ type snapshot struct {
 	// docs their number: the policies changed when either did.
 	docsRev int64
 	docs    int
+	// ackMoved names the policies whose acknowledgements changed since
+	// the metrics last looked (metrics.observe consumes it); every policy
+	// after a registration changed or the records were read. nil: every
+	// policy.
+	ackMoved *dirtySet
 }
 
 // planPolicies are the policies of snap the planner allocates (unlimited

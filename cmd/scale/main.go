@@ -47,6 +47,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&p.Regions, "regions", 3, "regions")
 	fs.IntVar(&p.NodesPerRegion, "nodes", 2, "nodes per region")
 	fs.IntVar(&p.Moving, "moving", 0, "policies whose demand turns to the next region every three rebalance intervals (0: all); the others keep theirs")
+	fs.Float64Var(&p.Jitter, "jitter", 0, "scale what each node records of each policy's offered rate by a random factor in [1-jitter, 1+jitter] (0 to 0.5): the noise of real reports")
 	fs.IntVar(&p.Records, "records", 40, "times per report interval each node records its demand (a report's rates are steady to about 1/records)")
 	fs.IntVar(&p.Pressured, "pressured", 4, "pressured subjects each node reports per policy")
 	fs.DurationVar(&p.ReportInterval, "report-interval", time.Second, "demand report interval")

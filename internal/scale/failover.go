@@ -24,6 +24,10 @@ type Failover struct {
 	// round ended, and RoundTime that round's duration (an upper bucket
 	// bound of the standby's round histogram).
 	Leading, FirstRound, RoundTime time.Duration
+	// FirstEpochs counts the policies whose allocation was written
+	// between the cut and the end of the standby's first round: what the
+	// takeover published (the cut-off leader writes nothing).
+	FirstEpochs int64
 	// Err says why the takeover was not measured ("" when it was).
 	Err string
 	// Invariant is the replay of the sampled policies' allocations,
@@ -38,8 +42,9 @@ const sessionTTL = 2 * time.Second
 
 // kill cuts the leader (behind proxy) off from etcd, as a crash or a
 // partition would: it cannot resign, its session expires after its TTL
-// and standby campaigns. It waits for standby's first full round.
-func kill(ctx context.Context, proxy *faultproxy.Proxy, standby *coordinator.Coordinator) (Failover, error) {
+// and standby campaigns. It waits for standby's first full round, and
+// counts the allocations written meanwhile through cli.
+func kill(ctx context.Context, cli *clientv3.Client, l etcdlayout.Layout, proxy *faultproxy.Proxy, standby *coordinator.Coordinator) (Failover, error) {
 	var fo Failover
 	before, err := scrape(standby.HTTPAddr)
 	if err != nil {
@@ -48,6 +53,10 @@ func kill(ctx context.Context, proxy *faultproxy.Proxy, standby *coordinator.Coo
 	start := time.Now()
 	if err := proxy.SetMode(faultproxy.Drop); err != nil {
 		return fo, fmt.Errorf("scale: cut the leader off: %w", err)
+	}
+	cut, err := cli.Get(ctx, l.Settings(), clientv3.WithCountOnly())
+	if err != nil {
+		return fo, fmt.Errorf("scale: read the revision at the cut: %w", err)
 	}
 	deadline := start.Add(time.Minute)
 	for !standby.Loop.IsLeader() {
@@ -66,6 +75,9 @@ func kill(ctx context.Context, proxy *faultproxy.Proxy, standby *coordinator.Coo
 		if m.counter("quota_coordinator_rebalance_rounds_total", "kind", "full") > before.counter("quota_coordinator_rebalance_rounds_total", "kind", "full") {
 			fo.FirstRound = time.Since(led)
 			fo.RoundTime = m.quantile(before, "quota_coordinator_rebalance_round_seconds", 1)
+			if fo.FirstEpochs, err = allocsWrittenAfter(ctx, cli, l, cut.Header.Revision); err != nil {
+				return fo, err
+			}
 			return fo, nil
 		}
 		if ctx.Err() != nil || time.Now().After(deadline) {
@@ -73,6 +85,18 @@ func kill(ctx context.Context, proxy *faultproxy.Proxy, standby *coordinator.Coo
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// allocsWrittenAfter counts the policies whose allocation was written
+// after revision rev.
+func allocsWrittenAfter(ctx context.Context, cli *clientv3.Client, l etcdlayout.Layout, rev int64) (int64, error) {
+	// Keys, not a count: etcd counts before it filters on the mod
+	// revision.
+	resp, err := cli.Get(ctx, l.AllocPrefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithMinModRev(rev+1))
+	if err != nil {
+		return 0, fmt.Errorf("scale: count the allocations written: %w", err)
+	}
+	return int64(len(resp.Kvs)), nil
 }
 
 // invariantWatch replays the deployment's history from etcd's first
@@ -209,18 +233,18 @@ func (w *invariantWatch) apply(ev *clientv3.Event) (bool, error) {
 }
 
 // FailoverHeader is the markdown header of FailoverRow.
-const FailoverHeader = "| policies | regions | nodes | cut off → standby leads | leads → first round done | first round | rebalance interval | invariant (sampled policies) | command |\n" +
-	"|---|---|---|---|---|---|---|---|---|"
+const FailoverHeader = "| policies | regions | nodes | cut off → standby leads | leads → first round done | first round | epochs in the first round | rebalance interval | invariant (sampled policies) | command |\n" +
+	"|---|---|---|---|---|---|---|---|---|---|"
 
 // FailoverRow is a run's failover as a markdown row, with its command.
 func FailoverRow(r Result, command string) string {
 	fo := r.Failover
 	if fo.Err != "" {
-		return fmt.Sprintf("| %d | %d | %d | %s | | | %v | | `%s` |", r.Params.Policies, r.Params.Regions, r.Params.Regions*r.Params.NodesPerRegion,
+		return fmt.Sprintf("| %d | %d | %d | %s | | | | %v | | `%s` |", r.Params.Policies, r.Params.Regions, r.Params.Regions*r.Params.NodesPerRegion,
 			fo.Err, r.Params.RebalanceInterval, command)
 	}
 	inv := fmt.Sprintf("%d violations, max Σ %.3f over %d checks, %d epochs", len(fo.Invariant.Violations), fo.Invariant.MaxSum, fo.Invariant.Revisions, fo.Invariant.Epochs)
-	return fmt.Sprintf("| %d | %d | %d | %v | %v | %v | %v | %s | `%s` |",
+	return fmt.Sprintf("| %d | %d | %d | %v | %v | %v | %d | %v | %s | `%s` |",
 		r.Params.Policies, r.Params.Regions, r.Params.Regions*r.Params.NodesPerRegion,
-		fo.Leading.Round(time.Millisecond), fo.FirstRound.Round(time.Millisecond), roundTime(fo.RoundTime), r.Params.RebalanceInterval, inv, command)
+		fo.Leading.Round(time.Millisecond), fo.FirstRound.Round(time.Millisecond), roundTime(fo.RoundTime), fo.FirstEpochs, r.Params.RebalanceInterval, inv, command)
 }

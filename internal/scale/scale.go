@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"runtime"
@@ -44,6 +45,12 @@ type Params struct {
 	// Moving is how many policies' demand turns to the next region every
 	// three rebalance intervals; the others keep theirs. 0: every policy.
 	Moving int
+	// Jitter, in [0, 0.5], scales what each node records of each
+	// policy's offered rate by a factor drawn uniformly from
+	// [1−Jitter, 1+Jitter] at every record: the noise of real reports (a
+	// node rewrites a policy's report once it moved by more than its 5%
+	// tolerance). 0: steady rates.
+	Jitter float64
 	// ReportInterval and RebalanceInterval are the protocol's intervals.
 	ReportInterval, RebalanceInterval time.Duration
 	// Duration is how long the run measures after every node is ready
@@ -104,6 +111,8 @@ func (p Params) withDefaults() (Params, error) {
 		return p, fmt.Errorf("scale: %d records per report interval, want 1 to 1000", p.Records)
 	case p.Moving < 0 || p.Moving > p.Policies:
 		return p, fmt.Errorf("scale: %d moving policies, want 0 to %d", p.Moving, p.Policies)
+	case math.IsNaN(p.Jitter) || p.Jitter < 0 || p.Jitter > 0.5:
+		return p, fmt.Errorf("scale: jitter %v, want 0 to 0.5", p.Jitter)
 	case p.Pressured < 0 || p.Pressured > demand.MaxTopK:
 		return p, fmt.Errorf("scale: %d pressured subjects, want 0 to %d", p.Pressured, demand.MaxTopK)
 	case p.ReportInterval < regionsync.MinReportInterval || p.RebalanceInterval <= 0 || p.Duration <= 0:
@@ -339,7 +348,7 @@ func Run(ctx context.Context, p Params, log io.Writer) (Result, error) {
 		res.Planned = (after.histSum("quota_coordinator_round_policies_planned", "full") - before.histSum("quota_coordinator_round_policies_planned", "full")) / n
 	}
 	if p.Failover {
-		fo, err := kill(ctx, proxy, standby)
+		fo, err := kill(ctx, admin, layout, proxy, standby)
 		if err != nil {
 			fo.Err = err.Error()
 		}
@@ -414,6 +423,8 @@ type node struct {
 	// fractions of cost it owes.
 	last                          time.Time
 	favoured, other, subjectCarry float64
+	// jitter draws the factor of Params.Jitter.
+	jitter *rand.Rand
 }
 
 func newNode(cli *clientv3.Client, l etcdlayout.Layout, region, n int, p Params) (*node, error) {
@@ -429,7 +440,7 @@ func newNode(cli *clientv3.Client, l etcdlayout.Layout, region, n int, p Params)
 	if err != nil {
 		return nil, err
 	}
-	return &node{region: name, index: region, rec: rec, sync: s}, nil
+	return &node{region: name, index: region, rec: rec, sync: s, jitter: rand.New(rand.NewPCG(uint64(region), uint64(n)))}, nil
 }
 
 // Demand rates, in cost per second, against a policy rate of 10,000/s
@@ -445,10 +456,12 @@ const (
 
 // record adds the demand since the node's last record at now: favouredRate
 // for every policy in its favoured region, otherRate elsewhere, and the
-// pressured subjects' denials. The first p.Moving policies (all when 0)
-// favour region phase modulo regions, the others always the same region
-// (their index modulo regions): their demand stays put. Costs follow
-// the time passed, so a report holds the same rates however the ticks fall.
+// pressured subjects' denials, each policy's offered cost scaled by a
+// factor of Params.Jitter.
+// The first p.Moving policies (all when 0) favour region phase modulo
+// regions, the others always the same region (their index modulo
+// regions): their demand stays put. Costs follow the time passed, so a
+// report holds the same rates however the ticks fall.
 func (nd *node) record(phase int, p Params, now time.Time) {
 	if nd.last.IsZero() {
 		nd.last = now
@@ -475,6 +488,9 @@ func (nd *node) record(phase int, p Params, now time.Time) {
 		}
 		if nd.index == turn%p.Regions {
 			cost = favoured
+		}
+		if p.Jitter > 0 {
+			cost = int64(float64(cost) * (1 + p.Jitter*(2*nd.jitter.Float64()-1)))
 		}
 		if cost > 0 {
 			nd.rec.Record(pol, "", cost, true, false)

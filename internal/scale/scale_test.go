@@ -6,6 +6,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/quotacoord/quota/internal/etcdlayout"
+	"github.com/quotacoord/quota/internal/etcdtest"
 )
 
 // TestRunSmall runs a small deployment for a few seconds: the leader
@@ -74,6 +77,8 @@ func TestParamsBounds(t *testing.T) {
 		"too many nodes":    func(p *Params) { p.Regions, p.NodesPerRegion = 64, 65 },
 		"pressured":         func(p *Params) { p.Pressured = -1 },
 		"moving":            func(p *Params) { p.Moving = 2 },
+		"jitter":            func(p *Params) { p.Jitter = 0.6 },
+		"negative jitter":   func(p *Params) { p.Jitter = -0.1 },
 		"report interval":   func(p *Params) { p.ReportInterval = time.Millisecond },
 		"no data dir":       func(p *Params) { p.DataDir = "" },
 	} {
@@ -100,5 +105,37 @@ func TestNodeMemorySmall(t *testing.T) {
 	}
 	if _, err := NodeMemory(context.Background(), NodeParams{Policies: 0, Subjects: 1}); err == nil {
 		t.Fatal("0 policies accepted")
+	}
+}
+
+// TestAllocsWrittenAfter: only the allocations put after the revision
+// count, each once however often it was put.
+func TestAllocsWrittenAfter(t *testing.T) {
+	cli := etcdtest.Start(t).Client(t)
+	ctx := context.Background()
+	var l etcdlayout.Layout
+	put := func(policy string) int64 {
+		t.Helper()
+		resp, err := cli.Put(ctx, l.Alloc(policy), "{}")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Header.Revision
+	}
+	put("a")
+	put("b")
+	cut := put("c")
+	put("b")
+	put("d")
+	put("d")
+	if _, err := cli.Put(ctx, l.Settings(), "{}"); err != nil {
+		t.Fatal(err)
+	}
+	n, err := allocsWrittenAfter(ctx, cli, l, cut)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 {
+		t.Fatalf("%d allocations written after the cut, want 2 (b and d)", n)
 	}
 }
