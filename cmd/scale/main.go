@@ -57,6 +57,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&p.DataDir, "data-dir", "", "embedded etcd data directory (default a new temporary directory, removed at the end)")
 	fs.BoolVar(&header, "header", false, "print the table header first")
 	fs.BoolVar(&verbose, "v", false, "log the coordinator's rounds to stderr")
+	fs.DurationVar(&p.SessionTTL, "session-ttl", scale.DefaultSessionTTL, "the coordinators' election session TTL (1s to 1m): how long a leader cut off keeps the lead, and how late its keep-alives may be under load")
 	fs.BoolVar(&p.Failover, "failover", false, "after measuring, cut the leader off from etcd and measure the standby's takeover (a second table)")
 	fs.BoolVar(&node, "node", false, "measure one regional node's memory (with -policies and -subjects) instead of a deployment")
 	fs.IntVar(&subjects, "subjects", 100000, "with -node: live subjects, checked once each")

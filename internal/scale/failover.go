@@ -36,9 +36,9 @@ type Failover struct {
 	Invariant invariant.Report
 }
 
-// sessionTTL is the leaders' election session TTL in the harness: how
-// long a killed leader keeps the lead.
-const sessionTTL = 2 * time.Second
+// DefaultSessionTTL is the leaders' election session TTL in the harness
+// (Params.SessionTTL): how long a killed leader keeps the lead.
+const DefaultSessionTTL = 2 * time.Second
 
 // kill cuts the leader (behind proxy) off from etcd, as a crash or a
 // partition would: it cannot resign, its session expires after its TTL

@@ -68,6 +68,11 @@ type Params struct {
 	Sampled int
 	// DataDir holds the embedded etcd. Required.
 	DataDir string
+	// SessionTTL is the coordinators' election session TTL: how long a
+	// leader cut off keeps the lead, and how late its keep-alives may be
+	// on a starved machine before it loses the lead. Default 2s, shorter
+	// than a deployment's (rebalance.Config's 5s) so failovers end soon.
+	SessionTTL time.Duration
 	// Failover, after the measurement, cuts the leader off from etcd and
 	// measures how soon a standby coordinator leads and ends its first
 	// round, replaying the invariant over the whole run (Result.Failover).
@@ -96,6 +101,9 @@ func (p Params) withDefaults() (Params, error) {
 	if p.Warmup == 0 {
 		p.Warmup = 10 * p.RebalanceInterval
 	}
+	if p.SessionTTL == 0 {
+		p.SessionTTL = DefaultSessionTTL
+	}
 	if p.Logger == nil {
 		p.Logger = hclog.NewNullLogger()
 	}
@@ -117,6 +125,8 @@ func (p Params) withDefaults() (Params, error) {
 		return p, fmt.Errorf("scale: %d pressured subjects, want 0 to %d", p.Pressured, demand.MaxTopK)
 	case p.ReportInterval < regionsync.MinReportInterval || p.RebalanceInterval <= 0 || p.Duration <= 0:
 		return p, fmt.Errorf("scale: report interval %v, rebalance interval %v, duration %v", p.ReportInterval, p.RebalanceInterval, p.Duration)
+	case p.SessionTTL < time.Second || p.SessionTTL > time.Minute:
+		return p, fmt.Errorf("scale: session TTL %v, want 1s to 1m", p.SessionTTL)
 	case p.DataDir == "":
 		return p, errors.New("scale: no data directory")
 	}
@@ -198,7 +208,7 @@ func Run(ctx context.Context, p Params, log io.Writer) (Result, error) {
 			EtcdEndpoints: endpoints, DataDir: p.DataDir + "/" + name, TokenFile: p.DataDir + "/" + name + "-tokens",
 			GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Logger: p.Logger.Named(name),
 			Rebalance: rebalance.Config{Name: name, Interval: p.RebalanceInterval, ReportInterval: time.Hour,
-				SessionTTL: sessionTTL, RegionLeaseTTL: 10 * time.Second},
+				SessionTTL: p.SessionTTL, RegionLeaseTTL: 10 * time.Second},
 		})
 		if err != nil {
 			return nil, fmt.Errorf("scale: start coordinator %s: %w", name, err)

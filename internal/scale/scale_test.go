@@ -55,7 +55,7 @@ func TestRunFailoverSmall(t *testing.T) {
 		t.Fatal(err)
 	}
 	fo := res.Failover
-	if fo.Leading < sessionTTL/2 || fo.FirstRound <= 0 || fo.RoundTime <= 0 {
+	if fo.Leading < DefaultSessionTTL/2 || fo.FirstRound <= 0 || fo.RoundTime <= 0 {
 		t.Fatalf("failover %+v: the standby led before the session could expire, or never rounded", fo)
 	}
 	if !fo.Invariant.OK() || fo.Invariant.Epochs == 0 || fo.Invariant.Revisions == 0 {
@@ -79,6 +79,8 @@ func TestParamsBounds(t *testing.T) {
 		"moving":            func(p *Params) { p.Moving = 2 },
 		"jitter":            func(p *Params) { p.Jitter = 0.6 },
 		"negative jitter":   func(p *Params) { p.Jitter = -0.1 },
+		"session TTL":       func(p *Params) { p.SessionTTL = 500 * time.Millisecond },
+		"long session TTL":  func(p *Params) { p.SessionTTL = 2 * time.Minute },
 		"report interval":   func(p *Params) { p.ReportInterval = time.Millisecond },
 		"no data dir":       func(p *Params) { p.DataDir = "" },
 	} {
