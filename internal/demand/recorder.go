@@ -85,10 +85,16 @@ type Recorder struct {
 	policies atomic.Pointer[map[string]*policyDemand]
 	dropped  atomic.Uint64
 
-	// mu guards copy-on-write changes of policies, and retired: policies
-	// evicted to make room, drained once more at the next snapshot so that
-	// records racing their eviction are still reported.
+	// mu guards copy-on-write changes of policies, fresh and retired.
+	// fresh holds the policies added since policies was last rebuilt:
+	// a record finds them under mu until the next rebuild, which comes
+	// once fresh holds a quarter as many as policies (or freshMin) and at
+	// every snapshot, so that learning P policies copies O(P) entries in
+	// all rather than the whole table per policy. retired holds policies
+	// evicted to make room, drained once more at the next snapshot so
+	// that records racing their eviction are still reported.
 	mu      sync.Mutex
+	fresh   map[string]*policyDemand
 	retired []*policyDemand
 	// snapMu serializes snapshots and guards last.
 	snapMu sync.Mutex
@@ -182,14 +188,18 @@ func (r *Recorder) add(policy string) *policyDemand {
 	if pd := old[policy]; pd != nil {
 		return pd
 	}
-	evict := 0
-	if len(old) >= r.cfg.MaxPolicies {
+	if pd := r.fresh[policy]; pd != nil {
+		return pd
+	}
+	evict := false
+	if len(old)+len(r.fresh) >= r.cfg.MaxPolicies {
 		for _, pd := range old {
 			if pd.idle.Load() >= evictAfterIdle {
-				evict++
+				evict = true
+				break
 			}
 		}
-		if evict == 0 {
+		if !evict {
 			return nil
 		}
 	}
@@ -197,17 +207,39 @@ func (r *Recorder) add(policy string) *policyDemand {
 	for i := range pd.shards {
 		pd.shards[i].entries = make([]entry, 0, r.cfg.TopK)
 	}
-	next := make(map[string]*policyDemand, len(old)+1)
+	if r.fresh == nil {
+		r.fresh = make(map[string]*policyDemand)
+	}
+	r.fresh[pd.name] = pd
+	if evict || len(r.fresh) >= max(freshMin, len(old)/4) {
+		r.rebuild(evict)
+	}
+	return pd
+}
+
+// freshMin is the number of fresh policies that makes add rebuild the
+// table however small it is.
+const freshMin = 16
+
+// rebuild publishes a new table of the policies and the fresh ones,
+// without the idle ones (moved to retired) when evict is set; r.mu is
+// held. Records that loaded the old table and missed find their policy
+// in the new one under r.mu (add).
+func (r *Recorder) rebuild(evict bool) {
+	old := *r.policies.Load()
+	next := make(map[string]*policyDemand, len(old)+len(r.fresh))
 	for k, v := range old {
-		if evict > 0 && v.idle.Load() >= evictAfterIdle {
+		if evict && v.idle.Load() >= evictAfterIdle {
 			r.retired = append(r.retired, v)
 			continue
 		}
 		next[k] = v
 	}
-	next[pd.name] = pd
+	for k, v := range r.fresh {
+		next[k] = v
+	}
+	clear(r.fresh)
 	r.policies.Store(&next)
-	return pd
 }
 
 func (s *shard) add(h uint64, subject string, cost int64, admitted bool) {
@@ -309,6 +341,9 @@ func (r *Recorder) snapshot(now time.Time) (map[string]etcdlayout.PolicyDemand, 
 	}
 
 	r.mu.Lock()
+	if len(r.fresh) > 0 {
+		r.rebuild(false)
+	}
 	retired := r.retired
 	r.retired = nil
 	r.mu.Unlock()
