@@ -501,8 +501,9 @@ func (rd *regionDemand) sums() map[string]plan.PolicyDemand {
 	var per []plan.PolicyDemand
 	for p := range rd.stale {
 		per = per[:0]
+		ids := etcdlayout.DemandShardsOf(p)
 		for _, n := range rd.order {
-			if d, ok := etcdlayout.DemandIn(rd.nodes[n], p); ok {
+			if d, ok := etcdlayout.DemandIn(rd.nodes[n], ids, p); ok {
 				per = append(per, d)
 			}
 		}

@@ -73,13 +73,14 @@ func DemandShardsOf(policy string) [2]DemandShardID {
 }
 
 // DemandIn returns policy's demand at one node whose demand records, by
-// DemandShardID, are shards: taken from the first of
-// DemandShardsOf(policy) that holds it. A node caught in a rolling
-// upgrade, its old process's legacy records not yet ended with their
-// lease and its new process's records written, is so counted once, by
-// its current records wherever they hold the policy.
-func DemandIn[V any](shards map[DemandShardID]map[string]V, policy string) (v V, ok bool) {
-	for _, id := range DemandShardsOf(policy) {
+// DemandShardID, are shards: taken from the first of ids, which is
+// DemandShardsOf(policy) (computed once by a caller that asks many
+// nodes), that holds it. A node caught in a rolling upgrade, its old
+// process's legacy records not yet ended with their lease and its new
+// process's records written, is so counted once, by its current records
+// wherever they hold the policy.
+func DemandIn[V any](shards map[DemandShardID]map[string]V, ids [2]DemandShardID, policy string) (v V, ok bool) {
+	for _, id := range ids {
 		if v, ok = shards[id][policy]; ok {
 			return v, true
 		}

@@ -34,8 +34,9 @@ func (s *Syncer) DemandPart(policy, subject string) (part float64, ok bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var own, all float64
+	ids := etcdlayout.DemandShardsOf(policy)
 	for node, shards := range d.nodes {
-		subjects, _ := etcdlayout.DemandIn(shards, policy)
+		subjects, _ := etcdlayout.DemandIn(shards, ids, policy)
 		v := subjects[subject]
 		all += v
 		if node == s.cfg.Node {
