@@ -6,6 +6,9 @@
 # measures in the same run the two ceilings: a no-work rate limit service
 # (loadgen -serve-noop, on CPU 0) and bare redis-benchmark EVALSHA of the
 # token-bucket script (assembled from bucket/lua, loaded with SCRIPT LOAD).
+# A third server, the no-work service that sends one PING to the same Redis
+# before each answer (loadgen -noop-redis), gives the c=1 latency floor of
+# any service that asks Redis once per check.
 # Prints a table with the ratios against the targets (issue 18; issue 12's
 # floors, 65% and 75%, are printed beside them):
 #   c=50, 1 descriptor:   >= 85% of the no-work ceiling
@@ -18,8 +21,8 @@
 #   Redis commands per decision (INFO commandstats over the run) < 0.01
 # The machine may be shared, so a ceiling and the runs compared with it are
 # measured in rounds, back to back (no-work, node uniform, node Zipf, node
-# 10 descriptors, bare EVALSHA, node c=1, no-work c=1, leased c=50, leased
-# c=1): each ratio is taken
+# 10 descriptors, bare EVALSHA, node c=1, no-work c=1, no-work + one Redis
+# PING c=1, leased c=50, leased c=1): each ratio is taken
 # within a round and the table shows each round's figures and the median
 # ratio. Beside each run it prints the CPU time per request of the node,
 # redis-server and the no-work server (from /proc/PID/stat), which shows
@@ -93,6 +96,12 @@ NP=$(free_port)
 taskset -c 0 "$work/loadgen" -serve-noop "127.0.0.1:$NP" >"$work/noop.log" 2>&1 &
 pids+=($!)
 noop_pid=$!
+# The floor of one Redis round trip per check: the no-work service that
+# sends one PING to the same redis-server before each answer.
+FP=$(free_port)
+taskset -c 0 "$work/loadgen" -serve-noop "127.0.0.1:$FP" -noop-redis "127.0.0.1:$RP" >"$work/floor.log" 2>&1 &
+pids+=($!)
+floor_pid=$!
 
 ready() {
 	for _ in $(seq 1 200); do
@@ -105,6 +114,7 @@ ready() {
 }
 ready "127.0.0.1:$GP"
 ready "127.0.0.1:$NP"
+ready "127.0.0.1:$FP"
 
 secs "$DUR" >/dev/null
 secs "$WARM" >/dev/null
@@ -122,17 +132,17 @@ load() {
 	local name=$1 addr=$2
 	shift 2
 	echo "run $name ..."
-	local a0 b0 c0 a1 b1 c1 r0 r1
+	local a0 b0 c0 d0 a1 b1 c1 d1 r0 r1
 	taskset -c 1 "$work/loadgen" -addr "$addr" -warmup "$WARM" -duration "$DUR" -json "$@" >"$work/$name.json" &
 	local lp=$!
 	sleep "$(secs "$WARM")"
-	a0=$(ticks "$node_pid") b0=$(ticks "$redis_pid") c0=$(ticks "$noop_pid") r0=$(rcmds)
+	a0=$(ticks "$node_pid") b0=$(ticks "$redis_pid") c0=$(ticks "$noop_pid") d0=$(ticks "$floor_pid") r0=$(rcmds)
 	wait "$lp"
-	a1=$(ticks "$node_pid") b1=$(ticks "$redis_pid") c1=$(ticks "$noop_pid") r1=$(rcmds)
+	a1=$(ticks "$node_pid") b1=$(ticks "$redis_pid") c1=$(ticks "$noop_pid") d1=$(ticks "$floor_pid") r1=$(rcmds)
 	# Redis commands per decision (the two INFO calls included).
 	awk -v n="$(field "$name" requests)" -v r=$((r1 - r0)) 'BEGIN { if (n > 0) printf "%.5f", r / n; else print "0" }' >"$work/$name.rcmd"
-	awk -v hz="$HZ" -v n="$(field "$name" requests)" -v a=$((a1 - a0)) -v b=$((b1 - b0)) -v c=$((c1 - c0)) \
-		'BEGIN { if (n > 0) printf "node %.1fus redis %.1fus no-work %.1fus", a * 1e6 / hz / n, b * 1e6 / hz / n, c * 1e6 / hz / n }' >"$work/$name.cpu"
+	awk -v hz="$HZ" -v n="$(field "$name" requests)" -v a=$((a1 - a0)) -v b=$((b1 - b0)) -v c=$((c1 - c0)) -v d=$((d1 - d0)) \
+		'BEGIN { if (n > 0) printf "node %.1fus redis %.1fus no-work %.1fus ping %.1fus", a * 1e6 / hz / n, b * 1e6 / hz / n, c * 1e6 / hz / n, d * 1e6 / hz / n }' >"$work/$name.cpu"
 	if [ -n "${BENCH_JSON:-}" ]; then
 		jq -c --arg run "$name" '. + {run: $run}' "$work/$name.json" >>"$BENCH_JSON" 2>/dev/null ||
 			sed "s/^{/{\"run\":\"$name\",/" "$work/$name.json" >>"$BENCH_JSON"
@@ -170,6 +180,7 @@ for r in $(seq 1 "$ROUNDS"); do
 	evalsha "$r"
 	load "node-c1.$r" "127.0.0.1:$GP" -c 1 -subjects 10000
 	load "noop-c1.$r" "127.0.0.1:$NP" -c 1 -subjects 10000
+	load "ping-c1.$r" "127.0.0.1:$FP" -c 1 -subjects 10000
 	load "lease-c50.$r" "127.0.0.1:$GP" -c 50 -subjects 1 -domain benchlease
 	load "lease-c1.$r" "127.0.0.1:$GP" -c 1 -subjects 1 -domain benchlease
 done
@@ -197,7 +208,7 @@ echo
 echo "regional node benchmark: node + redis-server on CPU 0, load on CPU 1, ${DUR} per run after ${WARM} warmup, $ROUNDS rounds"
 echo "load average before the table: $(cut -d' ' -f1-3 /proc/loadavg)"
 row "run" "decisions/s" "p50" "p99" "within its round"
-: >"$work/r50" >"$work/rz" >"$work/r10" >"$work/p50" >"$work/p99" >"$work/x50" >"$work/x99" >"$work/l50" >"$work/lx50" >"$work/lrc"
+: >"$work/r50" >"$work/rz" >"$work/r10" >"$work/p50" >"$work/p99" >"$work/x50" >"$work/x99" >"$work/f50" >"$work/nf50" >"$work/l50" >"$work/lx50" >"$work/lrc"
 for r in $(seq 1 "$ROUNDS"); do
 	NOOP=$(field "noop-c50.$r" decisions_per_s)
 	EVAL=$(cat "$work/evalsha.$r")
@@ -213,6 +224,10 @@ for r in $(seq 1 "$ROUNDS"); do
 	x99=$(times "$(field "node-c1.$r" p99_ns)" "$(field "noop-c1.$r" p99_ns)")
 	echo "$x50" >>"$work/x50"
 	echo "$x99" >>"$work/x99"
+	times "$(field "ping-c1.$r" p50_ns)" "$(field "noop-c1.$r" p50_ns)" >>"$work/f50"
+	echo >>"$work/f50"
+	times "$(field "node-c1.$r" p50_ns)" "$(field "ping-c1.$r" p50_ns)" >>"$work/nf50"
+	echo >>"$work/nf50"
 	l50=$(ratio "$(field "lease-c50.$r" decisions_per_s)" "$NOOP")
 	lx50=$(times "$(field "lease-c1.$r" p50_ns)" "$(field "noop-c1.$r" p50_ns)")
 	lrc=$(printf '%s\n%s\n' "$(cat "$work/lease-c50.$r.rcmd")" "$(cat "$work/lease-c1.$r.rcmd")" | sort -g | tail -1)
@@ -227,6 +242,7 @@ for r in $(seq 1 "$ROUNDS"); do
 	row "redis-benchmark EVALSHA -c50 -P16" "$(printf '%.0f' "$EVAL")" "-" "-" "ceiling"
 	run "node-c1.$r" "node, c=1" "p50 ${x50}x, p99 ${x99}x no-work"
 	run "noop-c1.$r" "no-work RLS, c=1" "latency floor of the loopback gRPC hop"
+	run "ping-c1.$r" "no-work + one Redis PING, c=1" "p50 $(times "$(field "ping-c1.$r" p50_ns)" "$(field "noop-c1.$r" p50_ns)")x no-work: floor of one Redis round trip per check"
 	run "lease-c50.$r" "node lease, c=50, 1 hot subject" "${l50}% of no-work, redis cmds/decision $(cat "$work/lease-c50.$r.rcmd"), over_limit $(field "lease-c50.$r" over_limit)"
 	run "lease-c1.$r" "node lease, c=1, 1 hot subject" "p50 ${lx50}x no-work, redis cmds/decision $(cat "$work/lease-c1.$r.rcmd")"
 done
@@ -244,6 +260,7 @@ echo "  c=1:             $(verdict "$(le "$mx50" 1.3)" "p50 $(us "$mp50"), ${mx5
 ml50=$(median <"$work/l50")
 mlx50=$(median <"$work/lx50")
 mlrc=$(median <"$work/lrc")
+echo "  c=1 floor:       one Redis PING per check: p50 $(median <"$work/f50")x no-work; the node's p50 is $(median <"$work/nf50")x this floor's"
 echo "  leased c=50:     $(verdict "$(ge "$ml50" 95)" "${ml50}% of no-work (target >= 95%)")"
 echo "  leased c=1:      $(verdict "$(le "$mlx50" 1.1)" "p50 ${mlx50}x no-work <= 1.1x")"
 echo "  leased redis:    $(verdict "$(awk -v a="$mlrc" 'BEGIN { print (a < 0.01) ? 1 : 0 }')" "${mlrc} commands per decision (the larger of c=50 and c=1; target < 0.01)")"

@@ -1,13 +1,16 @@
 // Command loadgen drives Envoy's rate limit service API with a closed loop
 // of concurrent callers and prints decisions per second and latency
 // quantiles; with -serve-noop it is instead a rate limit service that
-// answers OK without any work, the ceiling to measure against; with -rlqs
+// answers OK without any work, the ceiling to measure against (with
+// -noop-redis, after one PING to Redis: the floor of a service that asks
+// Redis once per check); with -rlqs
 // it opens -streams Envoy-faithful Rate Limit Quota Service clients that
 // decide locally and report usage, and prints the streams held and the
 // usage reports per second (per node CPU-second with -node-pid).
 //
 //	loadgen -addr 127.0.0.1:8081 -c 50 -duration 10s -subjects 10000 -zipf 1.1
 //	loadgen -serve-noop 127.0.0.1:9091
+//	loadgen -serve-noop 127.0.0.1:9092 -noop-redis 127.0.0.1:6379
 //	loadgen -rlqs -addr 127.0.0.1:8081 -streams 500 -buckets 20 -node-pid 4242
 package main
 
@@ -54,6 +57,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&cfg.Conns, "conns", 1, "gRPC connections shared by the callers")
 	jsonOut := fs.Bool("json", false, "print the result as JSON")
 	noop := fs.String("serve-noop", "", "serve a no-work rate limit service on this address instead")
+	noopRedis := fs.String("noop-redis", "", "with -serve-noop: send one PING to the Redis at this address before each answer")
 	rq := addRLQSFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("loadgen: %w", err)
@@ -66,8 +70,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("loadgen: listen %s: %w", *noop, err)
 		}
+		if *noopRedis != "" {
+			fmt.Fprintf(stdout, "no-work rate limit service with one Redis PING per check on %s\n", l.Addr())
+			return loadgen.ServeRoundTrip(ctx, l, *noopRedis)
+		}
 		fmt.Fprintf(stdout, "no-work rate limit service on %s\n", l.Addr())
 		return loadgen.ServeNoop(ctx, l)
+	}
+	if *noopRedis != "" {
+		return fmt.Errorf("loadgen: -noop-redis needs -serve-noop")
 	}
 	if *rq.on {
 		if cfg.Requests == 0 && cfg.Duration == 0 {

@@ -83,3 +83,11 @@ func TestServeNoopFlag(t *testing.T) {
 		t.Fatalf("output %q", out.String())
 	}
 }
+
+func TestNoopRedisNeedsServeNoop(t *testing.T) {
+	var out, errb bytes.Buffer
+	err := run(context.Background(), []string{"-noop-redis", "127.0.0.1:6379"}, &out, &errb)
+	if err == nil || !strings.Contains(err.Error(), "-noop-redis needs -serve-noop") {
+		t.Fatalf("err = %v", err)
+	}
+}

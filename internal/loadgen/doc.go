@@ -4,7 +4,8 @@
 // requests and descriptor decisions per second, OK and OVER_LIMIT counts,
 // errors, and latency quantiles. It also serves a "no-work" rate limit
 // service that answers OK at once, the ceiling a real service is measured
-// against.
+// against, and (ServeRoundTrip) one that answers OK after one PING to
+// Redis, the latency floor of a service that asks Redis once per check.
 //
 // RunRLQS drives a node's Rate Limit Quota Service instead: Streams
 // Envoy-faithful clients (rlqs.Client), one stream each, decide requests
@@ -33,6 +34,8 @@
 //
 // Run starts Concurrency goroutines and returns after all ended; RunRLQS
 // one goroutine per stream (and the client's response reader). ServeNoop
-// serves on its own goroutines until its context is done. Memory is bounded
-// by Subjects (at most MaxSubjects) plus one histogram per worker.
+// and ServeRoundTrip serve on their own goroutines until their context is
+// done; ServeRoundTrip holds at most MaxRoundTripConns Redis connections.
+// Memory is bounded by Subjects (at most MaxSubjects) plus one histogram
+// per worker.
 package loadgen

@@ -360,9 +360,24 @@ func (noop) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitRequest) (*rl
 // gRPC server options are the regional node's, so that the ceiling and
 // the node differ only in the work.
 func ServeNoop(ctx context.Context, lis net.Listener) error {
+	return serve(ctx, lis, noop{})
+}
+
+// ServeRoundTrip serves, as ServeNoop does, a rate limit service that
+// answers every check OK, but only after one PING to the Redis server at
+// redisAddr and its reply, on a plain RESP connection: the latency floor
+// of any service that asks Redis once per check. A check whose PING fails
+// is answered Unavailable.
+func ServeRoundTrip(ctx context.Context, lis net.Listener, redisAddr string) error {
+	rt := newRoundTrip(redisAddr)
+	defer rt.close()
+	return serve(ctx, lis, rt)
+}
+
+func serve(ctx context.Context, lis net.Listener, srv rlsv3.RateLimitServiceServer) error {
 	s := grpc.NewServer(grpc.NumStreamWorkers(uint32(4*runtime.GOMAXPROCS(0))),
 		grpc.InitialWindowSize(1<<20), grpc.InitialConnWindowSize(1<<20)) // as the node (regional.GRPCWindow)
-	rlsv3.RegisterRateLimitServiceServer(s, noop{})
+	rlsv3.RegisterRateLimitServiceServer(s, srv)
 	errc := make(chan error, 1)
 	go func() { errc <- s.Serve(lis) }()
 	select {

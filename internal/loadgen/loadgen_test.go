@@ -5,11 +5,14 @@ import (
 	"errors"
 	"math/rand/v2"
 	"net"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/quotacoord/quota/internal/redistest"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 )
@@ -216,5 +219,51 @@ func TestRunUnreachable(t *testing.T) {
 	_, err := Run(context.Background(), Config{Addr: addr, Concurrency: 2, Requests: 4, Timeout: 200 * time.Millisecond})
 	if err == nil {
 		t.Fatal("no error against a closed port")
+	}
+}
+
+func TestServeRoundTripPingsOncePerCheck(t *testing.T) {
+	srv := redistest.Start(t)
+	rc := srv.Client(t)
+	l := listen(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- ServeRoundTrip(ctx, l, srv.Addr) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	pings := func() int64 {
+		info, err := rc.Info(context.Background(), "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int64
+		for _, line := range strings.Split(info, "\r\n") {
+			if rest, ok := strings.CutPrefix(line, "cmdstat_ping:calls="); ok {
+				n, _ = strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+			}
+		}
+		return n
+	}
+	before := pings()
+	res, err := Run(context.Background(), Config{Addr: l.Addr().String(), Concurrency: 8, Requests: 400})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.OK != 400 || res.Errors != 0 {
+		t.Fatalf("result %+v", res)
+	}
+	if got := pings() - before; got != 400 {
+		t.Fatalf("%d PINGs for 400 checks", got)
+	}
+
+	// Without Redis no check is answered OK.
+	srv.Stop()
+	res, err = Run(context.Background(), Config{Addr: l.Addr().String(), Concurrency: 2, Requests: 20, Timeout: 5 * time.Second})
+	if err == nil || res.OK != 0 || res.Errors != 20 || !strings.Contains(res.FirstError, "Unavailable") {
+		t.Fatalf("after Redis stopped: %+v, %v", res, err)
 	}
 }
