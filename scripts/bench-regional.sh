@@ -25,7 +25,8 @@
 # PING c=1, leased c=50, leased c=1): each ratio is taken
 # within a round and the table shows each round's figures and the median
 # ratio. Beside each run it prints the CPU time per request of the node,
-# redis-server and the no-work server (from /proc/PID/stat), which shows
+# redis-server (and the part of it spent running scripts, from INFO
+# commandstats) and the no-work servers (from /proc/PID/stat), which shows
 # where CPU 0's time goes. Every process it starts is stopped by PID on
 # exit.
 #
@@ -123,6 +124,9 @@ secs "$WARM" >/dev/null
 ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 # rcmds: commands redis-server has processed so far.
 rcmds() { redis-cli -p "$RP" INFO stats | tr -d '\r' | sed -n 's/^total_commands_processed://p'; }
+# rscript: microseconds redis-server has spent running scripts so far
+# (EVALSHA's own time, the commands the script calls included).
+rscript() { redis-cli -p "$RP" INFO commandstats | tr -d '\r' | sed -n 's/^cmdstat_evalsha:.*,usec=\([0-9]*\),.*/\1/p' | awk '{ s += $1 } END { print s + 0 }'; }
 HZ=$(getconf CLK_TCK)
 
 # load NAME ADDR ARGS...: one measured run on CPU 1; its JSON goes to
@@ -132,17 +136,17 @@ load() {
 	local name=$1 addr=$2
 	shift 2
 	echo "run $name ..."
-	local a0 b0 c0 d0 a1 b1 c1 d1 r0 r1
+	local a0 b0 c0 d0 a1 b1 c1 d1 r0 r1 s0 s1
 	taskset -c 1 "$work/loadgen" -addr "$addr" -warmup "$WARM" -duration "$DUR" -json "$@" >"$work/$name.json" &
 	local lp=$!
 	sleep "$(secs "$WARM")"
-	a0=$(ticks "$node_pid") b0=$(ticks "$redis_pid") c0=$(ticks "$noop_pid") d0=$(ticks "$floor_pid") r0=$(rcmds)
+	a0=$(ticks "$node_pid") b0=$(ticks "$redis_pid") c0=$(ticks "$noop_pid") d0=$(ticks "$floor_pid") r0=$(rcmds) s0=$(rscript)
 	wait "$lp"
-	a1=$(ticks "$node_pid") b1=$(ticks "$redis_pid") c1=$(ticks "$noop_pid") d1=$(ticks "$floor_pid") r1=$(rcmds)
+	a1=$(ticks "$node_pid") b1=$(ticks "$redis_pid") c1=$(ticks "$noop_pid") d1=$(ticks "$floor_pid") r1=$(rcmds) s1=$(rscript)
 	# Redis commands per decision (the two INFO calls included).
 	awk -v n="$(field "$name" requests)" -v r=$((r1 - r0)) 'BEGIN { if (n > 0) printf "%.5f", r / n; else print "0" }' >"$work/$name.rcmd"
-	awk -v hz="$HZ" -v n="$(field "$name" requests)" -v a=$((a1 - a0)) -v b=$((b1 - b0)) -v c=$((c1 - c0)) -v d=$((d1 - d0)) \
-		'BEGIN { if (n > 0) printf "node %.1fus redis %.1fus no-work %.1fus ping %.1fus", a * 1e6 / hz / n, b * 1e6 / hz / n, c * 1e6 / hz / n, d * 1e6 / hz / n }' >"$work/$name.cpu"
+	awk -v hz="$HZ" -v n="$(field "$name" requests)" -v a=$((a1 - a0)) -v b=$((b1 - b0)) -v c=$((c1 - c0)) -v d=$((d1 - d0)) -v s=$((s1 - s0)) \
+		'BEGIN { if (n > 0) printf "node %.1fus redis %.1fus (scripts %.1fus) no-work %.1fus ping %.1fus", a * 1e6 / hz / n, b * 1e6 / hz / n, s / n, c * 1e6 / hz / n, d * 1e6 / hz / n }' >"$work/$name.cpu"
 	if [ -n "${BENCH_JSON:-}" ]; then
 		jq -c --arg run "$name" '. + {run: $run}' "$work/$name.json" >>"$BENCH_JSON" 2>/dev/null ||
 			sed "s/^{/{\"run\":\"$name\",/" "$work/$name.json" >>"$BENCH_JSON"
