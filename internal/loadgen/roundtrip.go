@@ -33,7 +33,7 @@ var (
 type roundTrip struct {
 	noop
 	addr  string
-	idle  chan net.Conn  // connections between checks
+	idle  chan net.Conn // connections between checks
 	slots chan struct{} // one per open connection, MaxRoundTripConns
 }
 
