@@ -23,21 +23,38 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 
+	"github.com/quotacoord/quota/internal/daemon"
 	"github.com/quotacoord/quota/internal/loadgen"
+	"github.com/quotacoord/quota/internal/regional"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr, asNode); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// asNode gives the process the node's runtime settings (cmd/regional):
+// the monitor thread kept awake (a re-execution) and the node's GOGC.
+func asNode(stderr io.Writer) {
+	if err := daemon.StayAwake(); err != nil {
+		fmt.Fprintln(stderr, "loadgen:", err)
+	}
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(regional.GCPercent)
+	}
+}
+
+// run parses args and runs what they ask for. A no-work server first calls
+// serverRuntime (main passes asNode, so that the ceiling and the node differ
+// only in the work; tests, which must not re-execute, pass nil).
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, serverRuntime func(io.Writer)) error {
 	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var cfg loadgen.Config
@@ -66,6 +83,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("loadgen: unexpected arguments %q", fs.Args())
 	}
 	if *noop != "" {
+		if serverRuntime != nil {
+			serverRuntime(stderr)
+		}
 		l, err := net.Listen("tcp", *noop)
 		if err != nil {
 			return fmt.Errorf("loadgen: listen %s: %w", *noop, err)

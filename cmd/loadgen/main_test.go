@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net"
 	"strings"
 	"testing"
@@ -23,7 +24,7 @@ func TestRunJSONAgainstNoop(t *testing.T) {
 	defer func() { cancel(); <-done }()
 
 	var out, errb bytes.Buffer
-	if err := run(context.Background(), []string{"-addr", l.Addr().String(), "-c", "2", "-n", "50", "-json"}, &out, &errb); err != nil {
+	if err := run(context.Background(), []string{"-addr", l.Addr().String(), "-c", "2", "-n", "50", "-json"}, &out, &errb, nil); err != nil {
 		t.Fatalf("%v (%s)", err, errb.String())
 	}
 	var res loadgen.Result
@@ -34,14 +35,14 @@ func TestRunJSONAgainstNoop(t *testing.T) {
 		t.Fatalf("result %+v", res)
 	}
 	out.Reset()
-	if err := run(context.Background(), []string{"-addr", l.Addr().String(), "-c", "1", "-duration", "50ms"}, &out, &errb); err != nil {
+	if err := run(context.Background(), []string{"-addr", l.Addr().String(), "-c", "1", "-duration", "50ms"}, &out, &errb, nil); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(out.String(), "decisions/s") {
 		t.Fatalf("text output %q", out.String())
 	}
 	// -rlqs against a service without RLQS: no usage report gets through.
-	err = run(context.Background(), []string{"-rlqs", "-addr", l.Addr().String(), "-streams", "2", "-warmup", "200ms", "-duration", "300ms", "-report-interval", "50ms"}, &out, &errb)
+	err = run(context.Background(), []string{"-rlqs", "-addr", l.Addr().String(), "-streams", "2", "-warmup", "200ms", "-duration", "300ms", "-report-interval", "50ms"}, &out, &errb, nil)
 	if err == nil || !strings.Contains(err.Error(), "no usage report reached") {
 		t.Fatalf("-rlqs against the no-work service: %v", err)
 	}
@@ -65,7 +66,7 @@ func TestRunBadFlags(t *testing.T) {
 	}
 	for _, tt := range tests {
 		var out, errb bytes.Buffer
-		err := run(context.Background(), tt.args, &out, &errb)
+		err := run(context.Background(), tt.args, &out, &errb, nil)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%v: err = %v, want one about %q", tt.args, err, tt.want)
 		}
@@ -76,8 +77,12 @@ func TestServeNoopFlag(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	var out, errb bytes.Buffer
-	if err := run(ctx, []string{"-serve-noop", "127.0.0.1:0"}, &out, &errb); err != nil {
+	tuned := 0
+	if err := run(ctx, []string{"-serve-noop", "127.0.0.1:0"}, &out, &errb, func(io.Writer) { tuned++ }); err != nil {
 		t.Fatal(err)
+	}
+	if tuned != 1 {
+		t.Fatalf("the no-work server took the node's runtime settings %d times, want 1", tuned)
 	}
 	if !strings.Contains(out.String(), "no-work rate limit service on 127.0.0.1:") {
 		t.Fatalf("output %q", out.String())
@@ -86,7 +91,7 @@ func TestServeNoopFlag(t *testing.T) {
 
 func TestNoopRedisNeedsServeNoop(t *testing.T) {
 	var out, errb bytes.Buffer
-	err := run(context.Background(), []string{"-noop-redis", "127.0.0.1:6379"}, &out, &errb)
+	err := run(context.Background(), []string{"-noop-redis", "127.0.0.1:6379"}, &out, &errb, nil)
 	if err == nil || !strings.Contains(err.Error(), "-noop-redis needs -serve-noop") {
 		t.Fatalf("err = %v", err)
 	}

@@ -21,16 +21,12 @@ import (
 	"github.com/quotacoord/quota/internal/regional"
 )
 
-// gcPercent is the node's GOGC unless the environment sets one: a check
-// allocates a few kilobytes that die with it, and the node's live heap is
-// small, so collecting at 100% growth spent about a tenth of the node's CPU
-// on the collector (pprof under bench-regional.sh); 400 cuts that to about
-// a quarter for a few more megabytes of heap.
-const gcPercent = 400
-
 func main() {
+	if err := daemon.StayAwake(); err != nil {
+		fmt.Fprintln(os.Stderr, "regional:", err)
+	}
 	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(gcPercent)
+		debug.SetGCPercent(regional.GCPercent)
 	}
 	daemon.Main("regional", run)
 }

@@ -5,9 +5,11 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -22,7 +24,16 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv("DAEMON_AWAKE_CHILD") == "1" {
+		// TestStayAwakeReexecutes: StayAwake re-executes this binary once,
+		// then finds the setting and returns.
+		err := StayAwake()
+		fmt.Printf("GODEBUG=%s err=%v\n", os.Getenv("GODEBUG"), err)
+		os.Exit(0)
+	}
+	goleak.VerifyTestMain(m)
+}
 
 type settings struct {
 	addr    string

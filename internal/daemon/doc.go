@@ -20,7 +20,12 @@
 //     HTTP lets requests finish, each within a shutdown timeout after
 //     which connections are closed (Serve). Cleanup undoes what a start
 //     built, newest first.
+//   - Runtime: StayAwake, called first in a latency-bound daemon's main,
+//     re-executes it once with GODEBUG's schedtrace set (AwakeEnv), which
+//     keeps the Go runtime's monitor thread from parking and being woken
+//     again on every request that finds the process idle.
 //
-// Nothing here holds global state; every function is safe to call from
-// several goroutines and several daemons in one process (tests do).
+// Nothing here holds global state; every function but StayAwake (which
+// replaces the process) is safe to call from several goroutines and
+// several daemons in one process (tests do).
 package daemon
