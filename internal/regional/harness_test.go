@@ -2,6 +2,8 @@ package regional
 
 import (
 	"context"
+	"flag"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -19,12 +21,22 @@ import (
 
 	"github.com/quotacoord/quota/bucket"
 	"github.com/quotacoord/quota/internal/clock"
+	"github.com/quotacoord/quota/internal/daemon"
 	"github.com/quotacoord/quota/internal/grants"
 	"github.com/quotacoord/quota/internal/policy"
 	quotav1 "github.com/quotacoord/quota/proto/quota/v1"
 )
 
 func TestMain(m *testing.M) {
+	// Benchmarks measure the node as cmd/regional runs it, with the
+	// runtime's monitor thread kept awake: daemon.StayAwake re-executes
+	// this binary once, with the same arguments, to set it.
+	flag.Parse()
+	if f := flag.Lookup("test.bench"); f != nil && f.Value.String() != "" {
+		if err := daemon.StayAwake(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+		}
+	}
 	goleak.VerifyTestMain(m,
 		// go-redis and the OTLP exporter are not started by these tests;
 		// the shared redistest server is a process, not a goroutine.
