@@ -4,6 +4,12 @@
 // cmd/coordinator: QUOTA_<FLAG> environment variables set flag defaults (a
 // flag wins), logs go to stderr (-log-level, -json-logs), SIGINT or SIGTERM
 // stop it gracefully within -shutdown-timeout.
+//
+// At start the node re-executes itself once (same PID and arguments) with
+// GODEBUG's schedtrace set, which keeps the Go runtime's monitor thread
+// from parking and being woken again by every check that finds the node
+// idle (daemon.StayAwake); GODEBUG=schedtrace=0 keeps the runtime's
+// default. GOGC defaults to regional.GCPercent.
 package main
 
 import (
