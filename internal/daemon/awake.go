@@ -21,12 +21,12 @@ const AwakeSchedtrace = 1<<31 - 1
 // wakes it with a futex, after which it polls every 20 µs until it finds
 // the process idle again. A node answering one caller at a time goes idle
 // twice per check (waiting for the request, waiting for Redis), so it paid
-// two such wake-ups per check: 2.4 context switches and about 40 µs of CPU
-// of the monitor thread per check, on the CPU it shares with Redis
-// (docs/performance.md). With schedtrace set the monitor never parks: it
-// backs off to one wake-up per 10 ms when there is nothing to do. The
-// period makes the first trace line due only once CLOCK_MONOTONIC passes
-// about 24.8 days (then one line to stderr per period).
+// two such wake-ups per check, on the CPU it shares with Redis
+// (docs/performance.md has the figures). With schedtrace set the monitor
+// never parks: it backs off to one wake-up per 10 ms when there is nothing
+// to do. The period makes the first trace line due only once
+// CLOCK_MONOTONIC passes about 24.8 days (then one line to stderr per
+// period).
 func AwakeEnv(env []string) ([]string, bool) {
 	set := fmt.Sprintf("schedtrace=%d", AwakeSchedtrace)
 	for i, kv := range env {
