@@ -226,6 +226,15 @@ func TestSIGTERMDrains(t *testing.T) {
 	if code, body := readyz(); code != http.StatusOK {
 		t.Fatalf("/readyz before SIGTERM: %d %q", code, body)
 	}
+	// main re-executed itself with the runtime's monitor kept awake
+	// (daemon.StayAwake), keeping its PID.
+	env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("schedtrace=%d", daemon.AwakeSchedtrace); !strings.Contains(string(env), want) {
+		t.Fatalf("the node runs without GODEBUG %s; its environment: %q", want, env)
+	}
 	start := time.Now()
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
