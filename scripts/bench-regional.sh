@@ -131,7 +131,8 @@ HZ=$(getconf CLK_TCK)
 
 # load NAME ADDR ARGS...: one measured run on CPU 1; its JSON goes to
 # $work/NAME.json, and the CPU time per request of the node, redis-server
-# and the no-work server over the measured part to $work/NAME.cpu.
+# (and its script time) and the two no-work servers over the measured part
+# to $work/NAME.cpu.
 load() {
 	local name=$1 addr=$2
 	shift 2
@@ -143,7 +144,8 @@ load() {
 	a0=$(ticks "$node_pid") b0=$(ticks "$redis_pid") c0=$(ticks "$noop_pid") d0=$(ticks "$floor_pid") r0=$(rcmds) s0=$(rscript)
 	wait "$lp"
 	a1=$(ticks "$node_pid") b1=$(ticks "$redis_pid") c1=$(ticks "$noop_pid") d1=$(ticks "$floor_pid") r1=$(rcmds) s1=$(rscript)
-	# Redis commands per decision (the two INFO calls included).
+	# Redis commands per decision (the four INFO calls that measure the run
+	# included).
 	awk -v n="$(field "$name" requests)" -v r=$((r1 - r0)) 'BEGIN { if (n > 0) printf "%.5f", r / n; else print "0" }' >"$work/$name.rcmd"
 	awk -v hz="$HZ" -v n="$(field "$name" requests)" -v a=$((a1 - a0)) -v b=$((b1 - b0)) -v c=$((c1 - c0)) -v d=$((d1 - d0)) -v s=$((s1 - s0)) \
 		'BEGIN { if (n > 0) printf "node %.1fus redis %.1fus (scripts %.1fus) no-work %.1fus ping %.1fus", a * 1e6 / hz / n, b * 1e6 / hz / n, s / n, c * 1e6 / hz / n, d * 1e6 / hz / n }' >"$work/$name.cpu"
