@@ -417,12 +417,12 @@ func demandValid(d map[string]float64) bool {
 
 // record writes into a, about to be published for policy, the smoothed
 // demand it was planned from (Allocation.Demand): that of the regions,
-// and that of the subjects the split ranked.
-func (l *Leader) record(a *Allocation, policy string) {
+// and that of subjects, the ones the split ranked (Leader.ranked).
+func (l *Leader) record(a *Allocation, policy string, subjects []string) {
 	if d := l.demand[policy]; len(d) > 0 {
 		a.Demand = maps.Clone(d)
 	}
-	for _, s := range l.ranked(policy) {
+	for _, s := range subjects {
 		if a.SubjectDemand == nil {
 			a.SubjectDemand = make(map[string]map[string]float64)
 		}

@@ -101,7 +101,8 @@ func (l *Leader) Plan(now time.Time, v *View, p Policy, cur *Allocation, ctl Con
 	if l.tracked != v {
 		d.Mismatched = v.Mismatched() // a view Track has not seen
 	}
-	next, regions, safe, err := l.proposal(v, &p, cur, ctl, held, d.Mismatched)
+	subjects := l.ranked(p.Name)
+	next, regions, safe, err := l.proposal(v, &p, cur, ctl, held, d.Mismatched, subjects)
 	if err != nil {
 		d.Note = err.Error()
 		return d
@@ -137,7 +138,7 @@ func (l *Leader) Plan(now time.Time, v *View, p Policy, cur *Allocation, ctl Con
 	if cur == nil {
 		a.Epoch = 1
 		a.Reason = "initial allocation: " + moves(nil, next.Default, d.Demand)
-		l.record(a, p.Name)
+		l.record(a, p.Name, subjects)
 		d.Publish = a
 		return d
 	}
@@ -159,7 +160,7 @@ func (l *Leader) Plan(now time.Time, v *View, p Policy, cur *Allocation, ctl Con
 	} else {
 		a.Reason = why
 	}
-	l.record(a, p.Name)
+	l.record(a, p.Name, subjects)
 	d.Publish = a
 	return d
 }
@@ -230,8 +231,9 @@ func (l *Leader) ackWait(now time.Time, v *View, cur *Allocation) (why string, u
 	return "", time.Time{}, missed
 }
 
-// proposal computes the default split and the subject overrides.
-func (l *Leader) proposal(v *View, p *Policy, cur *Allocation, ctl Control, held map[string]float64, mismatched []string) (*Shares, []allocator.Region, map[string]float64, error) {
+// proposal computes the default split and the overrides of subjects, the
+// pressured subjects ranked (Leader.ranked).
+func (l *Leader) proposal(v *View, p *Policy, cur *Allocation, ctl Control, held map[string]float64, mismatched, subjects []string) (*Shares, []allocator.Region, map[string]float64, error) {
 	names := make(map[string]bool)
 	for r := range v.Regions {
 		names[r] = true
@@ -315,7 +317,7 @@ func (l *Leader) proposal(v *View, p *Policy, cur *Allocation, ctl Control, held
 		out.Default[name] = def[i]
 	}
 	rs := slices.Clone(base)
-	for _, subject := range l.ranked(p.Name) {
+	for _, subject := range subjects {
 		sd := l.subjects[p.Name][subject]
 		copy(rs, base)
 		for i := range rs {
